@@ -1,0 +1,51 @@
+# edgeinfer: `make demo` and `make test` work on a fresh Debian 12 clone.
+# They install what they need: Debian packages (checked, installed if missing)
+# and a .venv with pinned Python packages.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# gcc/libc6-dev: the Cython extension and the C example; spin: the protocol model check;
+# python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3).
+APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev
+NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h setup.py
+EXT_STAMP := daemon/.native-built
+
+.PHONY: all system-packages venv native test bench demo clean distclean
+
+all: native
+
+system-packages: .system-packages.stamp
+.system-packages.stamp: scripts/ensure-system-packages
+	scripts/ensure-system-packages $(APT_PACKAGES)
+	@touch $@
+
+$(VENV)/.stamp: requirements/dev.txt .system-packages.stamp
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/dev.txt
+	@touch $@
+
+venv: $(VENV)/.stamp
+
+# The extension is built in place (daemon/edgeinfer/_ring*.so) and the package
+# is installed editable, so tests import the tree they run in.
+$(EXT_STAMP): $(VENV)/.stamp $(NATIVE_SRC)
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	@touch $@
+
+native: $(EXT_STAMP)
+
+test: native
+	$(PY) -m pytest -q tests
+
+bench: native
+	$(PY) bench/ingress.py
+
+clean:
+	rm -rf build native/ring.c daemon/_ring*.so $(EXT_STAMP) *.egg-info
+	find . -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) .system-packages.stamp

@@ -1,0 +1,1 @@
+"""edgeinfer: zero-copy, real-time ONNX inference on shared-memory camera frames."""

@@ -1,0 +1,24 @@
+"""Builds the `edgeinfer` package (from daemon/) and its native core `edgeinfer._ring` (from native/)."""
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+ring = Extension(
+    "edgeinfer._ring",
+    sources=["native/ring.pyx"],
+    include_dirs=["native/include", "native"],
+    depends=["native/include/edgeinfer/ring.h", "native/ring.pxd"],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function"],
+)
+
+setup(
+    name="edgeinfer",
+    version="0.1.0",
+    description="Zero-copy, real-time ONNX inference on shared-memory camera frames",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    packages=["edgeinfer"],
+    package_dir={"edgeinfer": "daemon"},
+    ext_modules=cythonize([ring], include_path=["native"], compiler_directives={"language_level": "3"}),
+    install_requires=["numpy>=1.26"],
+    zip_safe=False,
+)
