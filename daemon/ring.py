@@ -170,6 +170,16 @@ class _Follower:
     def _has_data(self) -> bool:
         raise NotImplementedError
 
+    def _require(self) -> None:
+        if self._native is None:
+            raise SegmentNotFound(2, f"{self.name}: not attached (no such segment in {self.shm_dir})")
+
+    @property
+    def generation(self) -> int:
+        """Generation of the attached segment: 1 + that of the segment it replaced."""
+        self._require()
+        return self._native.generation
+
     @property
     def connected(self) -> bool:
         """Attached to a segment that its writer has not closed or replaced."""
@@ -327,11 +337,6 @@ class FrameReader(_Follower):
         return self._native.layout
 
     @property
-    def generation(self) -> int:
-        self._require()
-        return self._native.generation
-
-    @property
     def producer_alive(self) -> bool:
         return self._native is not None and self._native.producer_alive()
 
@@ -339,10 +344,6 @@ class FrameReader(_Follower):
     def counters(self) -> dict:
         self._require()
         return self._native.counters
-
-    def _require(self) -> None:
-        if self._native is None:
-            raise SegmentNotFound(2, f"{self.name}: not attached (no such segment in {self.shm_dir})")
 
     def wait(self, timeout: float, spin: float = 0.0) -> bool:
         """True when a frame newer than the last acquired is there (GIL released while asleep)."""

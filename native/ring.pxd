@@ -176,6 +176,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
     int ei_frame_consumer_ready(const ei_frame_consumer *c)
     int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info *out)
     void ei_frame_consumer_release(ei_frame_consumer *c)
+    void ei_frame_consumer_detach(ei_frame_consumer *c, int fd)
     ei_waitable ei_frame_waitable(ei_frame_consumer *c)
 
     uint64_t ei_wait_any(const ei_waitable *w, uint32_t n, uint64_t timeout_ns, uint64_t spin_ns, int use_waitv)

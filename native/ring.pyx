@@ -403,7 +403,7 @@ cdef class FrameConsumer:
 
     def close(self):
         """Releases any held frame and the consumer lock; memory stays mapped while views exist."""
-        ei_frame_consumer_release(&self.c)
+        ei_frame_consumer_detach(&self.c, self.mapping.fd)
         self.mapping.close_fd()
 
 

@@ -307,6 +307,18 @@ static inline int ei_lock_byte(int fd, int byte) {
     return fcntl(fd, F_OFD_SETLK, &fl);
 }
 
+/* Drops a lock explicitly. Closing the fd is not enough while the segment is
+ * mapped: the mapping keeps the open file description, and its locks, alive. */
+static inline void ei_unlock_byte(int fd, int byte) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = byte;
+    fl.l_len = 1;
+    fcntl(fd, F_OFD_SETLK, &fl);
+}
+
 /* 1 when some other open file description holds lock `byte` (its owner is alive). */
 static inline int ei_lock_held(int fd, int byte) {
     struct flock fl;
@@ -335,6 +347,15 @@ static inline int ei_check_owner(int fd, const char *name, const uint32_t *allow
                        (unsigned)st->st_uid);
     }
     return EI_OK;
+}
+
+/* Opens an existing segment for a reader: never through a symlink. Returns fd or an ei_status. */
+static inline int ei__open_existing(const char *path, const char *dir, const char *name, ei_error *err) {
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd >= 0) return fd;
+    if (errno == ENOENT) return ei_fail(err, EI_ERR_NOT_FOUND, ENOENT, "%s: no such segment in %s", name, dir);
+    if (errno == ELOOP) return ei_fail(err, EI_ERR_INSECURE, 0, "%s: is a symbolic link; refusing it", name);
+    return ei_fail(err, EI_ERR_SYS, errno, "%s: open: %s", name, strerror(errno));
 }
 
 /* ------------------------------------------------------------------ */
@@ -476,6 +497,7 @@ static inline int ei__segment_commit(ei_new_segment *s, const char *name, size_t
  * still refers to this very segment. Does not unmap or close. */
 static inline void ei__segment_retire(int fd, const char *path, _Atomic uint32_t *flags, _Atomic uint32_t *bell,
                                       int unlink_name) {
+    ei_unlock_byte(fd, EI_LOCK_PRODUCER); /* the name is free for the next producer now */
     atomic_fetch_or(flags, EI_RING_CLOSED);
     atomic_fetch_add(bell, 1);
     ei_futex_wake(bell);
@@ -757,11 +779,8 @@ static inline int ei_frame_consumer_open(ei_frame_consumer *c, ei_mapped *m, con
     m->base = NULL;
     int rc = ei_segment_path(path, sizeof path, dir, name, err);
     if (rc) return rc;
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        if (errno == ENOENT) return ei_fail(err, EI_ERR_NOT_FOUND, ENOENT, "%s: no such segment in %s", name, dir);
-        return ei_fail(err, EI_ERR_SYS, errno, "%s: open: %s", name, strerror(errno));
-    }
+    int fd = ei__open_existing(path, dir, name, err);
+    if (fd < 0) return fd;
     struct stat st;
     rc = ei_check_owner(fd, name, allowed_uids, n_allowed, &st, err);
     if (rc) goto fail;
@@ -864,6 +883,13 @@ static inline void ei_frame_consumer_release(ei_frame_consumer *c) {
     if (c->held == EI_NO_SLOT) return;
     atomic_store(&c->hdr->claimed, EI_NO_SLOT);
     c->held = EI_NO_SLOT;
+}
+
+/* Releases any held frame and the consumer lock (fd: the segment's fd), so
+ * another consumer can attach while this mapping still exists. */
+static inline void ei_frame_consumer_detach(ei_frame_consumer *c, int fd) {
+    ei_frame_consumer_release(c);
+    if (fd >= 0) ei_unlock_byte(fd, EI_LOCK_CONSUMER);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1109,11 +1135,8 @@ static inline int ei_result_reader_open(ei_result_reader *rd, ei_mapped *m, cons
     m->base = NULL;
     int rc = ei_segment_path(path, sizeof path, dir, name, err);
     if (rc) return rc;
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        if (errno == ENOENT) return ei_fail(err, EI_ERR_NOT_FOUND, ENOENT, "%s: no such segment in %s", name, dir);
-        return ei_fail(err, EI_ERR_SYS, errno, "%s: open: %s", name, strerror(errno));
-    }
+    int fd = ei__open_existing(path, dir, name, err);
+    if (fd < 0) return fd;
     struct stat st;
     rc = ei_check_owner(fd, name, allowed_uids, n_allowed, &st, err);
     if (rc) goto fail;

@@ -1,0 +1,115 @@
+/*
+ * A camera producer in plain C, using only <edgeinfer/ring.h>.
+ *
+ *   cc -std=gnu11 -O2 -I native/include examples/producer.c -o producer
+ *   ./producer edgeinfer.cam0 640 480 --fps 30
+ *
+ * It fills each frame with a test pattern derived from the frame's sequence
+ * number: byte i of frame `seq` is (seq * 7 + i / 64) mod 256, so a reader can
+ * check that every frame it gets is whole (see tests/ring_helpers.py).
+ *
+ * Options:
+ *   --frames N        stop after N frames (default: until SIGINT/SIGTERM)
+ *   --fps F           pace to F frames per second (default: as fast as possible)
+ *   --slots S         ring slots, >= 3 (default 4)
+ *   --format F        gray8|rgb24|bgr24|rgba32|bgra32 (default bgr24)
+ *   --dir D           shared-memory directory (default /dev/shm)
+ *   --row-delay-us U  sleep U microseconds after each row (makes writes slow, for crash tests)
+ *   --keep            leave the segment in place on exit
+ * Prints "READY generation=G" once the ring exists, "DONE frames=N" at the end.
+ */
+#include <edgeinfer/ring.h>
+
+#include <signal.h>
+#include <stdlib.h>
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+static uint32_t parse_format(const char *s) {
+    static const char *names[] = {"gray8", "rgb24", "bgr24", "rgba32", "bgra32"};
+    static const uint32_t codes[] = {EI_PIX_GRAY8, EI_PIX_RGB24, EI_PIX_BGR24, EI_PIX_RGBA32, EI_PIX_BGRA32};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(s, names[i]) == 0) return codes[i];
+    fprintf(stderr, "unknown pixel format '%s'\n", s);
+    exit(2);
+}
+
+static void fill_pattern(uint8_t *payload, const ei_frame_layout *l, uint64_t seq, long row_delay_us) {
+    const uint64_t row_bytes = l->row_stride;
+    for (uint32_t y = 0; y < l->height; y++) {
+        uint8_t *row = payload + y * row_bytes;
+        uint64_t base = y * row_bytes;
+        for (uint64_t x = 0; x < row_bytes; x++) row[x] = (uint8_t)(seq * 7 + ((base + x) >> 6));
+        if (row_delay_us > 0) usleep((useconds_t)row_delay_us);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s NAME WIDTH HEIGHT [--frames N] [--fps F] [--slots S] [--format F] [--dir D] "
+                        "[--row-delay-us U] [--keep]\n", argv[0]);
+        return 2;
+    }
+    const char *name = argv[1];
+    ei_frame_geometry g = {(uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), EI_PIX_BGR24, 0, 4};
+    const char *dir = "/dev/shm";
+    long long frames = -1;
+    double fps = 0;
+    long row_delay_us = 0;
+    int keep = 0;
+    for (int i = 4; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--keep") == 0) { keep = 1; continue; }
+        if (!v) { fprintf(stderr, "%s needs a value\n", a); return 2; }
+        if (strcmp(a, "--frames") == 0) frames = atoll(v);
+        else if (strcmp(a, "--fps") == 0) fps = atof(v);
+        else if (strcmp(a, "--slots") == 0) g.slot_count = (uint32_t)atoi(v);
+        else if (strcmp(a, "--format") == 0) g.pixel_format = parse_format(v);
+        else if (strcmp(a, "--dir") == 0) dir = v;
+        else if (strcmp(a, "--row-delay-us") == 0) row_delay_us = atol(v);
+        else { fprintf(stderr, "unknown option %s\n", a); return 2; }
+        i++;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    ei_frame_producer p;
+    ei_error err;
+    if (ei_frame_producer_open(&p, dir, name, &g, 0660, -1, &err) != EI_OK) {
+        fprintf(stderr, "producer: %s\n", err.msg);
+        return 1;
+    }
+    printf("READY generation=%u\n", (unsigned)atomic_load(&p.hdr->generation));
+    fflush(stdout);
+
+    const uint64_t frame_bytes = (uint64_t)p.layout.row_stride * p.layout.height;
+    const uint64_t period_ns = fps > 0 ? (uint64_t)(1e9 / fps) : 0;
+    uint64_t next_ns = ei_now_ns(CLOCK_MONOTONIC);
+    long long n = 0;
+    while (!stop_requested && (frames < 0 || n < frames)) {
+        uint8_t *payload = ei_frame_producer_begin(&p); /* never blocks */
+        uint64_t seq = p.next_seq;                      /* the seq publish() will assign */
+        fill_pattern(payload, &p.layout, seq, row_delay_us);
+        ei_frame_producer_publish(&p, ei_now_ns(CLOCK_MONOTONIC), ei_now_ns(CLOCK_REALTIME), seq, frame_bytes);
+        n++;
+        if (period_ns) {
+            next_ns += period_ns;
+            uint64_t now = ei_now_ns(CLOCK_MONOTONIC);
+            if (next_ns > now) {
+                struct timespec ts = {(time_t)(next_ns / 1000000000ull), (long)(next_ns % 1000000000ull)};
+                clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+            } else {
+                next_ns = now; /* running late: do not burst to catch up */
+            }
+        }
+    }
+    ei_frame_producer_close(&p, !keep);
+    printf("DONE frames=%lld\n", n);
+    return 0;
+}

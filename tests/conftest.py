@@ -1,0 +1,110 @@
+"""Shared fixtures: unique segment names cleaned up after each test, the C
+producer example compiled once, and child processes that never outlive a test."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHM = "/dev/shm"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def require_tool(name: str) -> str:
+    """Path of a tool the test needs. Skips (with the reason) where it is
+    missing; in CI the Makefile installs it, so its absence is a failure."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (make test installs it: see APT_PACKAGES in the Makefile)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def _remove_segments(prefix: str) -> None:
+    for entry in os.listdir(SHM):
+        if entry.startswith(prefix) or entry.startswith("." + prefix):
+            try:
+                os.unlink(os.path.join(SHM, entry))
+            except FileNotFoundError:
+                pass
+
+
+@pytest.fixture
+def shm_name():
+    """A fresh segment name; every segment starting with it is removed afterwards."""
+    name = f"edgeinfer.test-{uuid.uuid4().hex[:12]}"
+    yield name
+    _remove_segments(name)
+
+
+class Children:
+    """Child processes of one test; all killed and reaped at its end."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, args, **kw) -> subprocess.Popen:
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("text", True)
+        p = subprocess.Popen(args, **kw)
+        self.procs.append(p)
+        return p
+
+    def python(self, code: str, *args, **kw) -> subprocess.Popen:
+        return self.spawn([sys.executable, "-c", code, *map(str, args)], **kw)
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (p.stdout, p.stderr, p.stdin):
+                if stream:
+                    stream.close()
+
+
+@pytest.fixture
+def children():
+    c = Children()
+    yield c
+    c.cleanup()
+
+
+@pytest.fixture(scope="session")
+def c_producer(tmp_path_factory) -> str:
+    """examples/producer.c compiled with the system C compiler, against ring.h only."""
+    cc = require_tool("cc")
+    out = tmp_path_factory.mktemp("cbuild") / "producer"
+    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "native/include"),
+                    str(ROOT / "examples/producer.c"), "-o", str(out)], check=True)
+    return str(out)
+
+
+def read_line(proc: subprocess.Popen, timeout: float = 10.0) -> str:
+    """One line of a child's stdout, or fail after `timeout` seconds."""
+    import selectors
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        if not sel.select(timeout):
+            pytest.fail(f"no output from {proc.args!r} within {timeout}s")
+        line = proc.stdout.readline()
+    finally:
+        sel.close()
+    if not line:
+        err = proc.stderr.read() if proc.stderr else ""
+        pytest.fail(f"{proc.args!r} exited ({proc.wait()}) without output: {err}")
+    return line.strip()
