@@ -82,6 +82,8 @@ class FrameWriter:
     def __init__(self, producer: _ring.FrameProducer):
         self._p = producer
         self._frame_id = 0
+        layout = producer.layout
+        self._frame_bytes = layout["row_stride"] * layout["height"]
 
     @classmethod
     def create(cls, name: str, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
@@ -119,14 +121,9 @@ class FrameWriter:
         if frame_id is None:
             self._frame_id += 1
             frame_id = self._frame_id
-        if capture_ns is None:
-            capture_ns = monotonic_ns()
-        if realtime_ns is None:
-            realtime_ns = time.time_ns()
-        if length is None:
-            layout = self._p.layout
-            length = layout["row_stride"] * layout["height"]
-        return self._p.publish(capture_ns, realtime_ns, frame_id, length)
+        return self._p.publish(monotonic_ns() if capture_ns is None else capture_ns,
+                               time.time_ns() if realtime_ns is None else realtime_ns, frame_id,
+                               self._frame_bytes if length is None else length)
 
     def close(self, unlink: bool = True) -> None:
         """Tells readers the stream ended and removes the name."""
@@ -267,31 +264,7 @@ def wait_any(readers: Sequence["FrameReader | ResultReader"], timeout: float, sp
 # ------------------------------------------------------------------ frames
 
 
-class Frame:
-    """The frame a FrameReader holds: a zero-copy, read-only view of a slot.
-    Valid until release() (or the end of the `with` block); the reader reuses
-    this object for its next frame, so copy out what must outlive it."""
-
-    __slots__ = ("_reader", "array", "flat", "seq", "frame_id", "capture_ns", "capture_realtime_ns",
-                 "payload_len", "slot", "generation", "skipped")
-
-    def __init__(self, reader: "FrameReader"):
-        self._reader = reader
-        self.array = None
-
-    @property
-    def data(self) -> memoryview:
-        """The payload bytes the producer declared (payload_len)."""
-        return memoryview(self.flat)[: self.payload_len]
-
-    def release(self) -> None:
-        self._reader._release(self)
-
-    def __enter__(self) -> "Frame":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
+Frame = _ring.Frame  # the held frame: zero-copy, read-only view + metadata (see native/ring.pyx)
 
 
 class FrameReader(_Follower):
@@ -299,8 +272,6 @@ class FrameReader(_Follower):
 
     def __init__(self, name: str, shm_dir: str = SHM_DIR, allowed_uids: Sequence[int] | None = None):
         super().__init__(name, shm_dir, allowed_uids)
-        self._frame = Frame(self)
-        self._holding = None
         self.frames_acquired = 0
         self.frames_skipped = 0  # published frames never acquired (newest frame wins)
 
@@ -324,12 +295,8 @@ class FrameReader(_Follower):
     def _open(self):
         return _ring.FrameConsumer(self.shm_dir, self.name, self.allowed_uids)
 
-    def _on_attach(self) -> None:
-        self._prev_seq = 0
-
     def _has_data(self) -> bool:
-        n = self._native
-        return n.latest_seq > n.last_seq and not (n.flags & _ring.RING_SUPERSEDED)
+        return self._native.has_frame()
 
     @property
     def layout(self) -> dict:
@@ -347,35 +314,42 @@ class FrameReader(_Follower):
 
     def wait(self, timeout: float, spin: float = 0.0) -> bool:
         """True when a frame newer than the last acquired is there (GIL released while asleep)."""
+        n = self._native
+        if n is not None and not n.flags:  # fast path: attached to a live ring
+            if n.has_frame() or (_waitset.wait((n,), timeout, spin) and n.has_frame()):
+                return True
+            if not n.flags:
+                self.refresh()  # timed out: has the name moved on without telling us?
+                return self._native is not n and self._native.has_frame()
+            timeout = 0.0  # woken by a flag change: the general path reattaches
         return bool(_wait((self,), timeout, spin))
 
     def acquire_latest(self) -> Frame | None:
         """Holds the newest complete frame if newer than the last one; None otherwise."""
-        if self._holding is not None:
-            raise RingStateError(f"{self.name}: release the held frame before acquiring another")
         n = self._native
         if n is None:
             return None
-        slot = n.acquire()
-        if slot < 0:
-            return None
-        seq, cap, real, fid, length, slot, gen = n.info
-        f = self._frame
-        f.array = n.images[slot]
-        f.flat = n.flats[slot]
-        f.seq, f.frame_id, f.capture_ns, f.capture_realtime_ns = seq, fid, cap, real
-        f.payload_len, f.slot, f.generation = length, slot, gen
-        f.skipped = seq - self._prev_seq - 1
-        self.frames_skipped += f.skipped
-        self.frames_acquired += 1
-        self._prev_seq = seq
-        self._holding = n
+        f = n.acquire()  # RingStateError if a frame of this segment is still held
+        if f is not None:
+            self.frames_skipped += f.skipped
+            self.frames_acquired += 1
         return f
 
-    def _release(self, frame: Frame) -> None:
-        if self._holding is not None:
-            self._holding.release()
-            self._holding = None
+    def next_frame(self, timeout: float, spin: float = 0.0) -> Frame | None:
+        """wait() then acquire_latest() with one native call on the hot path:
+        the newest frame newer than the last one, or None after `timeout`."""
+        n = self._native
+        if n is not None and not n.flags:
+            f = n.wait_acquire(timeout, spin)
+            if f is not None:
+                self.frames_skipped += f.skipped
+                self.frames_acquired += 1
+                return f
+            if not n.flags:
+                self.refresh()
+                return self.acquire_latest() if self._native is not n else None
+            timeout = 0.0
+        return self.acquire_latest() if self.wait(timeout, spin) else None
 
     def slot_address(self, slot: int) -> int:
         """Address of a slot's payload in our mapping (for zero-copy checks)."""
@@ -385,10 +359,6 @@ class FrameReader(_Follower):
     def slot_state(self, slot: int) -> tuple[int, int]:
         self._require()
         return self._native.slot_state(slot)
-
-    def close(self) -> None:
-        self._holding = None
-        super().close()
 
 
 # ------------------------------------------------------------------ results

@@ -8,7 +8,7 @@ can fault on a producer-written number, because ring.h bounds-checks them all.
 """
 from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset, strncpy
 from posix.mman cimport munmap
@@ -293,10 +293,44 @@ cdef class FrameProducer:
             ei_frame_producer_retire(&self.p, True)
 
 
+cdef class Frame:
+    """The frame a consumer holds: a zero-copy, read-only view of one slot plus
+    its metadata. Valid until release() (or the end of a `with` block). The
+    consumer reuses this one object for every frame, so acquiring allocates
+    nothing; copy out what must outlive the hold."""
+    cdef FrameConsumer owner                 # the consumer holding the slot
+    cdef readonly object array               # (height, width, channels) uint8 view of the slot
+    cdef readonly object flat                # the whole payload area as a flat uint8 view
+    cdef readonly uint64_t seq               # frame sequence number in this segment
+    cdef readonly uint64_t frame_id          # producer's own frame number
+    cdef readonly uint64_t capture_ns        # CLOCK_MONOTONIC at capture
+    cdef readonly uint64_t capture_realtime_ns  # CLOCK_REALTIME at capture
+    cdef readonly uint64_t payload_len       # bytes the producer declared
+    cdef readonly uint32_t slot              # slot index
+    cdef readonly uint32_t generation        # segment generation
+    cdef readonly int64_t skipped            # frames published since the previous one we acquired
+
+    @property
+    def data(self):
+        """The payload bytes the producer declared (payload_len)."""
+        return memoryview(self.flat)[:self.payload_len]
+
+    def release(self):
+        self.owner.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.owner.release()
+
+
 cdef class FrameConsumer:
     """The one consumer of a frame ring (ei_frame_consumer)."""
     cdef ei_frame_consumer c    # the C consumer; borrows mapping.base
     cdef ei_frame_info info     # metadata of the frame held
+    cdef Frame frame            # the one Frame object handed out for every acquire
+    cdef uint64_t prev_seq      # seq of the previous frame acquired (for `skipped`)
     cdef _Mapping mapping       # owns the memory
     cdef readonly tuple images  # read-only (H, W, C) view per slot
     cdef readonly tuple flats   # read-only flat view per slot
@@ -320,6 +354,8 @@ cdef class FrameConsumer:
         self.identity = (m.dev, m.ino)
         self.mapping = _adopt(m.base, m.size, m.fd)
         self.images, self.flats = _slot_views(self.mapping, &self.c.layout, True)
+        self.frame = Frame.__new__(Frame)
+        self.frame.owner = self
 
     @property
     def layout(self):
@@ -363,13 +399,44 @@ cdef class FrameConsumer:
     def ready(self):
         return ei_frame_consumer_ready(&self.c) != 0
 
+    def has_frame(self):
+        """A frame newer than the last acquired is published (and the ring not superseded)."""
+        return (self.c.hdr.latest >> 8) > self.c.last_seq and not (self.c.hdr.flags & EI_RING_SUPERSEDED)
+
+    def wait_acquire(self, double timeout, double spin=0.0):
+        """wait() and acquire() in one call, for the hot path: sleeps (GIL
+        released) until a newer frame or a flag change, then claims the newest
+        frame. Returns the Frame, or None (timeout, flag change: see `flags`)."""
+        cdef ei_waitable w = ei_frame_waitable(&self.c)
+        cdef uint64_t timeout_ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+        cdef uint64_t spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
+        if self.c.held != EI_NO_SLOT:
+            raise RingStateError(f"{self.name}: acquire() while a frame is held; release it first")
+        if not ei_frame_consumer_ready(&self.c):
+            with nogil:
+                ei_wait_any(&w, 1, timeout_ns, spin_ns, 1)
+        return self.acquire()
+
     def acquire(self):
-        """Claims the newest frame if newer than the last; returns its slot or -1."""
+        """Claims the newest frame if newer than the last; returns the Frame or None."""
         cdef int rc = ei_frame_consumer_acquire(&self.c, &self.info)
+        cdef Frame f
         if rc == 1:
-            return self.info.slot
+            f = self.frame
+            f.array = self.images[self.info.slot]
+            f.flat = self.flats[self.info.slot]
+            f.seq = self.info.seq
+            f.frame_id = self.info.frame_id
+            f.capture_ns = self.info.capture_mono_ns
+            f.capture_realtime_ns = self.info.capture_real_ns
+            f.payload_len = self.info.payload_len
+            f.slot = self.info.slot
+            f.generation = self.info.generation
+            f.skipped = <int64_t>(self.info.seq - self.prev_seq) - 1
+            self.prev_seq = self.info.seq
+            return f
         if rc == 0:
-            return -1
+            return None
         if rc == EI_ERR_CORRUPT:
             raise CorruptFrame(f"{self.name}: producer wrote an out-of-bounds slot index or payload length; "
                                f"frame {self.c.last_seq} skipped")
@@ -381,12 +448,6 @@ cdef class FrameConsumer:
     @property
     def held(self):
         return -1 if self.c.held == EI_NO_SLOT else self.c.held
-
-    @property
-    def info(self):
-        """(seq, capture_mono_ns, capture_real_ns, frame_id, payload_len, slot, generation) of the held frame."""
-        i = self.info
-        return (i.seq, i.capture_mono_ns, i.capture_real_ns, i.frame_id, i.payload_len, i.slot, i.generation)
 
     def slot_address(self, uint32_t slot):
         """Address of a slot's payload inside the mapping (to prove zero copy)."""

@@ -843,7 +843,10 @@ static inline int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info 
         uint64_t seq = latest >> 8;
         uint32_t slot = (uint32_t)(latest & 0xff);
         if (seq <= c->last_seq) return 0;
-        if (slot >= c->layout.slot_count) return EI_ERR_CORRUPT;
+        if (slot >= c->layout.slot_count) {
+            c->last_seq = seq; /* skip it: retrying would spin on the same bad word */
+            return EI_ERR_CORRUPT;
+        }
         /* Dekker: announce the claim, then check the slot still holds `seq` (both seq_cst). */
         atomic_store(&h->claimed, slot);
         ei_frame_slot_header *sh = ei_frame_slot(c->base, &c->layout, slot);
