@@ -285,3 +285,28 @@ def test_result_writer_replaces_a_dead_writers_ring_but_not_a_live_one(shm_name)
         with ring.ResultReader.attach(name) as r:
             assert r.generation == 2
         w2.write(frame_seq=1)
+
+
+def test_next_frame_waits_claims_and_follows_a_restarted_producer(shm_name):
+    w = ring.FrameWriter.create(shm_name, 8, 8)
+    r = ring.FrameReader.attach(shm_name)
+    try:
+        assert r.next_frame(0.02) is None
+        publish_pattern(w, 1)
+        publish_pattern(w, 2)
+        f = r.next_frame(1.0)
+        assert f.seq == 2 and f.skipped == 1 and is_whole(f.flat, 2, 8 * 8 * 3)
+        with pytest.raises(ring.RingStateError):
+            r.next_frame(0.0)
+        f.release()
+        w._p.close(False)  # the producer "dies": lock gone, name left
+        w = ring.FrameWriter.create(shm_name, 16, 8)  # its restart replaces the segment
+        publish_pattern(w, 1)
+        deadline = time.monotonic() + 5
+        while (f := r.next_frame(0.2)) is None and time.monotonic() < deadline:
+            pass
+        assert f is not None and f.generation == 2 and f.array.shape == (8, 16, 3)
+        f.release()
+    finally:
+        w.close()
+        r.close()

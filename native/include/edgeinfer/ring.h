@@ -769,12 +769,14 @@ typedef struct ei_mapped {
     ino_t ino;
 } ei_mapped;
 
-/* Opens, checks ownership, maps and validates a frame ring, and takes the
- * consumer lock. On success the caller owns m->fd and m->base (munmap/close). */
-static inline int ei_frame_consumer_open(ei_frame_consumer *c, ei_mapped *m, const char *dir, const char *name,
-                                         const uint32_t *allowed_uids, size_t n_allowed, ei_error *err) {
+typedef int (*ei__check_fn)(const void *base, uint64_t file_size, const char *name, void *layout, ei_error *err);
+
+/* Opens an existing segment for a reader: checks ownership, maps it, validates
+ * it with `check` (filling *layout) and makes everything after the header page
+ * read-only. On success the caller owns m->fd and m->base (munmap/close). */
+static inline int ei__map_existing(ei_mapped *m, const char *dir, const char *name, const uint32_t *allowed_uids,
+                                   size_t n_allowed, ei__check_fn check, void *layout, ei_error *err) {
     char path[PATH_MAX];
-    memset(c, 0, sizeof *c);
     m->fd = -1;
     m->base = NULL;
     int rc = ei_segment_path(path, sizeof path, dir, name, err);
@@ -782,48 +784,67 @@ static inline int ei_frame_consumer_open(ei_frame_consumer *c, ei_mapped *m, con
     int fd = ei__open_existing(path, dir, name, err);
     if (fd < 0) return fd;
     struct stat st;
+    uint8_t *base = NULL;
     rc = ei_check_owner(fd, name, allowed_uids, n_allowed, &st, err);
     if (rc) goto fail;
     if ((uint64_t)st.st_size < EI_HEADER_SIZE) {
-        rc = ei_frame_ring_check(NULL, (uint64_t)st.st_size, name, &c->layout, err);
+        rc = check(NULL, (uint64_t)st.st_size, name, layout, err); /* reports the truncation */
         goto fail;
     }
-    /* Map only what the file holds now; the header says how much we will use. */
-    uint8_t *base = (uint8_t *)mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Map only what the file holds now; the validated header says how much we will use. */
+    base = (uint8_t *)mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
+        base = NULL;
         rc = ei_fail(err, EI_ERR_SYS, errno, "%s: mmap: %s", name, strerror(errno));
         goto fail;
     }
-    m->base = base;
-    m->size = (size_t)st.st_size;
-    rc = ei_frame_ring_check(base, (uint64_t)st.st_size, name, &c->layout, err);
+    rc = check(base, (uint64_t)st.st_size, name, layout, err);
     if (rc) goto fail;
-    /* Frames are read-only to the consumer: a stray write faults instead of corrupting a camera's frame. */
+    /* Frames and records are read-only to readers: a stray write faults instead of corrupting them. */
     if (mprotect(base + EI_HEADER_SIZE, (size_t)st.st_size - EI_HEADER_SIZE, PROT_READ) != 0) {
         rc = ei_fail(err, EI_ERR_SYS, errno, "%s: mprotect: %s", name, strerror(errno));
         goto fail;
     }
-    if (ei_lock_byte(fd, EI_LOCK_CONSUMER) != 0) {
+    m->fd = fd;
+    m->base = base;
+    m->size = (size_t)st.st_size;
+    m->dev = st.st_dev;
+    m->ino = st.st_ino;
+    return EI_OK;
+fail:
+    if (base) munmap(base, (size_t)st.st_size);
+    close(fd);
+    return rc;
+}
+
+static inline int ei__frame_check_cb(const void *base, uint64_t size, const char *name, void *l, ei_error *err) {
+    return ei_frame_ring_check(base, size, name, (ei_frame_layout *)l, err);
+}
+
+/* Opens, checks ownership, maps and validates a frame ring, and takes the
+ * consumer lock. On success the caller owns m->fd and m->base (munmap/close). */
+static inline int ei_frame_consumer_open(ei_frame_consumer *c, ei_mapped *m, const char *dir, const char *name,
+                                         const uint32_t *allowed_uids, size_t n_allowed, ei_error *err) {
+    memset(c, 0, sizeof *c);
+    int rc = ei__map_existing(m, dir, name, allowed_uids, n_allowed, ei__frame_check_cb, &c->layout, err);
+    if (rc) return rc;
+    if (ei_lock_byte(m->fd, EI_LOCK_CONSUMER) != 0) {
         rc = (errno == EAGAIN || errno == EACCES)
                  ? ei_fail(err, EI_ERR_CONSUMER_BUSY, 0, "%s: another consumer is attached", name)
                  : ei_fail(err, EI_ERR_SYS, errno, "%s: lock: %s", name, strerror(errno));
-        goto fail;
+        munmap(m->base, m->size);
+        close(m->fd);
+        m->base = NULL;
+        m->fd = -1;
+        return rc;
     }
-    m->fd = fd;
-    m->dev = st.st_dev;
-    m->ino = st.st_ino;
-    c->base = base;
-    c->hdr = (ei_frame_ring_header *)base;
+    c->base = m->base;
+    c->hdr = (ei_frame_ring_header *)m->base;
     c->held = EI_NO_SLOT;
     /* A dead consumer's claim is ours to drop. */
     atomic_store(&c->hdr->claimed, EI_NO_SLOT);
     atomic_store(&c->hdr->consumer_pid, (uint32_t)getpid());
     return EI_OK;
-fail:
-    if (m->base) munmap(m->base, m->size);
-    m->base = NULL;
-    close(fd);
-    return rc;
 }
 
 /* Something new for the caller: a frame newer than the last acquired, or a flag change. */
@@ -1129,51 +1150,25 @@ typedef struct ei_result_reader {
     uint32_t seen_flags;        /* ring flags already reported */
 } ei_result_reader;
 
+static inline int ei__result_check_cb(const void *base, uint64_t size, const char *name, void *l, ei_error *err) {
+    return ei_result_ring_check(base, size, name, (ei_result_layout *)l, err);
+}
+
+/* Opens, checks ownership, maps and validates a result ring. from_oldest: start
+ * at the oldest record still held, else at the next one written. On success
+ * the caller owns m->fd and m->base (munmap/close). */
 static inline int ei_result_reader_open(ei_result_reader *rd, ei_mapped *m, const char *dir, const char *name,
                                         const uint32_t *allowed_uids, size_t n_allowed, int from_oldest,
                                         ei_error *err) {
-    char path[PATH_MAX];
     memset(rd, 0, sizeof *rd);
-    m->fd = -1;
-    m->base = NULL;
-    int rc = ei_segment_path(path, sizeof path, dir, name, err);
+    int rc = ei__map_existing(m, dir, name, allowed_uids, n_allowed, ei__result_check_cb, &rd->layout, err);
     if (rc) return rc;
-    int fd = ei__open_existing(path, dir, name, err);
-    if (fd < 0) return fd;
-    struct stat st;
-    rc = ei_check_owner(fd, name, allowed_uids, n_allowed, &st, err);
-    if (rc) goto fail;
-    if ((uint64_t)st.st_size < EI_HEADER_SIZE) {
-        rc = ei_result_ring_check(NULL, (uint64_t)st.st_size, name, &rd->layout, err);
-        goto fail;
-    }
-    uint8_t *base = (uint8_t *)mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: mmap: %s", name, strerror(errno));
-        goto fail;
-    }
-    m->base = base;
-    m->size = (size_t)st.st_size;
-    rc = ei_result_ring_check(base, (uint64_t)st.st_size, name, &rd->layout, err);
-    if (rc) goto fail;
-    if (mprotect(base + EI_HEADER_SIZE, (size_t)st.st_size - EI_HEADER_SIZE, PROT_READ) != 0) {
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: mprotect: %s", name, strerror(errno));
-        goto fail;
-    }
-    m->fd = fd;
-    m->dev = st.st_dev;
-    m->ino = st.st_ino;
-    rd->base = base;
-    rd->hdr = (ei_result_ring_header *)base;
+    rd->base = m->base;
+    rd->hdr = (ei_result_ring_header *)m->base;
     uint64_t head = atomic_load(&rd->hdr->head);
     uint64_t oldest = head > rd->layout.record_count ? head - rd->layout.record_count + 1 : 1;
     rd->next = from_oldest ? oldest : head + 1;
     return EI_OK;
-fail:
-    if (m->base) munmap(m->base, m->size);
-    m->base = NULL;
-    close(fd);
-    return rc;
 }
 
 static inline int ei_result_reader_ready(const ei_result_reader *rd) {
