@@ -310,3 +310,27 @@ def test_next_frame_waits_claims_and_follows_a_restarted_producer(shm_name):
     finally:
         w.close()
         r.close()
+
+
+def test_waiting_releases_the_gil(shm_name):
+    """Another Python thread keeps running while a reader sleeps in wait()."""
+    with ring.FrameWriter.create(shm_name, 8, 8), ring.FrameReader.attach(shm_name) as r:
+        counter = 0
+        stop = threading.Event()
+
+        def spin():
+            nonlocal counter
+            while not stop.is_set():
+                counter += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        try:
+            before = counter
+            assert r.wait(0.3) is False
+            during = counter - before
+        finally:
+            stop.set()
+            t.join()
+        # With the GIL held for 0.3 s the other thread could not count at all.
+        assert during > 1000
