@@ -296,39 +296,31 @@ static inline int ei_segment_path(char *out, size_t outlen, const char *dir, con
     return EI_OK;
 }
 
-/* Takes (nonblocking) or tests an OFD write lock on one byte of the segment. */
-static inline int ei_lock_byte(int fd, int byte) {
+/* One OFD lock request (F_OFD_SETLK / F_OFD_GETLK) of `type` on one byte. */
+static inline int ei__ofd_lock(int fd, int cmd, short type, int byte, short *type_out) {
     struct flock fl;
     memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
+    fl.l_type = type;
     fl.l_whence = SEEK_SET;
     fl.l_start = byte;
     fl.l_len = 1;
-    return fcntl(fd, F_OFD_SETLK, &fl);
+    int rc = fcntl(fd, cmd, &fl);
+    if (type_out) *type_out = fl.l_type;
+    return rc;
 }
+
+/* Takes (nonblocking) an OFD write lock on one byte of the segment; 0 on success. */
+static inline int ei_lock_byte(int fd, int byte) { return ei__ofd_lock(fd, F_OFD_SETLK, F_WRLCK, byte, NULL); }
 
 /* Drops a lock explicitly. Closing the fd is not enough while the segment is
  * mapped: the mapping keeps the open file description, and its locks, alive. */
-static inline void ei_unlock_byte(int fd, int byte) {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_UNLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = byte;
-    fl.l_len = 1;
-    fcntl(fd, F_OFD_SETLK, &fl);
-}
+static inline void ei_unlock_byte(int fd, int byte) { ei__ofd_lock(fd, F_OFD_SETLK, F_UNLCK, byte, NULL); }
 
 /* 1 when some other open file description holds lock `byte` (its owner is alive). */
 static inline int ei_lock_held(int fd, int byte) {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = byte;
-    fl.l_len = 1;
-    if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return 0;
-    return fl.l_type != F_UNLCK;
+    short type = F_UNLCK;
+    if (ei__ofd_lock(fd, F_OFD_GETLK, F_WRLCK, byte, &type) != 0) return 0;
+    return type != F_UNLCK;
 }
 
 /* Refuses a segment that anyone may write, that is not a plain file, or whose
