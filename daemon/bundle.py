@@ -1,0 +1,137 @@
+"""Model bundles: a directory with model.onnx and model.yaml (and, with the
+signing issue, model.sig). Loading reads every file once into memory; the
+signature check runs on those bytes before anything is parsed, and ONNX
+Runtime and the YAML parser get exactly the bytes that were checked."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from edgeinfer.yamlconf import ConfigError, load_yaml_model
+
+MODEL_FILE = "model.onnx"
+META_FILE = "model.yaml"
+MAX_BUNDLE_BYTES = 2 << 30  # refuse absurd bundles before reading them
+
+
+class BundleError(Exception):
+    """A bundle that cannot be used; the message names the file and the reason."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    name: str                                   # the graph input the frames feed
+    width: int = Field(ge=1, le=16384)
+    height: int = Field(ge=1, le=16384)
+    pixel_format: Literal["rgb24", "bgr24", "gray8"] = "rgb24"  # channel order the model expects
+    layout: Literal["nchw", "nhwc"] = "nchw"
+
+
+class PreprocessSpec(_Strict):
+    scale: float = 1.0                                     # applied first: x * scale
+    mean: list[float] = Field(default_factory=lambda: [0.0])  # then (x - mean) / std, per channel
+    std: list[float] = Field(default_factory=lambda: [1.0])
+    resize: Literal["stretch"] = "stretch"
+
+    @model_validator(mode="after")
+    def _std(self):
+        if any(s == 0 for s in self.std):
+            raise ValueError("std must not contain 0")
+        return self
+
+
+class DecoderSpec(_Strict):
+    model_config = ConfigDict(extra="allow", frozen=True)  # parameters belong to the decoder type
+    type: str
+
+
+class ModelMeta(_Strict):
+    name: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    version: str = Field(min_length=1, max_length=16, pattern=r"^[0-9]+(\.[0-9]+)*([.-][A-Za-z0-9]+)?$")
+    input: InputSpec
+    preprocess: PreprocessSpec = PreprocessSpec()
+    decoder: DecoderSpec
+    labels: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _channels(self):
+        ch = 1 if self.input.pixel_format == "gray8" else 3
+        for key in ("mean", "std"):
+            n = len(getattr(self.preprocess, key))
+            if n not in (1, ch):
+                raise ValueError(f"preprocess.{key} has {n} values; the input has {ch} channels")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class Bundle:
+    """A loaded bundle: parsed metadata plus the exact bytes of every file."""
+
+    path: str
+    meta: ModelMeta
+    model_bytes: bytes
+    files: dict[str, bytes]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.model_bytes).hexdigest()
+
+
+def read_bundle_files(path: str) -> dict[str, bytes]:
+    """Every regular file of the bundle directory, read once. Refuses symlinks
+    and subdirectories (nothing outside the directory gets in)."""
+    try:
+        entries = sorted(os.listdir(path))
+    except FileNotFoundError:
+        raise BundleError(f"{path}: model bundle not found") from None
+    except NotADirectoryError:
+        raise BundleError(f"{path}: a model bundle is a directory") from None
+    except OSError as e:
+        raise BundleError(f"{path}: cannot read the bundle: {e.strerror}") from None
+    files: dict[str, bytes] = {}
+    total = 0
+    for name in entries:
+        full = os.path.join(path, name)
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            reason = "is a symbolic link" if e.errno == 40 else e.strerror
+            raise BundleError(f"{full}: {reason}; a bundle holds only regular files") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not (st.st_mode & 0o170000 == 0o100000):
+                raise BundleError(f"{full}: not a regular file; a bundle holds only regular files")
+            total += st.st_size
+            if total > MAX_BUNDLE_BYTES:
+                raise BundleError(f"{path}: larger than {MAX_BUNDLE_BYTES} bytes")
+            files[name] = f.read()
+    for required in (MODEL_FILE, META_FILE):
+        if required not in files:
+            raise BundleError(f"{os.path.join(path, required)}: missing from the bundle")
+    return files
+
+
+def verify_bundle(path: str, files: dict[str, bytes]) -> None:
+    """THE place where a bundle's signature is checked, on the bytes read,
+    before any of them is parsed. The signing issue (#4) fills it in; until
+    then every bundle is accepted, and `edgeinferd` says so at start."""
+
+
+def load_bundle(path: str) -> Bundle:
+    """Reads, verifies, then parses a bundle; raises BundleError."""
+    files = read_bundle_files(path)
+    verify_bundle(path, files)
+    try:
+        meta = load_yaml_model(ModelMeta, files[META_FILE].decode("utf-8"), os.path.join(path, META_FILE))
+    except UnicodeDecodeError:
+        raise BundleError(f"{os.path.join(path, META_FILE)}: not UTF-8 text") from None
+    except ConfigError as e:
+        raise BundleError(str(e)) from None
+    return Bundle(path=path, meta=meta, model_bytes=files[MODEL_FILE], files=files)

@@ -1,0 +1,58 @@
+"""`edgeinferctl model bundle`: write model.yaml for an ONNX file from flags and
+the model's own metadata, and copy the model next to it."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import onnx
+import yaml
+
+from edgeinfer.bundle import MODEL_FILE, META_FILE, BundleError, load_bundle
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def write_bundle(args) -> str:
+    try:
+        model = onnx.load(args.onnx, load_external_data=False)
+    except Exception as e:
+        raise BundleError(f"{args.onnx}: not a readable ONNX model: {e}") from None
+    inputs = [i for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]
+    inp = next((i for i in inputs if i.name == args.input_name), None) if args.input_name else inputs[0]
+    if inp is None:
+        raise BundleError(f"{args.onnx}: no input named {args.input_name!r} (inputs: {[i.name for i in inputs]})")
+    dims = [d.dim_value or None for d in inp.type.tensor_type.shape.dim]
+    if args.size:
+        w, h = (int(x) for x in args.size.lower().split("x"))
+    else:
+        hw = dims[2:4] if args.layout == "nchw" else dims[1:3]
+        if len(dims) != 4 or not all(hw):
+            raise BundleError(f"{args.onnx}: input {inp.name} has no static size {dims}; pass --size WxH")
+        h, w = hw
+    labels = args.labels.split(",") if args.labels else []
+    if args.labels_from_metadata:
+        meta = {p.key: p.value for p in model.metadata_props}
+        if args.labels_from_metadata not in meta:
+            raise BundleError(f"{args.onnx}: no metadata key {args.labels_from_metadata!r} (keys: {sorted(meta)})")
+        labels = meta[args.labels_from_metadata].splitlines()
+    decoder = {"type": args.decoder}
+    for kv in args.param:
+        k, _, v = kv.partition("=")
+        decoder[k] = yaml.safe_load(v)
+    doc = {
+        "name": args.name, "version": args.version,
+        "input": {"name": inp.name, "width": w, "height": h, "pixel_format": args.pixel_format, "layout": args.layout},
+        "preprocess": {"scale": args.scale, "mean": _floats(args.mean), "std": _floats(args.std)},
+        "decoder": decoder,
+        "labels": labels,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    shutil.copyfile(args.onnx, os.path.join(args.out, MODEL_FILE))
+    with open(os.path.join(args.out, META_FILE), "w") as f:
+        f.write(f"# Written by edgeinferctl model bundle from {os.path.basename(args.onnx)}\n")
+        yaml.safe_dump(doc, f, sort_keys=False)
+    load_bundle(args.out)  # what we wrote must load
+    return args.out

@@ -1,0 +1,194 @@
+"""Command-line entry points: `edgeinferd` (the daemon) and `edgeinferctl` (the operator's tool)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+import numpy as np
+
+
+# ------------------------------------------------------------------ edgeinferd
+
+def _print_status(st: dict) -> None:
+    for name, s in st["streams"].items():
+        e2e = s.get("e2e_ms") or {}
+        print(f"{name}: {s['fps']:5.1f} fps  e2e p50 {e2e.get('p50', 0):6.2f} ms  p99 {e2e.get('p99', 0):6.2f} ms  "
+              f"processed {s['processed']}  stale {s['stale']}  overload {s['overload']}  torn {s['torn']}  "
+              f"error {s['error']}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
+
+
+def edgeinferd_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="edgeinferd", description="edgeinfer inference daemon")
+    ap.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml")
+    ap.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
+    ap.add_argument("--status-interval", type=float, default=0.0, help="print per-stream status every N seconds")
+    ap.add_argument("--stats-file", help="write status as JSON here every --status-interval (default 1 s)")
+    ap.add_argument("--log-level", default="info")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from edgeinfer.bundle import BundleError
+    from edgeinfer.config import ConfigError, load_config
+    from edgeinfer.daemon import Daemon, Stopped
+    from edgeinfer.ring import RingError
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"edgeinferd: {e}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"{args.config}: OK")
+        return 0
+    daemon = Daemon(cfg)
+    daemon.install_signal_handlers()
+    try:
+        daemon.start()
+    except Stopped:
+        daemon.close()
+        logging.getLogger("edgeinferd").info("stopped during start-up")
+        return 0
+    except (BundleError, RingError, OSError) as e:
+        print(f"edgeinferd: {e}", file=sys.stderr)
+        daemon.close()
+        return 1
+    print("edgeinferd: ready", flush=True)
+    interval = args.status_interval or (1.0 if args.stats_file else 0.0)
+    try:
+        return daemon.serve(interval, args.stats_file, _print_status if args.status_interval else None)
+    finally:
+        daemon.close()
+        logging.getLogger("edgeinferd").info("stopped")
+
+
+# ------------------------------------------------------------------ edgeinferctl
+
+def _cmd_results(args) -> int:
+    from edgeinfer import ring
+    name = args.stream if args.stream.endswith(".results") else ring.result_segment_name(args.stream)
+    reader = ring.ResultReader.attach(name, from_oldest=args.from_oldest, shm_dir=args.shm_dir)
+    n = 0
+    try:
+        for rec in reader.follow(timeout=args.timeout):
+            items = np.frombuffer(rec.payload, np.float32)
+            cols = {1: 2, 2: 6}.get(rec.kind)
+            out = {"number": rec.number, "frame_seq": rec.frame_seq, "frame_id": rec.frame_id,
+                   "model": rec.model_name, "version": rec.model_version, "status": rec.status, "kind": rec.kind,
+                   "latency_ms": round((rec.done_ns - rec.capture_ns) / 1e6, 3), "missed": rec.missed,
+                   "items": items.reshape(-1, cols).tolist() if cols else items.tolist()}
+            print(json.dumps(out), flush=True)
+            n += 1
+            if args.count and n >= args.count:
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        reader.close()
+    return 0
+
+
+def _stop_flag():
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(1))
+    return lambda: bool(stopping)
+
+
+def _cmd_feed(args) -> int:
+    from edgeinfer import ring
+    segment = ring.frame_segment_name(args.stream)
+    stop = _stop_flag()
+    if args.synthetic:
+        from edgeinfer.producers import synthetic
+        n = synthetic.run(segment, args.width, args.height, args.fps, args.frames, shm_dir=args.shm_dir,
+                          group=args.group, seed=args.seed, stop=stop)
+    else:
+        from edgeinfer.producers import ffmpeg
+        n = ffmpeg.run(args.ffmpeg, segment, args.width, args.height, fps=args.fps or None, loop=args.loop,
+                       shm_dir=args.shm_dir, group=args.group, stop=stop)
+    print(f"published {n} frames", file=sys.stderr)
+    return 0
+
+
+def _cmd_model_bundle(args) -> int:
+    from edgeinfer.bundling import write_bundle
+    write_bundle(args)
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from edgeinfer.demo import run_demo
+    return run_demo(args.bundle, args.seconds)
+
+
+def edgeinferctl_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="edgeinferctl", description="edgeinfer operator tool")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("results", help="follow a stream's result ring, one JSON line per result")
+    p.add_argument("stream", help="stream name (or the result segment's name)")
+    p.add_argument("--from-oldest", action="store_true", help="start with the oldest record still held")
+    p.add_argument("--count", type=int, default=0, help="stop after N records")
+    p.add_argument("--timeout", type=float, default=None, help="stop after N seconds without a record")
+    p.add_argument("--shm-dir", default="/dev/shm")
+    p.set_defaults(func=_cmd_results)
+
+    p = sub.add_parser("feed", help="run a reference camera producer")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--synthetic", action="store_true", help="rotated text pages with known rotation")
+    src.add_argument("--ffmpeg", metavar="URL|FILE|/dev/videoN", help="anything ffmpeg can read")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--fps", type=float, default=30.0, help="0: as fast as possible (synthetic)")
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--loop", action="store_true", help="ffmpeg: loop a file")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--group", default=None, help="group of the segment (normally edgeinfer)")
+    p.add_argument("--shm-dir", default="/dev/shm")
+    p.set_defaults(func=_cmd_feed)
+
+    p = sub.add_parser("model", help="model bundles")
+    msub = p.add_subparsers(dest="model_cmd", required=True)
+    b = msub.add_parser("bundle", help="write a bundle (model.onnx + model.yaml) for an ONNX file")
+    b.add_argument("onnx")
+    b.add_argument("--out", required=True)
+    b.add_argument("--name", required=True)
+    b.add_argument("--version", required=True)
+    b.add_argument("--input-name", help="default: the graph's first input")
+    b.add_argument("--size", help="WxH; default: the graph input's static size")
+    b.add_argument("--pixel-format", choices=["rgb24", "bgr24", "gray8"], default="rgb24")
+    b.add_argument("--layout", choices=["nchw", "nhwc"], default="nchw")
+    b.add_argument("--scale", type=float, default=1.0)
+    b.add_argument("--mean", default="0", help="comma-separated, per channel")
+    b.add_argument("--std", default="1", help="comma-separated, per channel")
+    b.add_argument("--decoder", required=True, help="classification | detection | raw")
+    b.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="decoder parameter (YAML value)")
+    b.add_argument("--labels", help="comma-separated labels")
+    b.add_argument("--labels-from-metadata", metavar="KEY", help="labels from the model's metadata, one per line")
+    b.set_defaults(func=_cmd_model_bundle)
+
+    p = sub.add_parser("demo", help="daemon + two synthetic cameras + live results (what `make demo` runs)")
+    p.add_argument("--bundle", default="models/bundles/orientation")
+    p.add_argument("--seconds", type=float, default=float(os.environ.get("DEMO_SECONDS", "0") or 0),
+                   help="stop after N seconds (default: until Ctrl-C; env DEMO_SECONDS)")
+    p.set_defaults(func=_cmd_demo)
+
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except Exception as e:  # operator tool: one clear line, not a traceback
+        from edgeinfer.ring import RingError
+        from edgeinfer.bundle import BundleError
+        if isinstance(e, (RingError, BundleError, OSError, ValueError)):
+            print(f"edgeinferctl: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(edgeinferctl_main())

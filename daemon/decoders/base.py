@@ -1,0 +1,69 @@
+"""The decoder interface and the registry derived from its subclasses."""
+from __future__ import annotations
+
+import numpy as np
+
+# payload_kind codes of the result record (docs/abi.md)
+KIND_NONE, KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW = 0, 1, 2, 3
+
+_REGISTRY: dict[str, type["Decoder"]] = {}
+
+
+class DecoderError(ValueError):
+    """Bad decoder parameters, or outputs that do not fit the decoder."""
+
+
+class Decoder:
+    """Turns model outputs into a float32 payload written straight into a
+    preallocated buffer (no allocation per frame where numpy allows)."""
+
+    type: str = ""
+    kind: int = KIND_NONE
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.type:
+            _REGISTRY[cls.type] = cls
+
+    def __init__(self, params: dict, labels: list[str], input_w: int, input_h: int,
+                 output_shapes: list[list[int | None]]):
+        self.labels = labels
+        self.input_w, self.input_h = input_w, input_h
+
+    @property
+    def payload_capacity(self) -> int:
+        """Bytes of the largest payload this decoder writes."""
+        raise NotImplementedError
+
+    def decode(self, outputs: list[np.ndarray], frame_w: int, frame_h: int) -> tuple[np.ndarray, int]:
+        """Returns (payload view to publish, item_count)."""
+        raise NotImplementedError
+
+
+def registered() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_decoder(params: dict, labels: list[str], input_w: int, input_h: int,
+                 output_shapes: list[list[int | None]]) -> Decoder:
+    params = dict(params)
+    kind = params.pop("type")
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        raise DecoderError(f"unknown decoder type {kind!r}; known: {registered()}")
+    return cls(params, labels, input_w, input_h, output_shapes)
+
+
+def take(params: dict, key: str, default, cast):
+    """Pops one parameter, converted; names it in the error."""
+    if key not in params:
+        return default
+    try:
+        return cast(params.pop(key))
+    except (TypeError, ValueError) as e:
+        raise DecoderError(f"decoder parameter {key}: {e}") from None
+
+
+def no_leftovers(cls_type: str, params: dict) -> None:
+    if params:
+        raise DecoderError(f"decoder {cls_type}: unknown parameters {sorted(params)}")

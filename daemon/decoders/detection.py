@@ -1,0 +1,94 @@
+"""Object detection: YOLOX-style grid decode + class-aware NMS, vectorised.
+
+Output [1, A, 5 + C] with rows (cx, cy, w, h, objectness, class scores...) in
+grid units over strides 8/16/32 (decode_grid: true) or already in input
+pixels (decode_grid: false). Boxes are returned in frame pixels.
+Payload: item_count rows of (x1, y1, x2, y2, score, class) float32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.decoders.base import KIND_DETECTION, Decoder, DecoderError, no_leftovers, take
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, limit: int) -> np.ndarray:
+    """Greedy non-maximum suppression; indices of the kept boxes, best first."""
+    order = np.argsort(-scores, kind="stable")
+    x1, y1, x2, y2 = boxes.T
+    area = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
+    keep = []
+    while order.size and len(keep) < limit:
+        i = order[0]
+        keep.append(i)
+        rest = order[1:]
+        w = np.maximum(0.0, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]))
+        h = np.maximum(0.0, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]))
+        inter = w * h
+        iou = inter / np.maximum(area[i] + area[rest] - inter, 1e-9)
+        order = rest[iou <= iou_threshold]
+    return np.asarray(keep, dtype=np.int64)
+
+
+class Detection(Decoder):
+    type = "detection"
+    kind = KIND_DETECTION
+
+    def __init__(self, params, labels, input_w, input_h, output_shapes):
+        super().__init__(params, labels, input_w, input_h, output_shapes)
+        self.output = take(params, "output", 0, int)
+        self.decode_grid = take(params, "decode_grid", True, bool)
+        self.strides = take(params, "strides", [8, 16, 32], lambda v: [int(s) for s in v])
+        self.score_threshold = take(params, "score_threshold", 0.5, float)
+        self.iou_threshold = take(params, "iou_threshold", 0.45, float)
+        self.max_detections = take(params, "max_detections", 100, int)
+        no_leftovers(self.type, params)
+        if not 1 <= self.max_detections <= 10000:
+            raise DecoderError("decoder parameter max_detections: 1..10000")
+        self._buf = np.zeros((self.max_detections, 6), np.float32)
+        if self.decode_grid:
+            grids, strides = [], []
+            for s in self.strides:
+                gh, gw = input_h // s, input_w // s
+                yv, xv = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+                grids.append(np.stack((xv, yv), -1).reshape(-1, 2))
+                strides.append(np.full((gh * gw, 1), s))
+            self._grid = np.concatenate(grids).astype(np.float32)
+            self._stride = np.concatenate(strides).astype(np.float32)
+            anchors = output_shapes[self.output][1] if self.output < len(output_shapes) else None
+            if anchors is not None and anchors != len(self._grid):
+                raise DecoderError(f"detection output has {anchors} rows; strides {self.strides} on "
+                                   f"{input_w}x{input_h} give {len(self._grid)}")
+
+    @property
+    def payload_capacity(self) -> int:
+        return self._buf.nbytes
+
+    def decode(self, outputs, frame_w, frame_h):
+        out = outputs[self.output].reshape(-1, outputs[self.output].shape[-1])
+        if self.decode_grid:
+            xy = (out[:, :2] + self._grid) * self._stride
+            wh = np.exp(out[:, 2:4]) * self._stride
+        else:
+            xy, wh = out[:, :2], out[:, 2:4]
+        cls_scores = out[:, 5:] * out[:, 4:5]
+        cls = cls_scores.argmax(1)
+        score = cls_scores[np.arange(len(cls)), cls]
+        sel = score >= self.score_threshold
+        if not sel.any():
+            return self._buf[:0], 0
+        xy, wh, score, cls = xy[sel], wh[sel], score[sel], cls[sel]
+        sx, sy = frame_w / self.input_w, frame_h / self.input_h
+        boxes = np.empty((len(score), 4), np.float32)
+        boxes[:, 0] = (xy[:, 0] - wh[:, 0] / 2) * sx
+        boxes[:, 1] = (xy[:, 1] - wh[:, 1] / 2) * sy
+        boxes[:, 2] = (xy[:, 0] + wh[:, 0] / 2) * sx
+        boxes[:, 3] = (xy[:, 1] + wh[:, 1] / 2) * sy
+        # class-aware NMS: offset boxes per class so classes never suppress each other
+        offset = (cls.astype(np.float32) * (max(frame_w, frame_h) + 1))[:, None]
+        keep = nms(boxes + offset, score, self.iou_threshold, self.max_detections)
+        n = len(keep)
+        self._buf[:n, :4] = boxes[keep]
+        self._buf[:n, 4] = score[keep]
+        self._buf[:n, 5] = cls[keep]
+        return self._buf[:n], n

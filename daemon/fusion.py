@@ -1,0 +1,99 @@
+"""Preprocessing fused into the model graph.
+
+At load time we put a few ONNX ops in front of the (verified) model, in memory:
+the uint8 [1, H, W, C] frame exactly as the camera wrote it is the graph's
+input, and ONNX Runtime's kernels do resize, channel order, cast, layout and
+normalisation in one pass. Nothing is computed per frame in numpy, and the
+frame view goes straight from shared memory into session.run.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, compose, helper, numpy_helper
+
+from edgeinfer.bundle import BundleError, InputSpec, PreprocessSpec
+
+FRAME_INPUT = "frame"
+_PREFIX = "ei_pre_"
+# Channel order of each frame pixel format, and what each model format wants.
+FRAME_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR", "rgba32": "RGBA", "bgra32": "BGRA"}
+MODEL_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR"}
+
+
+def channel_map(frame_format: str, model_format: str) -> list[int] | None:
+    """For each model channel, the frame channel it comes from; None = identity."""
+    have, want = FRAME_CHANNELS[frame_format], MODEL_CHANNELS[model_format]
+    if want == "Y" and have != "Y":
+        raise BundleError(f"a {frame_format} stream cannot feed a gray8 model (no colour conversion in-graph)")
+    idx = [0 if have == "Y" else have.index(c) for c in want]
+    return None if idx == list(range(len(have))) else idx
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    raise BundleError("the model imports no default ONNX opset")
+
+
+def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputSpec, pre: PreprocessSpec,
+                     opset: int, ir_version: int) -> onnx.ModelProto:
+    """The ops between the camera's frame and the model's input, as a model of its own."""
+    if opset < 11:
+        raise BundleError(f"model opset {opset}: in-graph preprocessing needs opset >= 11 (Resize)")
+    ch_in = len(FRAME_CHANNELS[frame_format])
+    ch = len(MODEL_CHANNELS[spec.pixel_format])
+    nodes, inits = [], []
+    cur = FRAME_INPUT
+
+    def name(s: str) -> str:
+        return _PREFIX + s
+
+    if (frame_h, frame_w) != (spec.height, spec.width):
+        # Resize the uint8 frame first: casting the full frame to float first costs far more.
+        inits += [numpy_helper.from_array(np.zeros(0, np.float32), name("roi")),
+                  numpy_helper.from_array(np.zeros(0, np.float32), name("scales")),
+                  numpy_helper.from_array(np.array([1, spec.height, spec.width, ch_in], np.int64), name("sizes"))]
+        nodes.append(helper.make_node("Resize", [cur, name("roi"), name("scales"), name("sizes")], [name("resized")],
+                                      mode="linear", name=name("resize")))
+        cur = name("resized")
+    idx = channel_map(frame_format, spec.pixel_format)
+    if idx is not None:
+        inits.append(numpy_helper.from_array(np.array(idx, np.int64), name("channels")))
+        nodes.append(helper.make_node("Gather", [cur, name("channels")], [name("ordered")], axis=3,
+                                      name=name("channel_order")))
+        cur = name("ordered")
+    nodes.append(helper.make_node("Cast", [cur], [name("float")], to=TensorProto.FLOAT, name=name("cast")))
+    cur = name("float")
+    if spec.layout == "nchw":
+        nodes.append(helper.make_node("Transpose", [cur], [name("nchw")], perm=[0, 3, 1, 2], name=name("to_nchw")))
+        cur = name("nchw")
+    # (x * scale - mean) / std folded into one multiply and one add per channel.
+    mean = np.broadcast_to(np.asarray(pre.mean, np.float64), (ch,))
+    std = np.broadcast_to(np.asarray(pre.std, np.float64), (ch,))
+    shape = (1, ch, 1, 1) if spec.layout == "nchw" else (1, 1, 1, ch)
+    inits += [numpy_helper.from_array((pre.scale / std).astype(np.float32).reshape(shape), name("mul")),
+              numpy_helper.from_array((-mean / std).astype(np.float32).reshape(shape), name("add"))]
+    nodes.append(helper.make_node("Mul", [cur, name("mul")], [name("scaled")], name=name("scale")))
+    nodes.append(helper.make_node("Add", [name("scaled"), name("add")], [name("out")], name=name("normalise")))
+    out_shape = [1, ch, spec.height, spec.width] if spec.layout == "nchw" else [1, spec.height, spec.width, ch]
+    graph = helper.make_graph(
+        nodes, "edgeinfer_preprocess",
+        [helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, [1, frame_h, frame_w, ch_in])],
+        [helper.make_tensor_value_info(name("out"), TensorProto.FLOAT, out_shape)],
+        initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+
+
+def fuse(model: onnx.ModelProto, frame_format: str, frame_h: int, frame_w: int, spec: InputSpec,
+         pre: PreprocessSpec) -> onnx.ModelProto:
+    """The model with preprocessing in front: input `frame` uint8 [1, H, W, C]."""
+    names = [i.name for i in model.graph.input]
+    if spec.name not in names:
+        raise BundleError(f"model.yaml input.name '{spec.name}' is not a graph input (inputs: {names})")
+    pre_model = preprocess_graph(frame_format, frame_h, frame_w, spec, pre, default_opset(model), model.ir_version)
+    try:
+        return compose.merge_models(pre_model, model, io_map=[(_PREFIX + "out", spec.name)])
+    except Exception as e:  # onnx raises ValueError/checker errors with useful text
+        raise BundleError(f"cannot put preprocessing in front of the model: {e}") from None

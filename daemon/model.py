@@ -1,0 +1,125 @@
+"""A verified bundle turned into runnable ONNX Runtime sessions.
+
+One session per stream geometry (pixel format, height, width): each is the
+model with that geometry's preprocessing fused in front (fusion.py), built
+from the bundle's bytes in memory, and warmed up before use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from edgeinfer.bundle import Bundle, BundleError
+from edgeinfer.decoders import Decoder, DecoderError, make_decoder
+from edgeinfer.fusion import FRAME_CHANNELS, FRAME_INPUT, fuse
+
+
+def _dims(value_info) -> list[int | None]:
+    return [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadPlan:
+    """How ONNX Runtime's intra-op threads are sized and pinned."""
+
+    threads: int = 1               # intra-op threads, the calling (loop) thread included
+    extra_thread_cpus: tuple = ()  # CPU of each extra thread (0-based); empty: not pinned
+
+    def session_options(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.threads > 1:
+            # Idle pool threads must not spin: the loop's duty ceiling counts on idle CPUs being idle.
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            if self.extra_thread_cpus:
+                # 1-based CPU ids, one group per extra thread (the calling thread is never pinned by ORT).
+                spec = ";".join(str(c + 1) for c in self.extra_thread_cpus[: self.threads - 1])
+                so.add_session_config_entry("session.intra_op_thread_affinities", spec)
+        return so
+
+
+class FusedSession:
+    """The model with one geometry's preprocessing in front; input: the frame view."""
+
+    def __init__(self, session: ort.InferenceSession, pixel_format: str, height: int, width: int):
+        self.session = session
+        self.pixel_format, self.height, self.width = pixel_format, height, width
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.channels = len(FRAME_CHANNELS[pixel_format])
+
+    def run(self, frame: np.ndarray) -> list[np.ndarray]:
+        """frame: uint8 [1, H, W, C] (a view of the shared-memory slot; read in place)."""
+        return self.session.run(self.output_names, {FRAME_INPUT: frame})
+
+    def warm_up(self, runs: int) -> float:
+        """Runs a synthetic frame `runs` times; returns the last run's seconds."""
+        frame = np.full((1, self.height, self.width, self.channels), 127, np.uint8)
+        took = 0.0
+        for _ in range(runs):
+            t = time.perf_counter()
+            self.run(frame)
+            took = time.perf_counter() - t
+        return took
+
+
+class ModelRuntime:
+    """A loaded bundle: metadata, decoder, and fused sessions by geometry."""
+
+    def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3):
+        self.bundle = bundle
+        self.meta = bundle.meta
+        self.threads = threads
+        self.warmup_runs = warmup_runs
+        try:
+            self.graph = onnx.load_from_string(bundle.model_bytes)
+        except Exception as e:
+            raise BundleError(f"{bundle.path}/model.onnx: not a readable ONNX model: {e}") from None
+        spec = self.meta.input
+        inputs = {i.name: i for i in self.graph.graph.input}
+        if spec.name not in inputs:
+            raise BundleError(f"{bundle.path}/model.yaml: input.name '{spec.name}' is not a graph input "
+                              f"(inputs: {sorted(inputs)})")
+        dims = _dims(inputs[spec.name])
+        ch = 1 if spec.pixel_format == "gray8" else 3
+        want = [None, ch, spec.height, spec.width] if spec.layout == "nchw" else [None, spec.height, spec.width, ch]
+        if len(dims) != 4 or any(d is not None and w is not None and d != w for d, w in zip(dims, want)):
+            raise BundleError(f"{bundle.path}/model.yaml: input {spec.width}x{spec.height}x{ch} {spec.layout} "
+                              f"does not match the graph input '{spec.name}' {dims}")
+        out_shapes = [_dims(o) for o in self.graph.graph.output]
+        try:
+            self.decoder: Decoder = make_decoder(self.meta.decoder.model_dump(), list(self.meta.labels),
+                                                 spec.width, spec.height, out_shapes)
+        except DecoderError as e:
+            raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
+        self._sessions: dict[tuple[str, int, int], FusedSession] = {}
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def version(self) -> str:
+        return self.meta.version
+
+    def session_for(self, pixel_format: str, height: int, width: int) -> FusedSession:
+        """The fused, warmed-up session for a stream geometry (built on first use)."""
+        key = (pixel_format, height, width)
+        s = self._sessions.get(key)
+        if s is None:
+            fused = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess)
+            try:
+                sess = ort.InferenceSession(fused.SerializeToString(), sess_options=self.threads.session_options(),
+                                            providers=["CPUExecutionProvider"])
+            except Exception as e:
+                raise BundleError(f"{self.bundle.path}/model.onnx: ONNX Runtime refused the model: {e}") from None
+            s = FusedSession(sess, pixel_format, height, width)
+            s.warm_up(self.warmup_runs)
+            self._sessions[key] = s
+        return s

@@ -1,0 +1,1 @@
+"""Reference camera producers: synthetic frames with known content, and ffmpeg."""

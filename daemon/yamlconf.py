@@ -1,0 +1,84 @@
+"""YAML → validated pydantic model, with errors that name the key and the line.
+
+Used for both the daemon's configuration and a bundle's model.yaml: one place
+that turns "validation failed" into `edgeinferd.yaml:12: streams[0].max_age_ms:
+Input should be greater than 0`.
+"""
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import pydantic
+import yaml
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+class ConfigError(ValueError):
+    """A configuration or model.yaml problem; the message lists every error with key and line."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict:
+    """Maps every key path (as pydantic reports it) to the 1-based YAML line."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            k = (*path, key.value)
+            out[k] = key.start_mark.line + 1
+            _line_index(value, k, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, (*path, i), out)
+    return out
+
+
+def _dotted(loc: tuple) -> str:
+    s = ""
+    for part in loc:
+        s += f"[{part}]" if isinstance(part, int) else (f".{part}" if s else str(part))
+    return s or "(top level)"
+
+
+def load_yaml_model(model: type[M], text: str, source: str) -> M:
+    """Parses YAML text and validates it into `model`; raises ConfigError."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(source, [f"{source}{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
+    if data is None:
+        data = {}
+    lines = _line_index(node) if node is not None else {}
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            line = None
+            for n in range(len(loc), -1, -1):  # the deepest key that exists in the file
+                if loc[:n] in lines:
+                    line = lines[loc[:n]]
+                    break
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(f"{source}:{line or '?'}: {_dotted(loc)}: {msg}")
+        raise ConfigError(source, problems) from None
+
+
+def load_yaml_file(model: type[M], path: str) -> M:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(path, [f"{path}: cannot read: {e.strerror}"]) from None
+    return load_yaml_model(model, text, path)
