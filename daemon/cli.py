@@ -8,7 +8,9 @@ import os
 import signal
 import sys
 
-import numpy as np
+# Set by SIGTERM/SIGINT from the first moment of edgeinferd_main, before the
+# slow imports (numpy, ONNX Runtime), so a stop during start-up is orderly.
+_stop_requested = []
 
 
 # ------------------------------------------------------------------ edgeinferd
@@ -22,6 +24,8 @@ def _print_status(st: dict) -> None:
 
 
 def edgeinferd_main(argv=None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: _stop_requested.append(1))
     ap = argparse.ArgumentParser(prog="edgeinferd", description="edgeinfer inference daemon")
     ap.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml")
     ap.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
@@ -46,6 +50,7 @@ def edgeinferd_main(argv=None) -> int:
         return 0
     daemon = Daemon(cfg)
     daemon.install_signal_handlers()
+    daemon.stop_requested = bool(_stop_requested)
     try:
         daemon.start()
     except Stopped:
@@ -68,6 +73,8 @@ def edgeinferd_main(argv=None) -> int:
 # ------------------------------------------------------------------ edgeinferctl
 
 def _cmd_results(args) -> int:
+    import numpy as np
+
     from edgeinfer import ring
     name = args.stream if args.stream.endswith(".results") else ring.result_segment_name(args.stream)
     reader = ring.ResultReader.attach(name, from_oldest=args.from_oldest, shm_dir=args.shm_dir)

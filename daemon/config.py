@@ -66,13 +66,17 @@ class RuntimeConfig(_Strict):
     spin_us: int = Field(0, ge=0, le=100000)
     idle_timeout_ms: int = Field(100, ge=1, le=10000)
 
+    @field_validator("loop_cpus", "ort_cpus")
+    @classmethod
+    def _available(cls, cpus: list[int]) -> list[int]:
+        available = os.sched_getaffinity(0)
+        bad = [c for c in cpus if c not in available]
+        if bad:
+            raise ValueError(f"CPUs {bad} are not available to this process (have {sorted(available)})")
+        return cpus
+
     @model_validator(mode="after")
     def _cpus(self):
-        available = os.sched_getaffinity(0)
-        for key in ("loop_cpus", "ort_cpus"):
-            bad = [c for c in getattr(self, key) if c not in available]
-            if bad:
-                raise ValueError(f"{key}: CPUs {bad} are not available to this process (have {sorted(available)})")
         if self.ort_cpus and len(self.ort_cpus) < self.ort_threads - 1:
             raise ValueError(f"ort_cpus lists {len(self.ort_cpus)} CPUs for {self.ort_threads - 1} extra ORT threads")
         return self

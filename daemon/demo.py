@@ -58,7 +58,7 @@ def run_demo(bundle: str, seconds: float) -> int:
             procs.append(subprocess.Popen([py, "-m", "edgeinfer.cli", "feed", "--synthetic", "--stream", s,
                                            "--width", "480", "--height", "480", "--fps", str(15 + 10 * i),
                                            "--seed", str(i + 1)], start_new_session=True))
-        readers = {s: ring.ResultReader(ring.result_segment_name(s)) for s in streams}
+        readers = {s: ring.ResultReader.watch(ring.result_segment_name(s)) for s in streams}
         seen = {s: {"n": 0, "correct": 0, "lat": [], "last": None} for s in streams}
         t0 = time.monotonic()
         next_print = t0 + 1.0

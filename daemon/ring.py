@@ -446,6 +446,12 @@ class ResultReader(_Follower):
         r._attach_now()
         return r
 
+    @classmethod
+    def watch(cls, name: str, *, from_oldest: bool = False, shm_dir: str = SHM_DIR,
+              allowed_uids: Sequence[int] | None = None) -> "ResultReader":
+        """A reader that attaches when the ring appears (read() looks for it)."""
+        return cls(name, shm_dir, allowed_uids, from_oldest)
+
     def _open(self):
         # After the first attach, a new segment is read from its start: nothing in it was seen.
         oldest = self.from_oldest or self.attach_count > 0
@@ -465,6 +471,11 @@ class ResultReader(_Follower):
     def read(self, timeout: float = 0.0) -> ResultRecord | None:
         """The next record, waiting up to `timeout` seconds; None if none came."""
         deadline = time.monotonic() + timeout
+        if self._native is None:
+            try:
+                self.refresh()
+            except RingError as e:
+                self.last_error = e
         while True:
             n = self._native
             if n is not None:

