@@ -79,9 +79,19 @@ class Daemon:
                                  priority=rt.priority, duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us,
                                  idle_timeout_ms=rt.idle_timeout_ms)
             self.engine.start()
+            self._keep_off_loop_cpus(rt.loop_cpus)
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _keep_off_loop_cpus(loop_cpus) -> None:
+        """Moves this (main) thread off the loop's CPUs when others are left: a
+        main thread preempted there while holding the GIL would stall the loop
+        until the interpreter's switch interval runs out."""
+        others = os.sched_getaffinity(0) - set(loop_cpus)
+        if loop_cpus and others:
+            os.sched_setaffinity(0, others)
 
     # ---------------------------------------------------------------- run
 

@@ -16,6 +16,7 @@ arrive meanwhile are superseded and counted as overload.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -65,6 +66,9 @@ class Engine:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        # The loop needs the GIL back the moment ORT returns; a long switch
+        # interval lets another thread keep it for up to 5 ms.
+        sys.setswitchinterval(0.0005)
         self._thread = threading.Thread(target=self._run, name="edgeinfer-rt", daemon=True)
         self._thread.start()
 
