@@ -29,11 +29,16 @@ class Decoder:
                  output_shapes: list[list[int | None]]):
         self.labels = labels
         self.input_w, self.input_h = input_w, input_h
+        self.output = take(params, "output", 0, int)  # which model output to decode
+        if not 0 <= self.output < max(len(output_shapes), 1):
+            raise DecoderError(f"decoder parameter output: the model has {len(output_shapes)} outputs")
+        self.output_shape = output_shapes[self.output] if output_shapes else []
+        self._buf = np.zeros(0, np.float32)  # the payload buffer, sized by the subclass
 
     @property
     def payload_capacity(self) -> int:
         """Bytes of the largest payload this decoder writes."""
-        raise NotImplementedError
+        return self._buf.nbytes
 
     def decode(self, outputs: list[np.ndarray], frame_w: int, frame_h: int) -> tuple[np.ndarray, int]:
         """Returns (payload view to publish, item_count)."""

@@ -15,18 +15,13 @@ class Classification(Decoder):
 
     def __init__(self, params, labels, input_w, input_h, output_shapes):
         super().__init__(params, labels, input_w, input_h, output_shapes)
-        self.output = take(params, "output", 0, int)
         self.softmax = take(params, "softmax", False, bool)
-        classes = output_shapes[self.output][-1] if self.output < len(output_shapes) else None
+        classes = self.output_shape[-1] if self.output_shape else None
         self.top_k = take(params, "top_k", min(5, classes or 5), int)
         no_leftovers(self.type, params)
         if self.top_k < 1:
             raise DecoderError("decoder parameter top_k: must be >= 1")
         self._buf = np.zeros((self.top_k, 2), np.float32)
-
-    @property
-    def payload_capacity(self) -> int:
-        return self._buf.nbytes
 
     def decode(self, outputs, frame_w, frame_h):
         scores = outputs[self.output].reshape(-1)

@@ -36,7 +36,6 @@ class Detection(Decoder):
 
     def __init__(self, params, labels, input_w, input_h, output_shapes):
         super().__init__(params, labels, input_w, input_h, output_shapes)
-        self.output = take(params, "output", 0, int)
         self.decode_grid = take(params, "decode_grid", True, bool)
         self.strides = take(params, "strides", [8, 16, 32], lambda v: [int(s) for s in v])
         self.score_threshold = take(params, "score_threshold", 0.5, float)
@@ -55,14 +54,10 @@ class Detection(Decoder):
                 strides.append(np.full((gh * gw, 1), s))
             self._grid = np.concatenate(grids).astype(np.float32)
             self._stride = np.concatenate(strides).astype(np.float32)
-            anchors = output_shapes[self.output][1] if self.output < len(output_shapes) else None
+            anchors = self.output_shape[1] if len(self.output_shape) > 1 else None
             if anchors is not None and anchors != len(self._grid):
                 raise DecoderError(f"detection output has {anchors} rows; strides {self.strides} on "
                                    f"{input_w}x{input_h} give {len(self._grid)}")
-
-    @property
-    def payload_capacity(self) -> int:
-        return self._buf.nbytes
 
     def decode(self, outputs, frame_w, frame_h):
         out = outputs[self.output].reshape(-1, outputs[self.output].shape[-1])

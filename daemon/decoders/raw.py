@@ -15,18 +15,13 @@ class Raw(Decoder):
 
     def __init__(self, params, labels, input_w, input_h, output_shapes):
         super().__init__(params, labels, input_w, input_h, output_shapes)
-        self.output = take(params, "output", 0, int)
-        shape = output_shapes[self.output] if self.output < len(output_shapes) else []
+        shape = self.output_shape
         static = int(np.prod([d for d in shape if d])) if shape and all(shape[1:]) else None
         self.max_values = take(params, "max_values", static or 4096, int)
         no_leftovers(self.type, params)
         if self.max_values < 1:
             raise DecoderError("decoder parameter max_values: must be >= 1")
         self._buf = np.zeros(self.max_values, np.float32)
-
-    @property
-    def payload_capacity(self) -> int:
-        return self._buf.nbytes
 
     def decode(self, outputs, frame_w, frame_h):
         flat = outputs[self.output].reshape(-1)
