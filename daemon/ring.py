@@ -258,6 +258,17 @@ def wait_any(readers: Sequence["FrameReader | ResultReader"], timeout: float, sp
     with something new, [] on timeout. At most MAX_WAIT readers."""
     if len(readers) > MAX_WAIT:
         raise ValueError(f"wait_any takes at most {MAX_WAIT} readers, got {len(readers)}")
+    natives = [f._native for f in readers]
+    if None not in natives and not any(n.flags for n in natives):
+        # Fast path: every name attached to a live ring; one native wait, no name checks.
+        ready = [f for f in readers if f._has_data()]
+        if ready:
+            return ready
+        if _waitset.wait(natives, timeout, spin):
+            ready = [f for f in readers if f._has_data()]
+            if ready:
+                return ready
+        timeout = 0.0  # timed out or a flag changed: the general path looks at the names once
     return _wait(readers, timeout, spin)
 
 
