@@ -182,7 +182,4 @@ class Engine:
                        model_name=self.model.name, model_version=self.model.version)
         st.processed += 1
         st.record(done - frame.capture_ns, inferred - start, age, done)
-        if items:
-            st.last_top_class = int(payload[0, 0]) if payload.ndim == 2 and payload.shape[1] == 2 else -1
-            st.last_top_score = float(payload[0, 1]) if payload.ndim == 2 and payload.shape[1] == 2 else 0.0
         st.last_frame_id = frame.frame_id

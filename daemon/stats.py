@@ -26,9 +26,7 @@ class StreamStats:
         self.age_ns = np.zeros(WINDOW, np.int64)     # capture → inference start
         self.done_ns = np.zeros(WINDOW, np.int64)    # when each was published (for fps)
         self.count = 0  # frames recorded in the windows (monotonic; index = count % WINDOW)
-        self.last_top_class = -1
-        self.last_top_score = 0.0
-        self.last_frame_id = 0
+        self.last_frame_id = 0  # producer frame id of the last result published
 
     def record(self, e2e: int, infer: int, age: int, done: int) -> None:
         i = self.count % WINDOW
@@ -57,5 +55,5 @@ class StreamStats:
         else:
             out["fps"] = 0.0
             out["e2e_ms"] = {}
-        out["last"] = {"class": self.last_top_class, "score": self.last_top_score, "frame_id": self.last_frame_id}
+        out["last_frame_id"] = self.last_frame_id
         return out
