@@ -22,6 +22,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,9 +36,10 @@ import onnxruntime as ort
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from edgeinfer import ring  # noqa: E402
-from edgeinfer.bundle import load_bundle  # noqa: E402
+from edgeinfer.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
 from edgeinfer.model import ModelRuntime  # noqa: E402
 from edgeinfer.producers.synthetic import make_frames  # noqa: E402
+from edgeinfer.signing import copy_trust, generate_keys, sign_bundle  # noqa: E402
 
 BUNDLE = os.path.join(ROOT, "models", "bundles", "orientation")
 TINY = os.path.join(ROOT, "models", "bundles", "cls-tiny")
@@ -98,8 +100,16 @@ class Daemon:
         self.cfg = os.path.join(self.dir, "edgeinferd.yaml")
         self.stats = os.path.join(self.dir, "stats.json")
         w, h = (224, 224)
+        # The daemon serves only signed bundles: sign a copy with a throw-away key it trusts.
+        key, pub = generate_keys(os.path.join(self.dir, "keys"), "bench")
+        trust = os.path.join(self.dir, "trust")
+        copy_trust(pub, trust)
+        signed = os.path.join(self.dir, "bundle")
+        shutil.copytree(bundle, signed)
+        sign_bundle(signed, key)
         with open(self.cfg, "w") as f:
-            f.write(f"model:\n  bundle: {bundle}\nstreams:\n  - name: {self.stream}\n    width: {w}\n"
+            f.write(f"model:\n  bundle: {signed}\n  trust_dir: {trust}\n  state_dir: {self.dir}/state\n"
+                    f"streams:\n  - name: {self.stream}\n    width: {w}\n"
                     f"    height: {h}\n    max_age_ms: 1000\nruntime:\n  loop_cpus: [{LOOP_CPU}]\n"
                     f"  scheduling: {scheduling}\n")
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from edgeinfer.cli import edgeinferd_main "
@@ -131,10 +141,7 @@ class Daemon:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        for p in (self.cfg, self.stats):
-            if os.path.exists(p):
-                os.unlink(p)
-        os.rmdir(self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results: int = 0) -> tuple[list[int], float]:

@@ -1,7 +1,7 @@
-"""Model bundles: a directory with model.onnx and model.yaml (and, with the
-signing issue, model.sig). Loading reads every file once into memory; the
-signature check runs on those bytes before anything is parsed, and ONNX
-Runtime and the YAML parser get exactly the bytes that were checked."""
+"""Model bundles: a directory with model.onnx, model.yaml and model.sig.
+Reading takes every file once into memory; signing.load_verified_bundle checks
+the signature on those bytes before anything is parsed, and ONNX Runtime and
+the YAML parser get exactly the bytes that were checked."""
 from __future__ import annotations
 
 import dataclasses
@@ -118,16 +118,9 @@ def read_bundle_files(path: str) -> dict[str, bytes]:
     return files
 
 
-def verify_bundle(path: str, files: dict[str, bytes]) -> None:
-    """THE place where a bundle's signature is checked, on the bytes read,
-    before any of them is parsed. The signing issue (#4) fills it in; until
-    then every bundle is accepted, and `edgeinferd` says so at start."""
-
-
-def load_bundle(path: str) -> Bundle:
-    """Reads, verifies, then parses a bundle; raises BundleError."""
-    files = read_bundle_files(path)
-    verify_bundle(path, files)
+def parse_bundle(path: str, files: dict[str, bytes]) -> Bundle:
+    """Parses bundle files already read (and, for anything that will run, verified:
+    see signing.load_verified_bundle, the only loader the daemon uses)."""
     try:
         meta = load_yaml_model(ModelMeta, files[META_FILE].decode("utf-8"), os.path.join(path, META_FILE))
     except UnicodeDecodeError:
@@ -135,3 +128,9 @@ def load_bundle(path: str) -> Bundle:
     except ConfigError as e:
         raise BundleError(str(e)) from None
     return Bundle(path=path, meta=meta, model_bytes=files[MODEL_FILE], files=files)
+
+
+def load_unverified_bundle(path: str) -> Bundle:
+    """Reads and parses a bundle WITHOUT checking its signature: for tools that
+    write or inspect bundles (edgeinferctl model bundle), never for serving."""
+    return parse_bundle(path, read_bundle_files(path))

@@ -8,7 +8,7 @@ import shutil
 import onnx
 import yaml
 
-from edgeinfer.bundle import MODEL_FILE, META_FILE, BundleError, load_bundle
+from edgeinfer.bundle import MODEL_FILE, META_FILE, BundleError, load_unverified_bundle
 
 
 def _floats(text: str) -> list[float]:
@@ -54,5 +54,5 @@ def write_bundle(args) -> str:
     with open(os.path.join(args.out, META_FILE), "w") as f:
         f.write(f"# Written by edgeinferctl model bundle from {os.path.basename(args.onnx)}\n")
         yaml.safe_dump(doc, f, sort_keys=False)
-    load_bundle(args.out)  # what we wrote must load
+    load_unverified_bundle(args.out)  # what we wrote must parse (signing comes next: model sign)
     return args.out

@@ -29,6 +29,8 @@ def edgeinferd_main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="edgeinferd", description="edgeinfer inference daemon")
     ap.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml")
     ap.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
+    ap.add_argument("--verify-only", action="store_true",
+                    help="run the start-up checks (config, signature, anti-rollback, model) and exit")
     ap.add_argument("--status-interval", type=float, default=0.0, help="print per-stream status every N seconds")
     ap.add_argument("--stats-file", help="write status as JSON here every --status-interval (default 1 s)")
     ap.add_argument("--log-level", default="info")
@@ -49,6 +51,15 @@ def edgeinferd_main(argv=None) -> int:
         print(f"{args.config}: OK")
         return 0
     daemon = Daemon(cfg)
+    if args.verify_only:
+        try:
+            m = daemon.verify_only()
+        except (BundleError, OSError) as e:
+            print(f"edgeinferd: {e}", file=sys.stderr)
+            return 1
+        print(f"{cfg.model.bundle}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
+              f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
+        return 0
     daemon.install_signal_handlers()
     daemon.stop_requested = bool(_stop_requested)
     try:
@@ -127,6 +138,34 @@ def _cmd_model_bundle(args) -> int:
     return 0
 
 
+def _cmd_model_sign(args) -> int:
+    from edgeinfer.signing import sign_bundle
+    print(sign_bundle(args.bundle, args.key))
+    return 0
+
+
+def _cmd_model_verify(args) -> int:
+    from edgeinfer.signing import TrustStore, load_verified_bundle
+    bundle, signer = load_verified_bundle(args.bundle, TrustStore(args.trust_dir))
+    print(f"{args.bundle}: OK: {bundle.meta.name} {bundle.meta.version}, signed by {signer.key_file}")
+    return 0
+
+
+def _cmd_model_allow_downgrade(args) -> int:
+    from edgeinfer.rollback import RollbackState
+    RollbackState(args.state_dir).allow_downgrade(args.name, args.version)
+    print(f"{args.name} {args.version} may be installed once although older than the accepted version")
+    return 0
+
+
+def _cmd_keys_generate(args) -> int:
+    from edgeinfer.signing import generate_keys
+    key, pub = generate_keys(args.out, args.name, args.curve)
+    print(f"private key {key} (0600: keep it off the edge hosts)\npublic key  {pub} (install it in the trust "
+          f"store, e.g. /etc/edgeinfer/trust/)")
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from edgeinfer.demo import run_demo
     return run_demo(args.bundle, args.seconds)
@@ -178,6 +217,27 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("--labels", help="comma-separated labels")
     b.add_argument("--labels-from-metadata", metavar="KEY", help="labels from the model's metadata, one per line")
     b.set_defaults(func=_cmd_model_bundle)
+    b = msub.add_parser("sign", help="sign every file of a bundle into BUNDLE/model.sig (OpenSSF model signing)")
+    b.add_argument("bundle")
+    b.add_argument("--key", required=True, help="EC private key (PEM), e.g. from `edgeinferctl keys generate`")
+    b.set_defaults(func=_cmd_model_sign)
+    b = msub.add_parser("verify", help="verify a bundle the way edgeinferd does")
+    b.add_argument("bundle")
+    b.add_argument("--trust-dir", default="/etc/edgeinfer/trust")
+    b.set_defaults(func=_cmd_model_verify)
+    b = msub.add_parser("allow-downgrade", help="allow one older version of a model (anti-rollback override)")
+    b.add_argument("name")
+    b.add_argument("version")
+    b.add_argument("--state-dir", default="/var/lib/edgeinfer")
+    b.set_defaults(func=_cmd_model_allow_downgrade)
+
+    p = sub.add_parser("keys", help="signing keys")
+    ksub = p.add_subparsers(dest="keys_cmd", required=True)
+    k = ksub.add_parser("generate", help="a new EC key pair (private key 0600)")
+    k.add_argument("--out", default=".")
+    k.add_argument("--name", default="edgeinfer")
+    k.add_argument("--curve", default="P-256", choices=["P-256", "P-384"])
+    k.set_defaults(func=_cmd_keys_generate)
 
     p = sub.add_parser("demo", help="daemon + two synthetic cameras + live results (what `make demo` runs)")
     p.add_argument("--bundle", default="models/bundles/orientation")

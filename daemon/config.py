@@ -21,8 +21,11 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml)")
+    bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
     warmup_runs: int = Field(3, ge=0, le=1000)
+    trust_dir: str = "/etc/edgeinfer/trust"   # public keys (PEM) whose signatures are accepted
+    state_dir: str = "/var/lib/edgeinfer"     # anti-rollback record (highest accepted version per model)
+    watch_interval_s: float = Field(1.0, ge=0)  # reload when the bundle path's target changes (0: off)
 
 
 class StreamConfig(_Strict):

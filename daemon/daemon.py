@@ -15,10 +15,12 @@ import tempfile
 import time
 
 from edgeinfer import ring
-from edgeinfer.bundle import load_bundle
+from edgeinfer.bundle import BundleError
 from edgeinfer.config import Config
 from edgeinfer.engine import Engine, Stream
 from edgeinfer.model import ModelRuntime, ThreadPlan
+from edgeinfer.rollback import RollbackRefused, RollbackState
+from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
 
 log = logging.getLogger("edgeinferd")
 
@@ -34,7 +36,13 @@ class Daemon:
         self.streams: list[Stream] = []
         self.engine: Engine | None = None
         self.stop_requested = False
+        self.reload_requested = False
         self.started_ns = ring.monotonic_ns()
+        self.rollback = RollbackState(cfg.model.state_dir)
+        self.reloads = 0
+        self.reload_failures: dict[str, int] = {}  # reason → count
+        self.last_reload_error: str | None = None
+        self._bundle_target = None  # realpath of the bundle being served
 
     # ---------------------------------------------------------------- signals
 
@@ -42,8 +50,12 @@ class Daemon:
         def on_stop(signum, _frame):
             self.stop_requested = True  # only a flag: the main loop does the work
 
+        def on_reload(signum, _frame):
+            self.reload_requested = True
+
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_reload)
 
     def _check_stop(self) -> None:
         if self.stop_requested:
@@ -51,21 +63,40 @@ class Daemon:
 
     # ---------------------------------------------------------------- start
 
-    def start(self) -> None:
+    def load_model(self, geometries) -> ModelRuntime:
+        """The start-up checks and load: signature on the bytes read, then parse,
+        anti-rollback, ORT sessions for `geometries`, warm-up. Raises BundleError."""
         cfg = self.cfg
-        log.info("loading model bundle %s", cfg.model.bundle)
-        bundle = load_bundle(cfg.model.bundle)
-        log.warning("model bundle %s is not signature-checked yet (signing lands with issue #4)", bundle.path)
+        path = cfg.model.bundle
+        target = os.path.realpath(path)
+        trust = TrustStore(cfg.model.trust_dir)
+        bundle, signer = load_verified_bundle(path, trust)
+        self.rollback.check(bundle.meta.name, bundle.meta.version, os.path.join(path, "model.yaml"))
         self._check_stop()
         rt = cfg.runtime
-        threads = ThreadPlan(rt.ort_threads, tuple(rt.ort_cpus))
-        self.model = ModelRuntime(bundle, threads, cfg.model.warmup_runs)
-        # Sessions for the geometries the config declares are built and warmed now, before READY.
-        for s in cfg.streams:
-            if s.width is not None:
-                self.model.session_for(s.pixel_format, s.height, s.width)
-                self._check_stop()
-        log.info("model %s %s ready (sha256 %s…)", self.model.name, self.model.version, bundle.sha256[:16])
+        model = ModelRuntime(bundle, ThreadPlan(rt.ort_threads, tuple(rt.ort_cpus)), cfg.model.warmup_runs)
+        for fmt, h, w in geometries:  # built and warmed before the model is declared ready
+            model.session_for(fmt, h, w)
+            self._check_stop()
+        model.signer = signer
+        model.target = target
+        return model
+
+    def declared_geometries(self) -> list:
+        return [(s.pixel_format, s.height, s.width) for s in self.cfg.streams if s.width is not None]
+
+    def verify_only(self) -> ModelRuntime:
+        """Exactly the start-up checks, without serving (ExecStartPre=)."""
+        return self.load_model([])
+
+    def start(self) -> None:
+        cfg = self.cfg
+        rt = cfg.runtime
+        log.info("loading model bundle %s", cfg.model.bundle)
+        self.model = self.load_model(self.declared_geometries())
+        self._accept(self.model)
+        log.info("model %s %s ready (sha256 %s…, signed by %s)", self.model.name, self.model.version,
+                 self.model.bundle.sha256[:16], os.path.basename(self.model.signer.key_file))
         try:
             for s in cfg.streams:
                 writer = ring.ResultWriter.create(s.results_name, self.model.decoder.payload_capacity,
@@ -93,6 +124,45 @@ class Daemon:
         if loop_cpus and others:
             os.sched_setaffinity(0, others)
 
+    def _accept(self, model: ModelRuntime) -> None:
+        self.rollback.accept(model.name, model.version)
+        self._bundle_target = model.target
+
+    def reload(self) -> bool:
+        """Verify → load → warm the configured bundle next to the serving one,
+        then swap between two frames. On any failure the old model keeps serving."""
+        old = self.model
+        geometries = set(self.declared_geometries())
+        for s in self.streams:
+            if s.reader.connected:
+                lay = s.reader.layout
+                geometries.add((ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], lay["height"], lay["width"]))
+        try:
+            new = self.load_model(sorted(geometries))
+        except Stopped:
+            raise
+        except (BundleError, OSError) as e:
+            reason = ("signature" if isinstance(e, SignatureError) else
+                      "rollback" if isinstance(e, RollbackRefused) else "load")
+            self.reload_failures[reason] = self.reload_failures.get(reason, 0) + 1
+            self.last_reload_error = str(e)
+            log.error("reload refused, still serving %s %s: %s", old.name, old.version, e)
+            return False
+        self.engine.swap_model(new)
+        self.model = new
+        self._accept(new)
+        self.reloads += 1
+        self.last_reload_error = None
+        log.info("reloaded: now serving %s %s (was %s %s)", new.name, new.version, old.name, old.version)
+        return True
+
+    def _bundle_moved(self) -> bool:
+        """The configured bundle path now resolves elsewhere (a `current` symlink flipped)."""
+        try:
+            return os.path.realpath(self.cfg.model.bundle) != self._bundle_target
+        except OSError:
+            return False
+
     # ---------------------------------------------------------------- run
 
     def drain_events(self) -> None:
@@ -105,7 +175,11 @@ class Daemon:
         now = ring.monotonic_ns()
         e = self.engine
         return {
-            "model": {"name": self.model.name, "version": self.model.version} if self.model else None,
+            "model": {"name": self.model.name, "version": self.model.version,
+                      "sha256": self.model.bundle.sha256} if self.model else None,
+            "reloads": self.reloads,
+            "reload_failures": dict(self.reload_failures),
+            "last_reload_error": self.last_reload_error,
             "realtime_active": bool(e and e.realtime_active),
             "loop_alive": bool(e and e.alive),
             "loop_tid": e.native_tid if e else 0,
@@ -119,9 +193,32 @@ class Daemon:
     def serve(self, status_interval: float = 0.0, stats_file: str | None = None, print_status=None) -> int:
         """Runs until a stop signal; returns the exit code."""
         next_status = time.monotonic() + status_interval if status_interval else None
+        watch = self.cfg.model.watch_interval_s
+        next_watch = time.monotonic() + watch if watch else None
+        moved_since = None
         while not self.stop_requested:
             time.sleep(0.05)
             self.drain_events()
+            if next_watch and time.monotonic() >= next_watch:
+                next_watch += watch
+                # Debounced: reload once the path has pointed elsewhere for a whole interval.
+                if self._bundle_moved():
+                    if moved_since is None:
+                        moved_since = time.monotonic()
+                    elif time.monotonic() - moved_since >= watch:
+                        moved_since = None
+                        self.reload_requested = True
+                else:
+                    moved_since = None
+            if self.reload_requested:
+                self.reload_requested = False
+                try:
+                    ok = self.reload()
+                except Stopped:
+                    break
+                if not ok:
+                    # Do not retry a refused target until it changes again.
+                    self._bundle_target = os.path.realpath(self.cfg.model.bundle)
             if self.engine and not self.engine.alive:
                 log.error("the real-time loop died; exiting")
                 return 1

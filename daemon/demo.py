@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,12 +22,13 @@ import uuid
 import numpy as np
 
 from edgeinfer import ring
+from edgeinfer.signing import copy_trust, generate_keys, sign_bundle
 
 LABELS = ["0", "90", "180", "270"]
 
 
-def _config(bundle: str, streams: list[str], shm_dir: str) -> str:
-    lines = [f"model:\n  bundle: {os.path.abspath(bundle)}\nstreams:"]
+def _config(bundle: str, trust: str, state: str, streams: list[str], shm_dir: str) -> str:
+    lines = [f"model:\n  bundle: {os.path.abspath(bundle)}\n  trust_dir: {trust}\n  state_dir: {state}\nstreams:"]
     for s in streams:
         lines.append(f"  - name: {s}\n    max_age_ms: 500\n    width: 480\n    height: 480")
     lines.append(f"runtime:\n  scheduling: fifo\nshm:\n  dir: {shm_dir}")
@@ -42,8 +44,15 @@ def run_demo(bundle: str, seconds: float) -> int:
     work = tempfile.mkdtemp(prefix="edgeinfer-demo-")
     cfg_path = os.path.join(work, "edgeinferd.yaml")
     stats_path = os.path.join(work, "stats.json")
+    # The daemon refuses unsigned models: the demo signs a copy with a key of its own and trusts only that.
+    key, pub = generate_keys(os.path.join(work, "keys"), "demo")
+    trust = os.path.join(work, "trust")
+    copy_trust(pub, trust)
+    signed = os.path.join(work, "bundle")
+    shutil.copytree(bundle, signed)
+    sign_bundle(signed, key)
     with open(cfg_path, "w") as f:
-        f.write(_config(bundle, streams, ring.SHM_DIR))
+        f.write(_config(signed, trust, os.path.join(work, "state"), streams, ring.SHM_DIR))
     py = sys.executable
     procs: list[subprocess.Popen] = []
     stopping = []
@@ -93,10 +102,7 @@ def run_demo(bundle: str, seconds: float) -> int:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        for f in (cfg_path, stats_path):
-            if os.path.exists(f):
-                os.unlink(f)
-        os.rmdir(work)
+        shutil.rmtree(work, ignore_errors=True)
         print("demo stopped", flush=True)
 
 

@@ -42,6 +42,7 @@ class Stream:
         self.stats = StreamStats(name)
         self.session: FusedSession | None = None
         self.attach_seen = -1  # reader.attach_count the session was chosen for
+        self.model_seen = None  # the model the session belongs to
         self.geometry = (0, 0)  # (width, height) of the attached ring
 
 
@@ -129,15 +130,21 @@ class Engine:
             self.events.append(("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
             raise
 
-    def _session_for(self, stream: Stream) -> FusedSession | None:
-        if stream.reader.attach_count != stream.attach_seen:
-            # A new segment (first attach or a restarted producer): look at its geometry once.
+    def swap_model(self, model: ModelRuntime) -> None:
+        """Serves `model` from the next frame on (one attribute store: the loop
+        reads self.model once per frame, so a frame never mixes two models)."""
+        self.model = model
+
+    def _session_for(self, stream: Stream, model: ModelRuntime) -> FusedSession | None:
+        if stream.reader.attach_count != stream.attach_seen or stream.model_seen is not model:
+            # A new segment (first attach, restarted producer) or a new model: choose the session once.
             stream.attach_seen = stream.reader.attach_count
+            stream.model_seen = model
             layout = stream.reader.layout
-            fmt = {v: k for k, v in ring.PIXEL_FORMATS.items()}[layout["pixel_format"]]
+            fmt = ring.PIXEL_FORMAT_NAMES[layout["pixel_format"]]
             stream.geometry = (layout["width"], layout["height"])
             try:
-                stream.session = self.model.session_for(fmt, layout["height"], layout["width"])
+                stream.session = model.session_for(fmt, layout["height"], layout["width"])
             except BundleError as e:
                 stream.session = None
                 self.events.append(("error", f"stream {stream.name}: cannot serve {layout['width']}x"
@@ -146,6 +153,7 @@ class Engine:
 
     def _serve(self, s: Stream) -> None:
         st = s.stats
+        model = self.model  # one model for the whole frame, even if a reload swaps it meanwhile
         try:
             frame = s.reader.acquire_latest()
         except ring.CorruptFrame:
@@ -160,7 +168,7 @@ class Engine:
             frame.release()
             st.stale += 1
             return
-        session = self._session_for(s)
+        session = self._session_for(s, model)
         if session is None:
             frame.release()
             st.error += 1
@@ -174,12 +182,12 @@ class Engine:
             return
         frame.release()  # the slot goes back to the camera before we decode
         inferred = ring.monotonic_ns()
-        payload, items = self.model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
+        payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
         done = ring.monotonic_ns()
         s.writer.write(frame_seq=frame.seq, frame_id=frame.frame_id, capture_ns=frame.capture_ns,
                        capture_realtime_ns=frame.capture_realtime_ns, start_ns=start, done_ns=done,
-                       status=STATUS_OK, kind=self.model.decoder.kind, payload=payload, item_count=items,
-                       model_name=self.model.name, model_version=self.model.version)
+                       status=STATUS_OK, kind=model.decoder.kind, payload=payload, item_count=items,
+                       model_name=model.name, model_version=model.version)
         st.processed += 1
         st.record(done - frame.capture_ns, inferred - start, age, done)
         st.last_frame_id = frame.frame_id

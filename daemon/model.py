@@ -99,6 +99,8 @@ class ModelRuntime:
         except DecoderError as e:
             raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
         self._sessions: dict[tuple[str, int, int], FusedSession] = {}
+        self.signer = None  # who signed the bundle (set by the verified loader's caller)
+        self.target = None  # the bundle directory the configured path resolved to
 
     @property
     def name(self) -> str:

@@ -39,6 +39,7 @@ from edgeinfer._ring import (  # noqa: F401  (re-exported: the error types are p
 
 SHM_DIR = "/dev/shm"
 PIXEL_FORMATS = dict(_ring.PIXEL_FORMATS)
+PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
 MAX_WAIT = _ring.MAX_WAIT
 monotonic_ns = _ring.monotonic_ns
 

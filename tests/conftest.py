@@ -108,3 +108,31 @@ def read_line(proc: subprocess.Popen, timeout: float = 10.0) -> str:
         err = proc.stderr.read() if proc.stderr else ""
         pytest.fail(f"{proc.args!r} exited ({proc.wait()}) without output: {err}")
     return line.strip()
+
+
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory):
+    """A test EC key pair; its public key is the only one in the test trust store."""
+    from edgeinfer.signing import generate_keys
+    d = tmp_path_factory.mktemp("keys")
+    key, pub = generate_keys(str(d), "test")
+    trust = d / "trust"
+    trust.mkdir()
+    (trust / "test.pub").write_bytes(open(pub, "rb").read())
+    return key, pub, str(trust)
+
+
+@pytest.fixture(scope="session")
+def bundles(tmp_path_factory, signing_key):
+    """bundles(name): a signed copy of a fetched model bundle, trusted by the test trust store."""
+    import daemon_helpers
+    key, _, trust = signing_key
+    daemon_helpers.TRUST_DIR = trust
+    root = tmp_path_factory.mktemp("signed")
+    made = {}
+
+    def get(name: str) -> str:
+        if name not in made:
+            made[name] = daemon_helpers.sign_copy(name, root / name, key)
+        return made[name]
+    return get

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,17 +15,31 @@ import pytest
 from conftest import ROOT, read_line
 
 BUNDLES = ROOT / "models" / "bundles"
+TRUST_DIR = None  # set by the `bundles` fixture: the trust store that verifies the signed test bundles
 
 
 def bundle(name: str) -> str:
+    """The fetched, unsigned bundle (for reference runs that bypass the daemon)."""
     path = BUNDLES / name
     if not (path / "model.onnx").exists():
         pytest.fail(f"{path} is missing: make test fetches the models (scripts/fetch-models models)")
     return str(path)
 
 
-def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None) -> str:
-    lines = [f"model:\n  bundle: {bundle_path}\n  warmup_runs: 1\nstreams:"]
+def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
+    """A signed copy of a fetched bundle; `edit(dir)` changes it before signing."""
+    from edgeinfer.signing import sign_bundle
+    shutil.copytree(bundle(name), dest)
+    if edit:
+        edit(dest)
+    sign_bundle(str(dest), key)
+    return str(dest)
+
+
+def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None,
+                 trust_dir: str | None = None) -> str:
+    lines = [f"model:\n  bundle: {bundle_path}\n  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n"
+             f"  state_dir: {tmp_path / 'state'}\nstreams:"]
     for s in streams:
         lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items()))
     rt = {"scheduling": "fifo", **(runtime or {})}

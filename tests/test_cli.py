@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from conftest import ROOT, read_line
-from daemon_helpers import bundle, segments_with, start_daemon, stop_daemon, write_config
-from edgeinfer.bundle import load_bundle
+from daemon_helpers import segments_with, start_daemon, stop_daemon, write_config
+from edgeinfer.bundle import load_unverified_bundle as load_bundle
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
 
@@ -22,8 +22,8 @@ def stream(shm_name):
     return shm_name.removeprefix("edgeinfer.")
 
 
-def test_synthetic_feed_and_results_follow_as_json_lines(children, tmp_path, stream):
-    proc = start_daemon(children, write_config(tmp_path, bundle("orientation"),
+def test_synthetic_feed_and_results_follow_as_json_lines(bundles, children, tmp_path, stream):
+    proc = start_daemon(children, write_config(tmp_path, bundles("orientation"),
                                                [{"name": stream, "width": 320, "height": 320}]))
     feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "320", "--height", "320",
                            "--fps", "30"])

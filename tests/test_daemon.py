@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 
 from conftest import read_line
-from daemon_helpers import (bundle, edgeinferd_args, read_stats, segments_with, start_daemon, stop_daemon,
+from daemon_helpers import (bundle, edgeinferd_args, sign_copy, read_stats, segments_with, start_daemon, stop_daemon,
                             wait_for, write_config)
 from edgeinfer import ring
-from edgeinfer.bundle import load_bundle
+from edgeinfer.bundle import load_unverified_bundle as load_bundle
 from edgeinfer.decoders import make_decoder
 from edgeinfer.producers.synthetic import make_frames
 
@@ -58,9 +58,9 @@ def feed_and_collect(stream: str, frames, count: int, per_frame_timeout: float =
     return out
 
 
-def test_classification_results_equal_the_floor(children, tmp_path, stream):
+def test_classification_results_equal_the_floor(bundles, children, tmp_path, stream):
     """≥ 200 frames: every published result equals plain ORT on the unfused model."""
-    path = bundle("orientation")
+    path = bundles("orientation")
     cfg = write_config(tmp_path, path, [{"name": stream, "width": 224, "height": 224, "max_age_ms": 60000}])
     proc = start_daemon(children, cfg)
     b, run = reference(path)
@@ -79,8 +79,8 @@ def test_classification_results_equal_the_floor(children, tmp_path, stream):
     assert stop_daemon(proc) == 0
 
 
-def test_detection_results_equal_the_floor(children, tmp_path, stream):
-    path = bundle("detector")
+def test_detection_results_equal_the_floor(bundles, children, tmp_path, stream):
+    path = bundles("detector")
     cfg = write_config(tmp_path, path, [{"name": stream, "width": 416, "height": 416, "max_age_ms": 60000}])
     proc = start_daemon(children, cfg)
     b, run = reference(path)
@@ -100,8 +100,8 @@ def test_detection_results_equal_the_floor(children, tmp_path, stream):
     assert stop_daemon(proc) == 0
 
 
-def test_sigterm_during_load_exits_cleanly(children, tmp_path, stream):
-    cfg = write_config(tmp_path, bundle("detector"), [{"name": stream, "width": 416, "height": 416}])
+def test_sigterm_during_load_exits_cleanly(bundles, children, tmp_path, stream):
+    cfg = write_config(tmp_path, bundles("detector"), [{"name": stream, "width": 416, "height": 416}])
     proc = children.spawn(edgeinferd_args(cfg))
     time.sleep(0.3)  # python start + imports + model load take longer than this
     proc.send_signal(signal.SIGTERM)
@@ -111,8 +111,8 @@ def test_sigterm_during_load_exits_cleanly(children, tmp_path, stream):
     assert segments_with(stream) == []
 
 
-def test_stream_absent_at_start_then_producer_killed_and_restarted(children, tmp_path, stream, c_producer):
-    cfg = write_config(tmp_path, bundle("orientation"), [{"name": stream}])
+def test_stream_absent_at_start_then_producer_killed_and_restarted(bundles, children, tmp_path, stream, c_producer):
+    cfg = write_config(tmp_path, bundles("orientation"), [{"name": stream}])
     proc = start_daemon(children, cfg)
     reader = ring.ResultReader.watch(ring.result_segment_name(stream))
     assert reader.read(0.5) is None  # no camera yet, daemon up and waiting
@@ -129,7 +129,7 @@ def test_stream_absent_at_start_then_producer_killed_and_restarted(children, tmp
     reader.close()
 
 
-def test_bad_config_missing_model_and_misfit_model_exit_nonzero(children, tmp_path, stream):
+def test_bad_config_missing_model_and_misfit_model_exit_nonzero(bundles, signing_key, children, tmp_path, stream):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {bundle: /x}\nstreams: [{name: a, max_age_ms: fast}]\n")
     r = subprocess.run(edgeinferd_args(str(bad)), capture_output=True, text=True, timeout=60)
@@ -139,21 +139,20 @@ def test_bad_config_missing_model_and_misfit_model_exit_nonzero(children, tmp_pa
     r = subprocess.run(edgeinferd_args(missing), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "model bundle not found" in r.stderr
 
-    misfit = tmp_path / "misfit"
-    shutil.copytree(bundle("orientation"), misfit)
-    meta = (misfit / "model.yaml").read_text().replace("width: 224", "width: 300")
-    (misfit / "model.yaml").write_text(meta)
-    cfg = write_config(tmp_path, str(misfit), [{"name": stream}])
+    def widen(d):
+        (d / "model.yaml").write_text((d / "model.yaml").read_text().replace("width: 224", "width: 300"))
+    misfit = sign_copy("orientation", tmp_path / "misfit", signing_key[0], widen)
+    cfg = write_config(tmp_path, misfit, [{"name": stream}])
     r = subprocess.run(edgeinferd_args(cfg), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "does not match the graph input" in r.stderr and "300x224" in r.stderr
     assert segments_with(stream) == []
 
 
-def test_drop_accounting_when_the_producer_outruns_the_model(children, tmp_path, stream):
+def test_drop_accounting_when_the_producer_outruns_the_model(bundles, children, tmp_path, stream):
     """Every frame offered is processed or dropped with a reason, exactly; latency
     does not grow over the run (no queue anywhere)."""
     stats = str(tmp_path / "stats.json")
-    cfg = write_config(tmp_path, bundle("orientation"),
+    cfg = write_config(tmp_path, bundles("orientation"),
                        [{"name": stream, "width": 224, "height": 224, "max_age_ms": 1000}])
     proc = start_daemon(children, cfg, stats_file=stats)
     frames = 1500

