@@ -140,7 +140,7 @@ def _cmd_model_bundle(args) -> int:
 
 def _cmd_model_sign(args) -> int:
     from edgeinfer.signing import sign_bundle
-    print(sign_bundle(args.bundle, args.key))
+    print(sign_bundle(args.bundle, args.key, args.cert, tuple(args.chain)))
     return 0
 
 
@@ -220,6 +220,8 @@ def edgeinferctl_main(argv=None) -> int:
     b = msub.add_parser("sign", help="sign every file of a bundle into BUNDLE/model.sig (OpenSSF model signing)")
     b.add_argument("bundle")
     b.add_argument("--key", required=True, help="EC private key (PEM), e.g. from `edgeinferctl keys generate`")
+    b.add_argument("--cert", help="signing certificate (PEM) for the key: a certificate signature")
+    b.add_argument("--chain", action="append", default=[], help="intermediate CA certificate (PEM), repeatable")
     b.set_defaults(func=_cmd_model_sign)
     b = msub.add_parser("verify", help="verify a bundle the way edgeinferd does")
     b.add_argument("bundle")

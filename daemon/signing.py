@@ -38,7 +38,9 @@ class Signer:
 
 
 class TrustStore:
-    """The public keys in a directory (PEM, `BEGIN PUBLIC KEY`), e.g. /etc/edgeinfer/trust/."""
+    """The public keys (PEM `BEGIN PUBLIC KEY`) and CA certificates (PEM `BEGIN
+    CERTIFICATE`) in a directory, e.g. /etc/edgeinfer/trust/. CA certificates
+    that are expired or not yet valid are not trusted."""
 
     def __init__(self, directory: str):
         self.directory = directory
@@ -48,19 +50,54 @@ class TrustStore:
             raise SignatureError(f"{directory}: trust store unreadable ({e.strerror}): every bundle is refused") \
                 from None
         self.keys: list[str] = []
+        self.cas: list[str] = []
         for name in names:
             path = os.path.join(directory, name)
             if not os.path.isfile(path):
                 continue
             try:
                 with open(path, "rb") as f:
-                    head = f.read(4096)
+                    data = f.read(1 << 20)
             except OSError:
                 continue
-            if b"BEGIN PUBLIC KEY" in head:
+            if b"BEGIN PUBLIC KEY" in data:
                 self.keys.append(path)
-        if not self.keys:
-            raise SignatureError(f"{directory}: no public keys in the trust store: every bundle is refused")
+            elif b"BEGIN CERTIFICATE" in data and _currently_valid_pem(data):
+                self.cas.append(path)
+        if not self.keys and not self.cas:
+            raise SignatureError(f"{directory}: no public keys or CA certificates in the trust store: "
+                                 "every bundle is refused")
+
+
+def _currently_valid_pem(data: bytes) -> bool:
+    from cryptography import x509
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        return False
+    return bool(certs) and all(_validity_problem(c) is None for c in certs)
+
+
+def _validity_problem(cert) -> str | None:
+    import datetime
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if cert.not_valid_after_utc < now:
+        return f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    if cert.not_valid_before_utc > now:
+        return f"not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+def _signature_certificates(sig: bytes) -> list:
+    """The certificate chain a signature carries (signing certificate first); [] for key signatures."""
+    from cryptography import x509
+    try:
+        chain = json.loads(sig)["verificationMaterial"].get("x509CertificateChain")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+    if not chain:
+        return []
+    return [x509.load_der_x509_certificate(base64.b64decode(c["rawBytes"])) for c in chain.get("certificates", [])]
 
 
 def _fingerprint(pub_pem_path: str) -> str:
@@ -112,26 +149,49 @@ def verify_files(path: str, files: dict[str, bytes], trust: TrustStore) -> Signe
                 (model_dir / name).write_bytes(data)
         sig_copy = pathlib.Path(tmp) / SIG_FILE
         sig_copy.write_bytes(sig)
-        tried = []
-        for key in trust.keys:
+
+        def passes(config) -> bool:
+            """True if `config` verifies the copy; raises on a mismatch of the files it signed."""
             try:
-                model_signing.verifying.Config().use_elliptic_key_verifier(public_key=key).verify(model_dir, sig_copy)
+                config.verify(model_dir, sig_copy)
             except ValueError as e:
                 if "Signature mismatch" in str(e):
-                    # This key made the signature, but the files are not what it signed.
+                    # The trusted signer made this signature, but the files are not what it signed.
                     raise SignatureError(_explain_mismatch(path, files, signed)) from None
-                tried.append(os.path.basename(key))
-                continue
-            except Exception:  # a malformed signature or a key of another type: this key did not sign it
-                tried.append(os.path.basename(key))
-                continue
+                return False
+            except Exception:  # malformed, or another signer: this trust anchor did not sign it
+                return False
             # model-signing ignores some paths (.git*, model.sig); a bundle may hold nothing unsigned.
             extra = sorted(n for n in files if n != SIG_FILE and n not in signed)
             if extra:
                 raise SignatureError(f"{os.path.join(path, extra[0])}: not covered by the signature "
                                      "(a file was added to the signed bundle)")
-            return Signer(key, _fingerprint(key))
-    raise SignatureError(f"{sig_path}: not signed by a trusted key (tried {', '.join(tried)} in {trust.directory})")
+            return True
+
+        certs = _signature_certificates(sig)
+        if certs:
+            # Certificate signature. model-signing checks the chain at the signing certificate's
+            # start of validity, so expiry is checked here, against the current time.
+            for cert in certs:
+                problem = _validity_problem(cert)
+                if problem:
+                    raise SignatureError(f"{sig_path}: certificate '{cert.subject.rfc4514_string()}' {problem}")
+            if not trust.cas:
+                raise SignatureError(f"{sig_path}: signed with a certificate, but the trust store "
+                                     f"{trust.directory} has no valid CA certificates")
+            if passes(model_signing.verifying.Config().use_certificate_verifier(certificate_chain=trust.cas)):
+                leaf = certs[0]
+                return Signer(f"certificate '{leaf.subject.rfc4514_string()}'",
+                              leaf.fingerprint(__import__("cryptography").hazmat.primitives.hashes.SHA256()).hex())
+            raise SignatureError(f"{sig_path}: certificate '{certs[0].subject.rfc4514_string()}' does not chain to a "
+                                 f"trusted CA in {trust.directory}")
+        tried = []
+        for key in trust.keys:
+            if passes(model_signing.verifying.Config().use_elliptic_key_verifier(public_key=key)):
+                return Signer(key, _fingerprint(key))
+            tried.append(os.path.basename(key))
+    raise SignatureError(f"{sig_path}: not signed by a trusted key (tried {', '.join(tried) or 'no keys'} in "
+                         f"{trust.directory})")
 
 
 def load_verified_bundle(path: str, trust: TrustStore) -> tuple[Bundle, Signer]:
@@ -142,9 +202,10 @@ def load_verified_bundle(path: str, trust: TrustStore) -> tuple[Bundle, Signer]:
     return parse_bundle(path, files), signer
 
 
-def sign_bundle(path: str, private_key: str) -> str:
+def sign_bundle(path: str, private_key: str, certificate: str | None = None, chain: tuple = ()) -> str:
     """Signs every file of the bundle directory into BUNDLE/model.sig (what the
-    stock CLI does with --signature BUNDLE/model.sig)."""
+    stock CLI does with --signature BUNDLE/model.sig); with `certificate` (and
+    its intermediate `chain`), a certificate signature."""
     import model_signing
 
     if not os.path.isdir(path):
@@ -154,8 +215,16 @@ def sign_bundle(path: str, private_key: str) -> str:
     sig = os.path.join(path, SIG_FILE)
     hashing = model_signing.hashing.Config().set_ignored_paths(paths=[SIG_FILE], ignore_git_paths=True)
     try:
-        model_signing.signing.Config().use_elliptic_key_signer(private_key=private_key).set_hashing_config(
-            hashing).sign(pathlib.Path(path), pathlib.Path(sig))
+        config = model_signing.signing.Config()
+        if certificate and not chain:
+            raise BundleError(f"{certificate}: a certificate signature carries its chain: give the issuing CA "
+                              "certificate(s) with --chain")
+        if certificate:
+            config = config.use_certificate_signer(private_key=private_key, signing_certificate=certificate,
+                                                   certificate_chain=list(chain))
+        else:
+            config = config.use_elliptic_key_signer(private_key=private_key)
+        config.set_hashing_config(hashing).sign(pathlib.Path(path), pathlib.Path(sig))
     except (ValueError, TypeError, OSError) as e:
         raise BundleError(f"{private_key}: cannot sign with this key: {e}") from None
     return sig

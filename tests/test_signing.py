@@ -103,7 +103,7 @@ def test_symlink_escaping_the_bundle(signed, trust, tmp_path):
 
 def test_empty_trust_store(signed, tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SignatureError, match="no public keys in the trust store: every bundle is refused"):
+    with pytest.raises(SignatureError, match="no public keys or CA certificates in the trust store: every bundle is refused"):
         load_verified_bundle(signed, TrustStore(str(tmp_path / "empty")))
 
 
@@ -307,3 +307,110 @@ def test_hot_reload_under_a_live_producer(tmp_path, signing_key, bundles, childr
     feed.wait(10)
     assert stop_daemon(proc) == 0
     reader.close()
+
+
+# ------------------------------------------------------------------ certificate chains
+
+
+def make_ca_and_leaf(tmp_path, name: str, leaf_days=(-1, 365), ca_days=(-1, 3650)):
+    """A CA certificate and a code-signing leaf certificate for an EC key, as PEM files."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    d = tmp_path / name
+    d.mkdir()
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(now + datetime.timedelta(days=ca_days[0]))
+          .not_valid_after(now + datetime.timedelta(days=ca_days[1]))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+          .sign(ca_key, hashes.SHA384()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} release signer")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now + datetime.timedelta(days=leaf_days[0]))
+            .not_valid_after(now + datetime.timedelta(days=leaf_days[1]))
+            .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+            .sign(ca_key, hashes.SHA384()))
+    (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    (d / "leaf.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+    return d
+
+
+def cert_signed_bundle(tmp_path, pki) -> str:
+    path = tmp_path / "cb"
+    shutil.copytree(bundle("cls-tiny"), path)
+    signing.sign_bundle(str(path), str(pki / "leaf.key"), str(pki / "leaf.pem"), (str(pki / "ca.pem"),))
+    return str(path)
+
+
+def trust_with(tmp_path, *pems) -> TrustStore:
+    d = tmp_path / "trust-certs"
+    d.mkdir(exist_ok=True)
+    for i, pem in enumerate(pems):
+        shutil.copy(pem, d / f"ca{i}.pem")
+    return TrustStore(str(d))
+
+
+def test_certificate_chain_to_a_trusted_ca_verifies(tmp_path):
+    pki = make_ca_and_leaf(tmp_path, "good")
+    path = cert_signed_bundle(tmp_path, pki)
+    b, signer = load_verified_bundle(path, trust_with(tmp_path, pki / "ca.pem"))
+    assert b.meta.name == "ppocr-cls" and signer.key_file == "certificate 'CN=good release signer'"
+
+
+def test_certificate_from_another_ca_is_refused(tmp_path):
+    pki = make_ca_and_leaf(tmp_path, "good")
+    other = make_ca_and_leaf(tmp_path, "other")
+    path = cert_signed_bundle(tmp_path, pki)
+    assert refused(path, trust_with(tmp_path, other / "ca.pem")) == (
+        f"{path}/model.sig: certificate 'CN=good release signer' does not chain to a trusted CA in "
+        f"{tmp_path / 'trust-certs'}")
+
+
+def test_expired_signing_certificate_is_refused(tmp_path):
+    pki = make_ca_and_leaf(tmp_path, "old", leaf_days=(-30, -1))
+    path = cert_signed_bundle(tmp_path, pki)
+    msg = refused(path, trust_with(tmp_path, pki / "ca.pem"))
+    assert msg.startswith(f"{path}/model.sig: certificate 'CN=old release signer' expired on ")
+
+
+def test_tampered_certificate_signed_bundle_names_the_file(tmp_path):
+    pki = make_ca_and_leaf(tmp_path, "good")
+    path = cert_signed_bundle(tmp_path, pki)
+    open(f"{path}/model.yaml", "a").write("# changed\n")
+    assert refused(path, trust_with(tmp_path, pki / "ca.pem")) == \
+        f"{path}/model.yaml: content differs from its signed sha256 (tampered or replaced)"
+
+
+def test_expired_ca_is_not_trusted(tmp_path):
+    pki = make_ca_and_leaf(tmp_path, "stale", ca_days=(-30, -1))
+    with pytest.raises(SignatureError, match="no public keys or CA certificates"):
+        trust_with(tmp_path, pki / "ca.pem")
+
+
+def test_certificate_signatures_interoperate_with_the_stock_cli(tmp_path):
+    pki = make_ca_and_leaf(tmp_path, "good")
+    theirs = tmp_path / "theirs"
+    shutil.copytree(bundle("cls-tiny"), theirs)
+    r = subprocess.run([*MODEL_SIGNING, "sign", "certificate", str(theirs), "--private_key", str(pki / "leaf.key"),
+                        "--signing_certificate", str(pki / "leaf.pem"), "--certificate_chain", str(pki / "ca.pem"),
+                        "--signature", str(theirs / "model.sig")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    load_verified_bundle(str(theirs), trust_with(tmp_path, pki / "ca.pem"))
+    ours = cert_signed_bundle(tmp_path, pki)
+    r = subprocess.run([*MODEL_SIGNING, "verify", "certificate", ours, "--signature", f"{ours}/model.sig",
+                        "--certificate_chain", str(pki / "ca.pem")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Verification succeeded" in r.stdout + r.stderr
