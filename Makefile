@@ -6,9 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # gcc/libc6-dev: the Cython extension and the C example; spin: the protocol model check;
-# python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3).
-APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev
-NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h setup.py
+# python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3);
+# prometheus: promtool and a real Prometheus server for the telemetry tests.
+APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus
+NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
 .PHONY: all system-packages venv native models test bench demo clean distclean
@@ -57,7 +58,7 @@ demo: native models
 	$(PY) -m edgeinfer.cli demo --bundle models/bundles/orientation
 
 clean:
-	rm -rf build native/ring.c daemon/_ring*.so $(EXT_STAMP) *.egg-info
+	rm -rf build native/ring.c native/hist.c daemon/_ring*.so daemon/_hist*.so $(EXT_STAMP) *.egg-info
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean

@@ -10,6 +10,12 @@ ring = Extension(
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function"],
 )
 
+hist = Extension(
+    "edgeinfer._hist",
+    sources=["native/hist.pyx"],
+    extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
+)
+
 setup(
     name="edgeinfer",
     version="0.1.0",
@@ -18,9 +24,9 @@ setup(
     python_requires=">=3.11",
     packages=["edgeinfer", "edgeinfer.decoders", "edgeinfer.producers"],
     package_dir={"edgeinfer": "daemon"},
-    ext_modules=cythonize([ring], include_path=["native"], compiler_directives={"language_level": "3"}),
+    ext_modules=cythonize([ring, hist], include_path=["native"], compiler_directives={"language_level": "3"}),
     install_requires=["numpy>=1.26", "onnxruntime>=1.20", "onnx>=1.16", "pyyaml>=6", "pydantic>=2.5", "pillow>=10.1",
-                      "model-signing==1.1.1", "pyopenssl>=24", "packaging>=23"],
+                      "model-signing==1.1.1", "pyopenssl>=24", "packaging>=23", "prometheus-client>=0.20"],
     entry_points={"console_scripts": ["edgeinferd = edgeinfer.cli:edgeinferd_main",
                                       "edgeinferctl = edgeinfer.cli:edgeinferctl_main"]},
     zip_safe=False,

@@ -111,11 +111,13 @@ class Daemon:
             f.write(f"model:\n  bundle: {signed}\n  trust_dir: {trust}\n  state_dir: {self.dir}/state\n"
                     f"streams:\n  - name: {self.stream}\n    width: {w}\n"
                     f"    height: {h}\n    max_age_ms: 1000\nruntime:\n  loop_cpus: [{LOOP_CPU}]\n"
-                    f"  scheduling: {scheduling}\n")
+                    f"  scheduling: {scheduling}\nmetrics:\n  listen: 127.0.0.1:0\n")
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from edgeinfer.cli import edgeinferd_main "
                                       "as m; sys.exit(m())", "--config", self.cfg, "--stats-file", self.stats,
                                       "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline().strip()
+        while line.startswith("edgeinferd: metrics "):
+            line = self.proc.stdout.readline().strip()
         if line != "edgeinferd: ready":
             raise RuntimeError(f"edgeinferd did not start: {line!r}")
         self.results = ring.ResultReader.attach(ring.result_segment_name(self.stream))

@@ -74,7 +74,7 @@ def main() -> int:
         cfg = os.path.join(work, "edgeinferd.yaml")
         with open(cfg, "w") as f:
             f.write(f"model:\n  bundle: {demo}\n  trust_dir: {trust_dir}\n  state_dir: {work}/state\n"
-                    f"streams:\n  - name: verifybench\n    width: 640\n    height: 480\n")
+                    f"streams:\n  - name: verifybench\n    width: 640\n    height: 480\nmetrics:\n  listen: 127.0.0.1:0\n")
         starts = []
         for _ in range(runs):
             t = time.perf_counter()
@@ -82,6 +82,8 @@ def main() -> int:
                                   "sys.exit(m())", "--config", cfg, "--log-level", "warning"],
                                  stdout=subprocess.PIPE, text=True)
             line = p.stdout.readline().strip()
+            while line.startswith("edgeinferd: metrics "):
+                line = p.stdout.readline().strip()
             starts.append(time.perf_counter() - t)
             p.terminate()
             p.wait(10)

@@ -15,6 +15,35 @@ _stop_requested = []
 
 # ------------------------------------------------------------------ edgeinferd
 
+_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+
+class JournalFormatter(logging.Formatter):
+    """One line per event. Under systemd (JOURNAL_STREAM set) each line starts with
+    its syslog priority, `<3>` … `<7>`, which journald turns into PRIORITY=; the
+    journal adds the time. Elsewhere: an ISO timestamp and the level name."""
+
+    def __init__(self, journald: bool):
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.journald = journald
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage().replace("\n", " | ")  # one event, one line
+        if record.exc_info:
+            msg += " | " + self.formatException(record.exc_info).replace("\n", " | ")
+        if self.journald:
+            return f"<{_PRIORITY.get(record.levelno, 6)}>{record.name}: {msg}"
+        return f"{self.formatTime(record)} {record.levelname} {record.name}: {msg}"
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JournalFormatter(bool(os.environ.get("JOURNAL_STREAM"))))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
 def _print_status(st: dict) -> None:
     for name, s in st["streams"].items():
         e2e = s.get("e2e_ms") or {}
@@ -35,8 +64,7 @@ def edgeinferd_main(argv=None) -> int:
     ap.add_argument("--stats-file", help="write status as JSON here every --status-interval (default 1 s)")
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     from edgeinfer.bundle import BundleError
     from edgeinfer.config import ConfigError, load_config
     from edgeinfer.daemon import Daemon, Stopped
@@ -166,6 +194,16 @@ def _cmd_keys_generate(args) -> int:
     return 0
 
 
+def _cmd_status(args) -> int:
+    from edgeinfer.statusview import status
+    return status(args.url)
+
+
+def _cmd_top(args) -> int:
+    from edgeinfer.statusview import top
+    return top(args.url, args.iterations)
+
+
 def _cmd_demo(args) -> int:
     from edgeinfer.demo import run_demo
     return run_demo(args.bundle, args.seconds)
@@ -241,6 +279,14 @@ def edgeinferctl_main(argv=None) -> int:
     k.add_argument("--curve", default="P-256", choices=["P-256", "P-384"])
     k.set_defaults(func=_cmd_keys_generate)
 
+    p = sub.add_parser("status", help="one table of the daemon's streams (from its /metrics)")
+    p.add_argument("--url", default="http://127.0.0.1:9464/metrics")
+    p.set_defaults(func=_cmd_status)
+    p = sub.add_parser("top", help="the same table, refreshed every second (Ctrl-C stops)")
+    p.add_argument("--url", default="http://127.0.0.1:9464/metrics")
+    p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes")
+    p.set_defaults(func=_cmd_top)
+
     p = sub.add_parser("demo", help="daemon + two synthetic cameras + live results (what `make demo` runs)")
     p.add_argument("--bundle", default="models/bundles/orientation")
     p.add_argument("--seconds", type=float, default=float(os.environ.get("DEMO_SECONDS", "0") or 0),
@@ -253,7 +299,7 @@ def edgeinferctl_main(argv=None) -> int:
     except Exception as e:  # operator tool: one clear line, not a traceback
         from edgeinfer.ring import RingError
         from edgeinfer.bundle import BundleError
-        if isinstance(e, (RingError, BundleError, OSError, ValueError)):
+        if isinstance(e, (RingError, BundleError, OSError, ValueError)):  # URLError is an OSError
             print(f"edgeinferctl: {e}", file=sys.stderr)
             return 1
         raise

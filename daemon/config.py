@@ -67,6 +67,7 @@ class RuntimeConfig(_Strict):
     priority: int = Field(50, ge=1, le=99)
     duty_ceiling: float = Field(0.9, gt=0.0, le=1.0)
     spin_us: int = Field(0, ge=0, le=100000)
+    fault_injection: bool = False  # test-only hooks (SIGUSR1 stalls the loop); never enable in production
     idle_timeout_ms: int = Field(100, ge=1, le=10000)
 
     @field_validator("loop_cpus", "ort_cpus")
@@ -93,7 +94,18 @@ class ShmConfig(_Strict):
 
 
 class MetricsConfig(_Strict):
-    listen: str = "127.0.0.1:9464"
+    enabled: bool = True
+    listen: str = "127.0.0.1:9464"        # host:port of /metrics, /healthz, /readyz (loopback by default)
+    ready_requires_stream: bool = True   # /readyz also needs at least one stream attached
+    health_deadline_s: float = Field(2.0, gt=0)  # /healthz fails when the loop made no progress for this long
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError("expected host:port, e.g. 127.0.0.1:9464 (port 0: any free port)")
+        return v
 
 
 class Config(_Strict):

@@ -21,6 +21,7 @@ from edgeinfer.engine import Engine, Stream
 from edgeinfer.model import ModelRuntime, ThreadPlan
 from edgeinfer.rollback import RollbackRefused, RollbackState
 from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.telemetry import Health, MetricsServer
 
 log = logging.getLogger("edgeinferd")
 
@@ -43,6 +44,9 @@ class Daemon:
         self.reload_failures: dict[str, int] = {}  # reason → count
         self.last_reload_error: str | None = None
         self._bundle_target = None  # realpath of the bundle being served
+        self.fault_requested = False
+        self.health = Health(self, cfg.metrics.health_deadline_s, cfg.metrics.ready_requires_stream)
+        self.metrics: MetricsServer | None = None
 
     # ---------------------------------------------------------------- signals
 
@@ -56,6 +60,10 @@ class Daemon:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_reload)
+        if self.cfg.runtime.fault_injection:
+            def on_fault(signum, _frame):
+                self.fault_requested = True
+            signal.signal(signal.SIGUSR1, on_fault)
 
     def _check_stop(self) -> None:
         if self.stop_requested:
@@ -92,6 +100,14 @@ class Daemon:
     def start(self) -> None:
         cfg = self.cfg
         rt = cfg.runtime
+        if cfg.metrics.enabled:
+            # Up before the model loads: /readyz says "not yet" while it does.
+            self.metrics = MetricsServer(self, cfg.metrics.listen)
+            self.metrics.start()
+            log.info("metrics and health on http://%s", self.metrics.address)
+            print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
+        if rt.fault_injection:
+            log.warning("fault injection is enabled (runtime.fault_injection): test use only")
         log.info("loading model bundle %s", cfg.model.bundle)
         self.model = self.load_model(self.declared_geometries())
         self._accept(self.model)
@@ -111,6 +127,7 @@ class Daemon:
                                  idle_timeout_ms=rt.idle_timeout_ms)
             self.engine.start()
             self._keep_off_loop_cpus(rt.loop_cpus)
+            self.health.model_ready = True
         except BaseException:
             self.close()
             raise
@@ -177,6 +194,7 @@ class Daemon:
         return {
             "model": {"name": self.model.name, "version": self.model.version,
                       "sha256": self.model.bundle.sha256} if self.model else None,
+            "metrics_address": self.metrics.address if self.metrics else None,
             "reloads": self.reloads,
             "reload_failures": dict(self.reload_failures),
             "last_reload_error": self.last_reload_error,
@@ -198,7 +216,12 @@ class Daemon:
         moved_since = None
         while not self.stop_requested:
             time.sleep(0.05)
+            self.health.tick()
             self.drain_events()
+            if self.fault_requested:
+                self.fault_requested = False
+                log.warning("fault injection: stalling the loop for 3 s")
+                self.engine.inject_stall(3.0)
             if next_watch and time.monotonic() >= next_watch:
                 next_watch += watch
                 # Debounced: reload once the path has pointed elsewhere for a whole interval.
@@ -232,6 +255,7 @@ class Daemon:
         return 0
 
     def close(self) -> None:
+        self.health.model_ready = False
         if self.engine is not None:
             if not self.engine.stop(5.0):
                 log.error("the real-time loop did not stop within 5 s")
@@ -240,6 +264,9 @@ class Daemon:
             s.writer.close()
             s.reader.close()
         self.streams = []
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
 
 
 def write_json_atomically(path: str, data: dict) -> None:

@@ -31,7 +31,7 @@ def _config(bundle: str, trust: str, state: str, streams: list[str], shm_dir: st
     lines = [f"model:\n  bundle: {os.path.abspath(bundle)}\n  trust_dir: {trust}\n  state_dir: {state}\nstreams:"]
     for s in streams:
         lines.append(f"  - name: {s}\n    max_age_ms: 500\n    width: 480\n    height: 480")
-    lines.append(f"runtime:\n  scheduling: fifo\nshm:\n  dir: {shm_dir}")
+    lines.append(f"runtime:\n  scheduling: fifo\nshm:\n  dir: {shm_dir}\nmetrics:\n  listen: 127.0.0.1:0")
     return "\n".join(lines) + "\n"
 
 

@@ -63,6 +63,8 @@ class Engine:
         self.native_tid = 0
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._waited = 0          # ns the loop slept before the frame being served
+        self._fault_stall = 0.0   # seconds; set by the fault hook only
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -110,9 +112,14 @@ class Engine:
                 now = ring.monotonic_ns()
                 if now < resume_at:  # duty ceiling: stay off the CPU
                     time.sleep((resume_at - now) / 1e9)
+                waited_from = ring.monotonic_ns()
                 ready = ring.wait_any(readers, self.idle_timeout, self.spin)
+                if self._fault_stall:  # test-only fault hook (runtime.fault_injection), off in production
+                    stall, self._fault_stall = self._fault_stall, 0.0
+                    time.sleep(stall)
                 if not ready:
                     continue
+                self._waited = ring.monotonic_ns() - waited_from
                 stream = by_reader[id(ready[0])]
                 if len(ready) > 1:
                     # Earliest deadline first: the oldest frame relative to its stream's max age.
@@ -129,6 +136,10 @@ class Engine:
         except BaseException as e:  # the loop must never die silently
             self.events.append(("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
             raise
+
+    def inject_stall(self, seconds: float) -> None:
+        """Test fault hook: the loop stops making progress for `seconds` once."""
+        self._fault_stall = seconds
 
     def swap_model(self, model: ModelRuntime) -> None:
         """Serves `model` from the next frame on (one attribute store: the loop
@@ -188,6 +199,9 @@ class Engine:
                        capture_realtime_ns=frame.capture_realtime_ns, start_ns=start, done_ns=done,
                        status=STATUS_OK, kind=model.decoder.kind, payload=payload, item_count=items,
                        model_name=model.name, model_version=model.version)
+        published = ring.monotonic_ns()
         st.processed += 1
-        st.record(done - frame.capture_ns, inferred - start, age, done)
+        st.record(published - frame.capture_ns, inferred - start, age, published)
+        st.stages.record_frame(self._waited, age, inferred - start, done - inferred, published - done,
+                               published - frame.capture_ns)
         st.last_frame_id = frame.frame_id

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeinfer._hist import StageHistograms
+
 OUTCOMES = ("processed", "stale", "overload", "torn", "error")
 WINDOW = 4096  # recent frames kept for quantiles
 
@@ -26,6 +28,7 @@ class StreamStats:
         self.age_ns = np.zeros(WINDOW, np.int64)     # capture → inference start
         self.done_ns = np.zeros(WINDOW, np.int64)    # when each was published (for fps)
         self.count = 0  # frames recorded in the windows (monotonic; index = count % WINDOW)
+        self.stages = StageHistograms()  # native per-stage histograms, exported on scrape
         self.last_frame_id = 0  # producer frame id of the last result published
 
     def record(self, e2e: int, infer: int, age: int, done: int) -> None:
@@ -40,6 +43,22 @@ class StreamStats:
     def offered(self) -> int:
         return self.processed + self.stale + self.overload + self.torn + self.error
 
+    def rolling_quantiles_ms(self) -> dict:
+        """Exact p50/p95/p99 of the recent e2e window (ms)."""
+        n = min(self.count, WINDOW)
+        if not n:
+            return {}
+        e2e = self.e2e_ns[:n] / 1e6
+        return {q: float(np.percentile(e2e, p)) for q, p in (("p50", 50), ("p95", 95), ("p99", 99))}
+
+    def rolling_window(self) -> tuple[dict, int, float]:
+        """({"0.5": s, "0.95": s, "0.99": s}, frames in the window, their e2e sum in s)."""
+        n = min(self.count, WINDOW)
+        if not n:
+            return {}, 0, 0.0
+        e2e = self.e2e_ns[:n] / 1e9
+        return ({q: float(np.quantile(e2e, float(q))) for q in ("0.5", "0.95", "0.99")}, n, float(e2e.sum()))
+
     def snapshot(self, now_ns: int, window_s: float = 5.0) -> dict:
         """Counters and recent quantiles (main thread; tolerates a concurrent write)."""
         n = min(self.count, WINDOW)
@@ -49,8 +68,7 @@ class StreamStats:
             done = self.done_ns[:n]
             recent = done >= now_ns - int(window_s * 1e9)
             out["fps"] = float(recent.sum()) / window_s
-            e2e = self.e2e_ns[:n] / 1e6
-            out["e2e_ms"] = {q: float(np.percentile(e2e, p)) for q, p in (("p50", 50), ("p95", 95), ("p99", 99))}
+            out["e2e_ms"] = self.rolling_quantiles_ms()
             out["infer_ms_p50"] = float(np.percentile(self.infer_ns[:n] / 1e6, 50))
         else:
             out["fps"] = 0.0

@@ -37,13 +37,14 @@ def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
 
 
 def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None,
-                 trust_dir: str | None = None) -> str:
+                 trust_dir: str | None = None, metrics: dict | None = None) -> str:
     lines = [f"model:\n  bundle: {bundle_path}\n  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n"
              f"  state_dir: {tmp_path / 'state'}\nstreams:"]
     for s in streams:
         lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items()))
     rt = {"scheduling": "fifo", **(runtime or {})}
     lines.append("runtime:\n" + "\n".join(f"  {k}: {v}" for k, v in rt.items()))
+    lines.append("metrics:\n" + "\n".join(f"  {k}: {v}" for k, v in {"listen": "127.0.0.1:0", **(metrics or {})}.items()))
     path = tmp_path / "edgeinferd.yaml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -57,9 +58,15 @@ def edgeinferd_args(config: str, *extra: str) -> list[str]:
 def start_daemon(children, config: str, stats_file: str | None = None, wait_ready: bool = True):
     extra = ["--stats-file", stats_file] if stats_file else []
     proc = children.spawn(edgeinferd_args(config, *extra))
+    proc.metrics_url = None
     if wait_ready:
-        line = read_line(proc, timeout=60)
-        assert line == "edgeinferd: ready", line
+        while True:
+            line = read_line(proc, timeout=60)
+            if line.startswith("edgeinferd: metrics "):
+                proc.metrics_url = line.split()[-1]
+                continue
+            assert line == "edgeinferd: ready", line
+            break
     return proc
 
 

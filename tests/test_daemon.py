@@ -107,7 +107,7 @@ def test_sigterm_during_load_exits_cleanly(bundles, children, tmp_path, stream):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(5) == 0
     out = proc.stdout.read()
-    assert "ready" not in out, "SIGTERM arrived after start-up; the test did not test the load"
+    assert "edgeinferd: ready" not in out, "SIGTERM arrived after start-up; the test did not test the load"
     assert segments_with(stream) == []
 
 

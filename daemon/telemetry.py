@@ -1,0 +1,171 @@
+"""Prometheus metrics and health endpoints, at the edge of the daemon.
+
+A custom prometheus-client collector reads the loop's native counters and
+histograms only when scraped (nothing is pushed from the hot path). One small
+threaded HTTP server on the metrics listener (loopback by default) serves
+/metrics, /healthz (the loop made progress within its deadline) and /readyz
+(model verified, loaded and warm; a stream attached, if configured).
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from edgeinfer._hist import STAGES, cumulative_at
+
+# Histogram buckets for 100 µs - 1 s (seconds).
+BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+           0.25, 0.5, 1.0)
+OUTCOMES = ("processed", "stale", "overload", "torn", "error")
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], hist, stage: int) -> None:
+    counts, sum_ns, _total = hist.snapshot(stage)
+    cum = cumulative_at(counts, BUCKETS)
+    total = int(counts.sum())  # the buckets' own total: consistent with them even mid-record
+    buckets = [(repr(b), c) for b, c in zip(BUCKETS, cum)] + [("+Inf", total)]
+    family.add_metric(labels, buckets, sum_ns / 1e9)
+
+
+class DaemonCollector:
+    """Reads the daemon's state on every scrape."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def collect(self):
+        d = self.daemon
+        engine = d.engine
+        streams = list(d.streams)
+        stage = HistogramMetricFamily("edgeinfer_stage_duration_seconds",
+                                      "Time per pipeline stage per frame (wait, age = capture to start, inference, "
+                                      "decode, publish).", labels=["stream", "stage"])
+        e2e = HistogramMetricFamily("edgeinfer_e2e_latency_seconds",
+                                    "Producer capture clock to result published.", labels=["stream"])
+        frames = CounterMetricFamily("edgeinfer_frames", "Frames offered by producers, by outcome.",
+                                     labels=["stream", "outcome"])
+        # Exact rolling quantiles are a summary (the only type that may carry a "quantile" label).
+        rolling = Metric("edgeinfer_e2e_latency_recent_seconds",
+                         "Exact quantiles of end-to-end latency over the last 4096 frames.", "summary")
+        connected = GaugeMetricFamily("edgeinfer_stream_connected",
+                                      "1 while the stream's producer segment is attached and live.",
+                                      labels=["stream"])
+        for s in streams:
+            for i, name in enumerate(STAGES):
+                if name == "e2e":
+                    _histogram(e2e, [s.name], s.stats.stages, i)
+                else:
+                    _histogram(stage, [s.name, name], s.stats.stages, i)
+            for o in OUTCOMES:
+                frames.add_metric([s.name, o], getattr(s.stats, o))
+            quantiles, n, total_s = s.stats.rolling_window()
+            for q, v in quantiles.items():
+                rolling.add_sample(rolling.name, {"stream": s.name, "quantile": q}, v)
+            rolling.add_sample(rolling.name + "_count", {"stream": s.name}, n)
+            rolling.add_sample(rolling.name + "_sum", {"stream": s.name}, total_s)
+            connected.add_metric([s.name], 1.0 if s.reader.connected and s.reader.producer_alive else 0.0)
+        yield from (stage, e2e, frames, rolling, connected)
+
+        reloads = CounterMetricFamily("edgeinfer_model_reload_failures", "Reloads refused, by reason.",
+                                      labels=["reason"])
+        for reason in ("signature", "rollback", "load"):
+            reloads.add_metric([reason], d.reload_failures.get(reason, 0))
+        yield reloads
+        yield CounterMetricFamily("edgeinfer_model_reloads", "Successful model reloads.", value=d.reloads)
+        if d.model is not None:
+            info = GaugeMetricFamily("edgeinfer_model_info", "The model being served (value 1).",
+                                     labels=["name", "version", "sha256"])
+            info.add_metric([d.model.name, d.model.version, d.model.bundle.sha256], 1.0)
+            yield info
+        yield GaugeMetricFamily("edgeinfer_realtime_active", "1 when the loop runs with a real-time policy.",
+                                value=1.0 if engine and engine.realtime_active else 0.0)
+        yield GaugeMetricFamily("edgeinfer_ort_intra_op_threads", "ONNX Runtime intra-op threads (loop included).",
+                                value=float(d.cfg.runtime.ort_threads))
+        yield GaugeMetricFamily("edgeinfer_loop_progress", "Iterations of the real-time loop (it never stops "
+                                "counting while healthy, frames or not).", value=float(engine.progress if engine else 0))
+        h = d.health
+        yield GaugeMetricFamily("edgeinfer_healthy", "1 when the loop made progress within its deadline.",
+                                value=1.0 if h.healthy() else 0.0)
+        yield GaugeMetricFamily("edgeinfer_ready", "1 when the model is verified, loaded and warm (and a stream is "
+                                "attached, if required).", value=1.0 if h.ready() else 0.0)
+
+
+class Health:
+    """Liveness from the loop's progress counter, readiness from start-up state.
+    The main thread calls tick() often; the HTTP thread only reads."""
+
+    def __init__(self, daemon, deadline_s: float, requires_stream: bool):
+        self.daemon = daemon
+        self.deadline_s = deadline_s
+        self.requires_stream = requires_stream
+        self.model_ready = False
+        self._last_progress = -1
+        self._last_change = time.monotonic()
+
+    def tick(self) -> None:
+        e = self.daemon.engine
+        p = e.progress if e else -1
+        if p != self._last_progress:
+            self._last_progress = p
+            self._last_change = time.monotonic()
+
+    def healthy(self) -> bool:
+        e = self.daemon.engine
+        if e is None:
+            return not self.model_ready  # starting up: alive; the loop does not exist yet
+        return e.alive and time.monotonic() - self._last_change <= self.deadline_s
+
+    def ready(self) -> bool:
+        if not (self.model_ready and self.healthy()):
+            return False
+        return not self.requires_stream or any(s.reader.connected for s in self.daemon.streams)
+
+
+class MetricsServer:
+    """/metrics, /healthz, /readyz on one listener, in a background thread."""
+
+    def __init__(self, daemon, listen: str):
+        host, _, port = listen.rpartition(":")
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(DaemonCollector(daemon))
+        health = daemon.health
+        registry = self.registry
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
+                elif path in ("/healthz", "/readyz"):
+                    ok = health.healthy() if path == "/healthz" else health.ready()
+                    body = json.dumps({"ok": ok}).encode() + b"\n"
+                    status, ctype = (200 if ok else 503), "application/json"
+                else:
+                    body, status, ctype = b"not found\n", 404, "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # scrapes are not log events
+                pass
+
+        host = host.strip("[]")
+        self.server = http.server.ThreadingHTTPServer((host, int(port)), Handler)
+        self.server.daemon_threads = True
+        self.address = "%s:%d" % self.server.server_address[:2]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="edgeinfer-metrics", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,193 @@
+"""Observability: native histogram accuracy, /metrics checked by promtool and
+scraped by a real Prometheus server, health endpoints, status/top, logs."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, read_line, require_tool
+from daemon_helpers import edgeinferd_args, start_daemon, stop_daemon, wait_for, write_config
+from edgeinfer import _hist
+
+CTL = [sys.executable, "-m", "edgeinfer.cli"]
+
+
+@pytest.fixture
+def stream(shm_name):
+    return shm_name.removeprefix("edgeinfer.")
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, b""  # not listening (yet)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_native_histogram_quantiles_within_5_percent():
+    rng = np.random.default_rng(11)
+    for values in (np.exp(rng.uniform(np.log(1e3), np.log(1e10), 50_000)),          # 1 µs .. 10 s, log-uniform
+                   rng.lognormal(np.log(5e6), 0.3, 50_000),                           # ~5 ms inference-like
+                   np.concatenate([rng.normal(2e5, 1e4, 45_000), rng.normal(3e7, 1e6, 5_000)])):  # bimodal
+        h = _hist.StageHistograms()
+        for v in values.astype(np.int64):
+            h.record(5, int(v))
+        counts, total_ns, n = h.snapshot(5)
+        assert n == len(values) and counts.sum() == len(values)
+        assert abs(total_ns - values.astype(np.int64).sum()) <= len(values)
+        for q in (0.5, 0.95, 0.99):
+            exact = np.quantile(values, q)
+            assert abs(_hist.quantile(counts, q) - exact) / exact <= 0.05, (q, exact)
+
+
+def test_metrics_promtool_and_a_real_prometheus_server(children, tmp_path, stream, bundles):
+    promtool = require_tool("promtool")
+    prometheus = require_tool("prometheus")
+    cfg = write_config(tmp_path, bundles("orientation"), [{"name": stream, "width": 224, "height": 224}])
+    proc = start_daemon(children, cfg)
+    feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "224", "--height", "224",
+                           "--fps", "50"])
+    base = proc.metrics_url.rsplit("/", 0)[0]
+    wait_for(lambda: b'outcome="processed"' in get(base + "/metrics")[1] and
+             int(next(s.value for f in text_string_to_metric_families(get(base + "/metrics")[1].decode())
+                      for s in f.samples if s.name == "edgeinfer_frames_total" and
+                      s.labels["outcome"] == "processed")) > 50, 30, "50 processed frames")
+    status, body = get(base + "/metrics")
+    assert status == 200
+    lint = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint.stdout + lint.stderr
+    text = body.decode()
+    for name in ("edgeinfer_stage_duration_seconds_bucket", "edgeinfer_e2e_latency_seconds_bucket",
+                 "edgeinfer_frames_total", "edgeinfer_model_reload_failures_total", "edgeinfer_model_info",
+                 "edgeinfer_realtime_active", "edgeinfer_stream_connected", "edgeinfer_ort_intra_op_threads",
+                 "edgeinfer_e2e_latency_recent_seconds"):
+        assert name in text, name
+
+    port = free_port()
+    target = base.removeprefix("http://")
+    (tmp_path / "prometheus.yml").write_text(
+        f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n"
+        f"scrape_configs:\n  - job_name: edgeinfer\n    static_configs: [{{targets: ['{target}']}}]\n")
+    prom = children.spawn([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                           f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def promql(q: str):
+        status, body = get(f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q}))
+        if status != 200:
+            return None
+        res = json.loads(body)["data"]["result"]
+        return float(res[0]["value"][1]) if res else None
+
+    q = f'histogram_quantile(0.99, sum by (le) (edgeinfer_e2e_latency_seconds_bucket{{stream="{stream}"}}))'
+    prom_p99 = wait_for(lambda: promql(q), 60, "Prometheus to scrape the daemon")
+    feed.terminate()
+    feed.wait(10)
+    time.sleep(2.5)  # two more scrapes of the now-still counters
+    prom_p99 = promql(q)
+    # The daemon's own p99 over the same frames, from its native histogram.
+    fams = {f.name: f for f in text_string_to_metric_families(get(base + "/metrics")[1].decode())}
+    buckets = [(float(s.labels["le"]), s.value) for s in fams["edgeinfer_e2e_latency_seconds"].samples
+               if s.name.endswith("_bucket")]
+    total = buckets[-1][1]
+    own_bucket = next(le for le, c in buckets if c >= 0.99 * total)
+    lower = max([le for le, _ in buckets if le < own_bucket] or [0.0])
+    # Prometheus interpolates inside the same bucket the daemon's own p99 falls in.
+    assert lower <= prom_p99 <= own_bucket, (prom_p99, lower, own_bucket)
+    assert stop_daemon(proc) == 0
+
+
+def test_shipped_rules_and_dashboard_are_valid():
+    promtool = require_tool("promtool")
+    r = subprocess.run([promtool, "check", "rules", str(ROOT / "share/prometheus/edgeinfer-rules.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "SUCCESS: 8 rules found" in r.stdout, r.stdout + r.stderr
+    dash = json.loads((ROOT / "share/grafana/edgeinfer-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for metric in ("edgeinfer_e2e_latency_seconds_bucket", "edgeinfer_stage_duration_seconds_bucket",
+                   "edgeinfer_frames_total", "edgeinfer_model_info", "edgeinfer_loop_progress",
+                   "edgeinfer_model_reload_failures_total"):
+        assert metric in exprs, metric
+
+
+def test_health_goes_bad_when_the_loop_stalls_and_recovers(children, tmp_path, stream, bundles):
+    cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream}], runtime={"fault_injection": "true"},
+                       metrics={"health_deadline_s": 0.5})
+    proc = start_daemon(children, cfg)
+    base = proc.metrics_url
+    assert get(base + "/healthz")[0] == 200
+    assert get(base + "/readyz")[0] == 503  # ready_requires_stream, and no camera yet
+    feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "96", "--height", "48",
+                           "--fps", "20"])
+    wait_for(lambda: get(base + "/readyz")[0] == 200, 30, "ready once a stream is attached")
+    proc.send_signal(__import__("signal").SIGUSR1)  # test-only hook: the loop stalls for 3 s
+    wait_for(lambda: get(base + "/healthz")[0] == 503, 3, "/healthz to fail during the stall")
+    assert get(base + "/readyz")[0] == 503
+    wait_for(lambda: get(base + "/healthz")[0] == 200, 10, "/healthz to recover after the stall")
+    feed.terminate()
+    feed.wait(10)
+    assert stop_daemon(proc) == 0
+
+
+def test_readyz_is_not_ready_before_warm_up(children, tmp_path, stream, bundles):
+    cfg = write_config(tmp_path, bundles("detector"), [{"name": stream, "width": 416, "height": 416}],
+                       metrics={"ready_requires_stream": "false"})
+    proc = children.spawn(edgeinferd_args(cfg))
+    line = read_line(proc, timeout=60)
+    assert line.startswith("edgeinferd: metrics ")
+    base = line.split()[-1]
+    assert get(base + "/readyz")[0] == 503  # loading + warming the detector takes a while
+    assert get(base + "/healthz")[0] == 200  # alive while starting
+    assert read_line(proc, timeout=60) == "edgeinferd: ready"
+    assert get(base + "/readyz")[0] == 200
+    assert stop_daemon(proc) == 0
+
+
+def test_status_and_top(children, tmp_path, stream, bundles):
+    cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream}])
+    proc = start_daemon(children, cfg)
+    feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "96", "--height", "48",
+                           "--fps", "40"])
+    url = proc.metrics_url + "/metrics"
+    wait_for(lambda: f'outcome="processed",stream="{stream}"'.encode() in get(url)[1], 30, "frames")
+    s = subprocess.run([*CTL, "status", "--url", url], capture_output=True, text=True, timeout=60)
+    assert s.returncode == 0, s.stderr
+    assert "model ppocr-cls 2.0" in s.stdout and stream in s.stdout and "connected" in s.stdout
+    row = next(x for x in s.stdout.splitlines() if x.startswith(stream)).split()
+    assert 10 < float(row[1]) < 80  # fps of a 40 fps camera
+    t = subprocess.run([*CTL, "top", "--url", url, "--iterations", "2"], capture_output=True, text=True, timeout=60)
+    assert t.returncode == 0 and t.stdout.count("model ppocr-cls") == 2
+    down = subprocess.run([*CTL, "status", "--url", "http://127.0.0.1:1/metrics"], capture_output=True, text=True,
+                          timeout=60)
+    assert down.returncode == 1 and down.stderr.startswith("edgeinferctl:") and "Traceback" not in down.stderr
+    feed.terminate()
+    feed.wait(10)
+    assert stop_daemon(proc) == 0
+
+
+def test_logs_are_one_line_per_event_with_journald_priorities(tmp_path, bundles):
+    bad = write_config(tmp_path, str(tmp_path / "nowhere"), [{"name": "x"}])
+    env = {**__import__("os").environ, "JOURNAL_STREAM": "8:1234"}
+    r = subprocess.run(edgeinferd_args(bad), capture_output=True, text=True, timeout=60, env=env)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("<")]
+    assert r.returncode == 1 and lines and all(x[:3] in ("<3>", "<4>", "<6>", "<7>") for x in lines), r.stderr
+    assert any(x.startswith("<6>edgeinferd: loading model bundle") for x in lines)
