@@ -62,7 +62,7 @@ def pin(cpu: int) -> None:
 
 # ------------------------------------------------------------------ floors
 
-def floor_runs(frames: list[np.ndarray], n: int, period_s: float = 0.0) -> tuple[dict, dict]:
+def floor_runs(frames: list[np.ndarray], n: int, period_s: float = 0.0) -> tuple[dict, dict, list]:
     """Bare runs pinned to the loop's CPU; with period_s, one run per period (the
     CPU idles in between, as the daemon's does at that frame rate)."""
     pin(LOOP_CPU)
@@ -88,13 +88,13 @@ def floor_runs(frames: list[np.ndarray], n: int, period_s: float = 0.0) -> tuple
         if period_s:
             time.sleep(period_s)
     os.sched_setaffinity(0, set(range(os.cpu_count())))
-    return q(a), q(c)
+    return q(a), q(c), a
 
 
 # ------------------------------------------------------------------ edgeinferd
 
 class Daemon:
-    def __init__(self, bundle: str, scheduling: str = "fifo"):
+    def __init__(self, bundle: str, scheduling: str = "fifo", metrics: bool = True):
         self.stream = f"bench-{uuid.uuid4().hex[:8]}"
         self.dir = tempfile.mkdtemp(prefix="edgeinfer-bench-")
         self.cfg = os.path.join(self.dir, "edgeinferd.yaml")
@@ -111,12 +111,14 @@ class Daemon:
             f.write(f"model:\n  bundle: {signed}\n  trust_dir: {trust}\n  state_dir: {self.dir}/state\n"
                     f"streams:\n  - name: {self.stream}\n    width: {w}\n"
                     f"    height: {h}\n    max_age_ms: 1000\nruntime:\n  loop_cpus: [{LOOP_CPU}]\n"
-                    f"  scheduling: {scheduling}\nmetrics:\n  listen: 127.0.0.1:0\n")
+                    f"  scheduling: {scheduling}\nmetrics:\n  listen: 127.0.0.1:0\n  enabled: {str(metrics).lower()}\n")
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from edgeinfer.cli import edgeinferd_main "
                                       "as m; sys.exit(m())", "--config", self.cfg, "--stats-file", self.stats,
                                       "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline().strip()
+        self.metrics_url = None
         while line.startswith("edgeinferd: metrics "):
+            self.metrics_url = line.split()[-1]
             line = self.proc.stdout.readline().strip()
         if line != "edgeinferd: ready":
             raise RuntimeError(f"edgeinferd did not start: {line!r}")
@@ -202,7 +204,7 @@ def _worker(inq, outq):
         outq.put((ts, int(out.argmax())))
 
 
-def frigate(frames: list[np.ndarray], n: int, period_s: float) -> dict:
+def frigate(frames: list[np.ndarray], n: int, period_s: float) -> tuple[dict, list]:
     inq, outq = mp.Queue(maxsize=2), mp.Queue()
     w = mp.Process(target=_worker, args=(inq, outq), daemon=True)
     w.start()
@@ -219,7 +221,7 @@ def frigate(frames: list[np.ndarray], n: int, period_s: float) -> dict:
         inq.put(None)
         w.join(5)
         os.sched_setaffinity(0, set(range(os.cpu_count())))
-    return q(lat)
+    return q(lat), lat
 
 
 # ------------------------------------------------------------------ main
@@ -228,6 +230,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="edgeinfer end-to-end latency")
     ap.add_argument("--quick", action="store_true", help="small runs: under 60 s")
     ap.add_argument("--frames", type=int, default=None, help="frames per latency scenario")
+    ap.add_argument("--plot", metavar="PREFIX", help="write PREFIX-cdf.png and PREFIX-hist.png")
     ap.add_argument("--rss-results", dest="rss_frames", type=int, default=None,
                     help="results for the memory-growth run (default 25,000; --quick 2,000)")
     args = ap.parse_args()
@@ -237,8 +240,8 @@ def main() -> int:
     frames = [f for f, _ in make_frames(224, 224, pages=3)]
     summary = {"machine": f"{os.cpu_count()} CPUs, {os.uname().release}", "frames": n}
 
-    fused, model = floor_runs(frames, n)
-    fused_paced, _ = floor_runs(frames, n, period)
+    fused, model, _ = floor_runs(frames, n)
+    fused_paced, _, paced_lat = floor_runs(frames, n, period)
     d = Daemon(BUNDLE)
     try:
         lat, _ = drive(d, frames, n, period)
@@ -249,18 +252,19 @@ def main() -> int:
         st = d.stats_snapshot()
     finally:
         d.close()
-    fr = frigate(frames, n, period)
+    fr, frigate_lat = frigate(frames, n, period)
 
     stop = mp.Event()
     hogs = [mp.Process(target=hog, args=(stop,), daemon=True) for _ in range(os.cpu_count())]
     for h in hogs:
         h.start()
-    hogged = {}
+    hogged, hog_lat = {}, {}
     try:
         for sched in ("fifo", "other"):
             d = Daemon(BUNDLE, scheduling=sched)
             try:
-                hogged[sched] = q(drive(d, frames, n, period)[0])
+                hog_lat[sched] = drive(d, frames, n, period)[0]
+                hogged[sched] = q(hog_lat[sched])
             finally:
                 d.close()
     finally:
@@ -316,7 +320,44 @@ def main() -> int:
           f"results/s): {rss1 - rss0} KiB (≤ 1024: "
           f"{'met' if targets['rss_met'] else 'NOT met'})")
     summary.update({"rows": {name: s for name, s in rows}, "targets": targets})
+    if args.plot:
+        plot({"floor: fused graph, 40 runs/s": paced_lat, "edgeinferd, 40 fps": lat,
+              "Frigate-style, 40 fps": frigate_lat, "edgeinferd, CPU hog, RT on": hog_lat["fifo"],
+              "edgeinferd, CPU hog, RT off": hog_lat["other"], "edgeinferd, full load": full_lat}, args.plot)
+        print(f"plots: {args.plot}-cdf.png, {args.plot}-hist.png")
     print(json.dumps(summary))
+
+
+def plot(series: dict, prefix: str) -> None:
+    """CDF and histogram of each scenario's latencies, for docs/performance.md."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, lat in series.items():
+        ms = np.sort(np.asarray(lat, np.float64)) / 1e6
+        ax.plot(ms, np.arange(1, len(ms) + 1) / len(ms), label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency, ms (log)")
+    ax.set_ylabel("fraction of frames ≤ x")
+    ax.set_title("end-to-end latency CDF (bench/e2e.py)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(prefix + "-cdf.png", dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    all_ms = np.concatenate([np.asarray(v, np.float64) / 1e6 for v in series.values()])
+    bins = np.logspace(np.log10(max(all_ms.min(), 0.1)), np.log10(all_ms.max()), 60)
+    for name, lat in series.items():
+        ax.hist(np.asarray(lat, np.float64) / 1e6, bins=bins, histtype="step", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("latency, ms (log)")
+    ax.set_ylabel("frames")
+    ax.set_title("end-to-end latency histogram (bench/e2e.py)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(prefix + "-hist.png", dpi=110)
     return 0
 
 
