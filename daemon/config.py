@@ -67,6 +67,8 @@ class RuntimeConfig(_Strict):
     priority: int = Field(50, ge=1, le=99)
     duty_ceiling: float = Field(0.9, gt=0.0, le=1.0)
     spin_us: int = Field(0, ge=0, le=100000)
+    run_deadline_ms: float = Field(1000.0, gt=0)  # a single inference running longer is cancelled
+    status_interval_s: float = Field(5.0, gt=0)   # how often STATUS= is sent to systemd
     fault_injection: bool = False  # test-only hooks (SIGUSR1 stalls the loop); never enable in production
     idle_timeout_ms: int = Field(100, ge=1, le=10000)
 

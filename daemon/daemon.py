@@ -21,6 +21,7 @@ from edgeinfer.engine import Engine, Stream
 from edgeinfer.model import ModelRuntime, ThreadPlan
 from edgeinfer.rollback import RollbackRefused, RollbackState
 from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.systemd import Notifier, Watchdog
 from edgeinfer.telemetry import Health, MetricsServer
 
 log = logging.getLogger("edgeinferd")
@@ -47,6 +48,8 @@ class Daemon:
         self.fault_requested = False
         self.health = Health(self, cfg.metrics.health_deadline_s, cfg.metrics.ready_requires_stream)
         self.metrics: MetricsServer | None = None
+        self.notifier = Notifier()  # no-op without NOTIFY_SOCKET
+        self.watchdog: Watchdog | None = None
 
     # ---------------------------------------------------------------- signals
 
@@ -128,6 +131,7 @@ class Daemon:
             self.engine.start()
             self._keep_off_loop_cpus(rt.loop_cpus)
             self.health.model_ready = True
+            self.watchdog = Watchdog(self.notifier, self.engine, rt.run_deadline_ms / 1e3)
         except BaseException:
             self.close()
             raise
@@ -146,6 +150,15 @@ class Daemon:
         self._bundle_target = model.target
 
     def reload(self) -> bool:
+        """RELOADING=1 … READY=1 around _reload (systemd shows the unit reloading)."""
+        self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={ring.monotonic_ns() // 1000}",
+                           "STATUS=reloading the model bundle")
+        try:
+            return self._reload()
+        finally:
+            self.notifier.send("READY=1", "STATUS=" + self.status_line())
+
+    def _reload(self) -> bool:
         """Verify → load → warm the configured bundle next to the serving one,
         then swap between two frames. On any failure the old model keeps serving."""
         old = self.model
@@ -208,8 +221,25 @@ class Daemon:
                         for s in self.streams},
         }
 
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=: model, then per stream fps, p99, drops."""
+        st = self.status()
+        parts = [f"{st['model']['name']} {st['model']['version']}" if st["model"] else "no model"]
+        for name, s in st["streams"].items():
+            drops = s["stale"] + s["overload"] + s["torn"] + s["error"]
+            p99 = (s.get("e2e_ms") or {}).get("p99")
+            parts.append(f"{name}: {s['fps']:.1f} fps, p99 {p99:.1f} ms, {drops} dropped" if p99 is not None
+                         else f"{name}: {'no frames yet' if s['connected'] else 'waiting for its producer'}")
+        if self.last_reload_error:
+            parts.append("last reload refused")
+        if self.engine and not self.engine.realtime_active:
+            parts.append("NOT real-time")
+        return "; ".join(parts)
+
     def serve(self, status_interval: float = 0.0, stats_file: str | None = None, print_status=None) -> int:
         """Runs until a stop signal; returns the exit code."""
+        self.notifier.send("READY=1", "STATUS=" + self.status_line())
+        next_notify = time.monotonic() + self.cfg.runtime.status_interval_s
         next_status = time.monotonic() + status_interval if status_interval else None
         watch = self.cfg.model.watch_interval_s
         next_watch = time.monotonic() + watch if watch else None
@@ -217,7 +247,12 @@ class Daemon:
         while not self.stop_requested:
             time.sleep(0.05)
             self.health.tick()
+            if self.watchdog:
+                self.watchdog.tick()
             self.drain_events()
+            if self.notifier.enabled and time.monotonic() >= next_notify:
+                next_notify += self.cfg.runtime.status_interval_s
+                self.notifier.send("STATUS=" + self.status_line())
             if self.fault_requested:
                 self.fault_requested = False
                 log.warning("fault injection: stalling the loop for 3 s")
@@ -255,6 +290,7 @@ class Daemon:
         return 0
 
     def close(self) -> None:
+        self.notifier.send("STOPPING=1", "STATUS=stopping")
         self.health.model_ready = False
         if self.engine is not None:
             if not self.engine.stop(5.0):

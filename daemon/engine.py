@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+import onnxruntime as ort
+
 from edgeinfer import ring
 from edgeinfer.bundle import BundleError
 from edgeinfer.model import FusedSession, ModelRuntime
@@ -65,6 +67,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._waited = 0          # ns the loop slept before the frame being served
         self._fault_stall = 0.0   # seconds; set by the fault hook only
+        self._run_options = ort.RunOptions()  # one object, reused: terminate cancels the current run
+        self._run_started = 0     # monotonic ns when the current run began, 0 outside runs
+        self.runs_cancelled = 0
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -141,6 +146,14 @@ class Engine:
         """Test fault hook: the loop stops making progress for `seconds` once."""
         self._fault_stall = seconds
 
+    def cancel_overdue_run(self, deadline_s: float) -> bool:
+        """Main thread: cancels a run that has taken longer than deadline_s (once)."""
+        started = self._run_started
+        if started and ring.monotonic_ns() - started > deadline_s * 1e9 and not self._run_options.terminate:
+            self._run_options.terminate = True
+            return True
+        return False
+
     def swap_model(self, model: ModelRuntime) -> None:
         """Serves `model` from the next frame on (one attribute store: the loop
         reads self.model once per frame, so a frame never mixes two models)."""
@@ -184,13 +197,21 @@ class Engine:
             frame.release()
             st.error += 1
             return
+        self._run_options.terminate = False
+        self._run_started = start
         try:
-            outputs = session.run(frame.batch)  # the slot itself, read in place
+            outputs = session.run(frame.batch, self._run_options)  # the slot itself, read in place
         except Exception as e:
+            self._run_started = 0
             frame.release()
             st.error += 1
-            self.events.append(("error", f"stream {s.name}: inference failed: {e}"))
+            if self._run_options.terminate:
+                self.runs_cancelled += 1
+                self.events.append(("error", f"stream {s.name}: inference passed its deadline and was cancelled"))
+            else:
+                self.events.append(("error", f"stream {s.name}: inference failed: {e}"))
             return
+        self._run_started = 0
         frame.release()  # the slot goes back to the camera before we decode
         inferred = ring.monotonic_ns()
         payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])

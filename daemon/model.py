@@ -54,9 +54,10 @@ class FusedSession:
         self.output_names = [o.name for o in session.get_outputs()]
         self.channels = len(FRAME_CHANNELS[pixel_format])
 
-    def run(self, frame: np.ndarray) -> list[np.ndarray]:
-        """frame: uint8 [1, H, W, C] (a view of the shared-memory slot; read in place)."""
-        return self.session.run(self.output_names, {FRAME_INPUT: frame})
+    def run(self, frame: np.ndarray, run_options: ort.RunOptions | None = None) -> list[np.ndarray]:
+        """frame: uint8 [1, H, W, C] (a view of the shared-memory slot; read in place).
+        run_options.terminate = True (from another thread) cancels the run."""
+        return self.session.run(self.output_names, {FRAME_INPUT: frame}, run_options)
 
     def warm_up(self, runs: int) -> float:
         """Runs a synthetic frame `runs` times; returns the last run's seconds."""

@@ -1,0 +1,87 @@
+"""systemd integration at the edge of the daemon: sd_notify and an honest watchdog.
+
+No-op without NOTIFY_SOCKET (a foreground `edgeinferd` on a laptop). We speak
+the datagram protocol ourselves (a few lines of the standard library) rather
+than use the `sdnotify` package, which silently swallows every error: a
+NOTIFY_SOCKET that is set but unusable is a misconfiguration to report, not
+to ignore.
+
+Watchdog honesty: WATCHDOG=1 goes out only when the real-time loop's progress
+counter moved since the previous ping (the loop bumps it on every iteration,
+idle waits included). ONNX Runtime releases the GIL in `run`, so a pinger
+thread that does not look at the loop would keep pinging while the loop is
+stuck. A run past its deadline is cancelled with RunOptions.terminate; if the
+loop still makes no progress for a whole watchdog interval, WATCHDOG=trigger
+asks systemd to restart us.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+
+class NotifyError(OSError):
+    """NOTIFY_SOCKET is set but cannot be used."""
+
+
+class Notifier:
+    def __init__(self, env=os.environ):
+        addr = env.get("NOTIFY_SOCKET")
+        self.sock = None
+        self.watchdog_s = 0.0  # WATCHDOG_USEC / 1e6 when systemd watches us, else 0
+        if not addr:
+            return
+        if addr[0] == "@":
+            addr = "\0" + addr[1:]  # abstract namespace
+        try:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self.sock.connect(addr)
+        except OSError as e:
+            raise NotifyError(e.errno, f"NOTIFY_SOCKET={env.get('NOTIFY_SOCKET')}: cannot connect: {e.strerror}") \
+                from None
+        # Whether the watchdog is ours: WATCHDOG_PID, if set, names the process to ping for.
+        pid = env.get("WATCHDOG_PID")
+        usec = env.get("WATCHDOG_USEC")
+        self.watchdog_s = int(usec) / 1e6 if usec and (not pid or int(pid) == os.getpid()) else 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.sock is not None
+
+    def send(self, *fields: str) -> None:
+        if self.sock is not None:
+            self.sock.send("\n".join(fields).encode())
+
+
+class Watchdog:
+    """Decides, from the loop's own evidence, whether to ping, and when to give up."""
+
+    def __init__(self, notifier: Notifier, engine, run_deadline_s: float):
+        self.notifier = notifier
+        self.engine = engine
+        self.interval = notifier.watchdog_s
+        self.run_deadline_s = run_deadline_s
+        self.pings = 0
+        self.triggered = False
+        self._last_ping = time.monotonic()
+        self._last_progress = engine.progress
+        self._progress_at = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        p = self.engine.progress
+        if p != self._last_progress:
+            self._last_progress = p
+            self._progress_at = now
+        self.engine.cancel_overdue_run(self.run_deadline_s)
+        if not self.interval or self.triggered:
+            return
+        if now - self._last_ping >= self.interval / 2 and self._progress_at > self._last_ping:
+            self.notifier.send("WATCHDOG=1")
+            self._last_ping = now
+            self.pings += 1
+        elif now - self._progress_at >= self.interval:
+            # The loop is stuck even after cancelling its run: let systemd restart us.
+            self.notifier.send("WATCHDOG=trigger")
+            self.triggered = True
