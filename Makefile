@@ -12,7 +12,7 @@ APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus
 NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
-.PHONY: all system-packages venv native models test bench demo clean distclean
+.PHONY: all system-packages venv native models test bench demo deb clean distclean
 
 all: native
 
@@ -56,6 +56,18 @@ bench: native models
 # per stream. Ctrl-C stops it; DEMO_SECONDS=N stops it after N seconds.
 demo: native models
 	$(PY) -m edgeinfer.cli demo --bundle models/bundles/orientation
+
+# The Debian package: dpkg-buildpackage in a copy of the tree with packaging/debian as debian/.
+DEB_PACKAGES := debhelper dh-virtualenv dpkg-dev fakeroot lintian python3-dev python3-venv
+DEB_BUILD := build/deb
+deb:
+	scripts/ensure-system-packages $(DEB_PACKAGES)
+	rm -rf $(DEB_BUILD) && mkdir -p $(DEB_BUILD)/src
+	git ls-files -z | xargs -0 cp --parents -t $(DEB_BUILD)/src
+	cp -rL packaging/debian $(DEB_BUILD)/src/debian
+	cd $(DEB_BUILD)/src && dpkg-buildpackage -us -uc -b
+	lintian --fail-on error $(DEB_BUILD)/edgeinfer_*.deb
+	@ls -l $(DEB_BUILD)/edgeinfer_*.deb
 
 clean:
 	rm -rf build native/ring.c native/hist.c daemon/_ring*.so daemon/_hist*.so $(EXT_STAMP) *.egg-info
