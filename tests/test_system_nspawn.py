@@ -1,0 +1,109 @@
+"""System tests in a booted systemd: the real .deb installed with apt in a
+debootstrapped Debian 12 container run by systemd-nspawn (PID 1 here is not
+systemd). The checks run inside (tests/system/inside.sh); this test prepares
+the container, boots it, and asserts each check's line.
+
+The rootfs is cached as a tarball outside the clone ($EDGEINFER_CACHE or
+~/.cache/edgeinfer), so reruns skip the ~60 s debootstrap.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+from conftest import ROOT, require_tool
+from daemon_helpers import sign_copy
+
+CACHE = os.environ.get("EDGEINFER_ROOTFS_CACHE", os.path.expanduser("~/.cache/edgeinfer"))
+ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v1.tar")
+DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates"
+
+CHECKS = ["install", "user_and_group", "no_bundle_no_crash_loop", "verify_unit", "start", "loop_is_fifo",
+          "loop_affinity", "results_from_group_member", "reload", "outsider_refused", "watchdog_restart", "stop",
+          "purge"]
+
+
+def rootfs_tarball() -> str:
+    if os.path.exists(ROOTFS_TAR):
+        return ROOTFS_TAR
+    debootstrap = require_tool("debootstrap")
+    os.makedirs(CACHE, exist_ok=True)
+    tmp = os.path.join(CACHE, "rootfs-build")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run([debootstrap, "--variant=minbase", f"--include={DEBOOTSTRAP_INCLUDE}", "bookworm", tmp,
+                    "http://deb.debian.org/debian"], check=True, capture_output=True, timeout=900)
+    subprocess.run(["tar", "-C", tmp, "-cf", ROOTFS_TAR + ".part", "."], check=True, timeout=300)
+    os.replace(ROOTFS_TAR + ".part", ROOTFS_TAR)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return ROOTFS_TAR
+
+
+@pytest.fixture(scope="module")
+def system_run(tmp_path_factory, signing_key):
+    if os.geteuid() != 0:
+        pytest.skip("system tests boot a container: they need root")
+    nspawn = require_tool("systemd-nspawn")
+    debs = sorted(glob.glob(str(ROOT / "build/deb/edgeinfer_*.deb")))
+    if not debs:
+        pytest.fail("no build/deb/edgeinfer_*.deb: `make test` builds it first (`make deb`)")
+    work = tmp_path_factory.mktemp("nspawn")
+    root, test, out = work / "root", work / "test", work / "out"
+    for d in (root, test, out):
+        d.mkdir()
+    subprocess.run(["tar", "-C", str(root), "-xf", rootfs_tarball()], check=True, timeout=300)
+    shutil.copy(debs[-1], test / "edgeinfer.deb")
+    shutil.copy(ROOT / "tests/system/inside.sh", test / "inside.sh")
+    key, pub, _ = signing_key
+    (test / "trust").mkdir()
+    shutil.copy(pub, test / "trust" / "release.pub")
+    sign_copy("orientation", test / "v1", key)
+    sign_copy("orientation", test / "v2", key, lambda d: (d / "model.yaml").write_text(
+        (d / "model.yaml").read_text().replace("version: 0.0.11", "version: 0.0.12")))
+    (test / "edgeinferd.yaml").write_text(
+        "model:\n  bundle: /var/lib/edgeinfer/models/current\n  watch_interval_s: 0\n"
+        "streams:\n  - name: cam0\n    width: 224\n    height: 224\n  - name: cam1\n"
+        "runtime:\n  loop_cpus: [1]\n  scheduling: fifo\n  fault_injection: true\n"
+        "metrics:\n  ready_requires_stream: false\n")
+    unit = root / "etc/systemd/system/edgeinfer-systemtest.service"
+    unit.write_text("[Unit]\nDescription=edgeinfer system test\nAfter=basic.target\n\n[Service]\nType=oneshot\n"
+                    "ExecStart=/test/inside.sh\nStandardOutput=journal+console\n")
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    os.symlink("/etc/systemd/system/edgeinfer-systemtest.service", wants / "edgeinfer-systemtest.service")
+    env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+    boot = subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
+                           "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
+                          capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
+    extra = {name: (out / name).read_text() if (out / name).exists() else "" for name in ("journal.txt",
+                                                                                       "security.txt")}
+    shutil.rmtree(root, ignore_errors=True)
+    return results, extra, boot
+
+
+def test_container_ran_every_check(system_run):
+    results, extra, boot = system_run
+    assert results.rstrip().endswith("DONE"), f"the checks did not finish:\n{results}\n{boot.stdout[-3000:]}"
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_system_check(system_run, check):
+    results, extra, _ = system_run
+    line = next((x for x in results.splitlines() if x.split(" ", 2)[1:2] == [check]), None)
+    assert line is not None, f"{check} did not run:\n{results}"
+    assert line.startswith("PASS"), f"{line}\n--- journal ---\n{extra['journal.txt'][-4000:]}"
+
+
+def test_security_exposure_printed_and_within_target(system_run):
+    _, extra, _ = system_run
+    sec = extra["security.txt"]
+    print(sec[-600:])
+    line = next((x for x in sec.splitlines() if "Overall exposure level" in x), None)
+    assert line is not None, sec[-2000:]
+    exposure = float(line.split("level for edgeinferd.service:")[1].split()[0])
+    assert exposure <= 2.5, line
