@@ -20,8 +20,9 @@ from conftest import ROOT, require_tool
 from daemon_helpers import sign_copy
 
 CACHE = os.environ.get("EDGEINFER_ROOTFS_CACHE", os.path.expanduser("~/.cache/edgeinfer"))
-ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v1.tar")
-DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates"
+ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v2.tar")
+# man-db: `systemd-analyze verify` checks the unit's Documentation=man: pages.
+DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db"
 
 CHECKS = ["install", "user_and_group", "no_bundle_no_crash_loop", "verify_unit", "start", "loop_is_fifo",
           "loop_affinity", "results_from_group_member", "reload", "outsider_refused", "watchdog_restart", "stop",
