@@ -94,6 +94,11 @@ class Engine:
 
     def _setup_thread(self) -> None:
         self.native_tid = threading.get_native_id()
+        try:  # the kernel's thread name, so `ps -L`, `top -H` and `chrt -p` users can find the loop
+            with open(f"/proc/self/task/{self.native_tid}/comm", "w") as f:
+                f.write("edgeinfer-rt")
+        except OSError:
+            pass  # cosmetic only
         if self.loop_cpus:
             os.sched_setaffinity(0, self.loop_cpus)  # 0 = this thread
         if self.scheduling != "other":
