@@ -7,8 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # gcc/libc6-dev: the Cython extension and the C example; spin: the protocol model check;
 # python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3);
-# prometheus: promtool and a real Prometheus server for the telemetry tests.
-APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus
+# prometheus: promtool and a real Prometheus server for the telemetry tests;
+# debootstrap, systemd-container: the system tests boot the .deb in a container.
+APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus debootstrap systemd-container
 NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
@@ -46,7 +47,9 @@ $(MODELS_STAMP): scripts/fetch-models $(EXT_STAMP)
 
 models: $(MODELS_STAMP)
 
-test: native models
+# The whole suite, including the system tests that install build/deb/*.deb in a
+# booted systemd container: so the package is built first.
+test: native models deb
 	$(PY) -m pytest -q tests
 
 bench: native models

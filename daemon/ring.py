@@ -235,8 +235,8 @@ def _wait(followers: Sequence[_Follower], timeout: float, spin: float) -> list:
             try:
                 f.refresh()  # cheap unless flagged, unattached, or refresh_interval has passed
                 f.last_error = None
-            except RingError as e:
-                f.last_error = e  # a bad or busy segment under the name: keep waiting for a good one
+            except (RingError, OSError) as e:
+                f.last_error = e  # a bad, busy or unreadable segment under the name: wait for a good one
         attached = [f for f in followers if f._native is not None]
         ready = [f for f in attached if f._has_data()]
         if ready:

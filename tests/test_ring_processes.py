@@ -169,3 +169,24 @@ def test_producer_sigkilled_at_random_points(shm_name, children, c_producer):
         reader.close()
     print(f"{trials} kills, {mid_write} mid-write, {frames_checked} frames checked, 0 torn")
     assert mid_write >= trials // 2, "the kills did not land mid-write often enough to test anything"
+
+
+UNPRIVILEGED_WATCHER = """
+import os, sys
+from edgeinfer import ring  # imported first: the interpreter's own files are not readable by nobody here
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # nobody: cannot read a 0600 root segment
+r = ring.FrameReader.watch(sys.argv[1])
+got = r.wait(0.5)
+print(type(r.last_error).__name__, got, flush=True)
+"""
+
+
+def test_unreadable_segment_is_refused_not_fatal(shm_name, children):
+    """A segment the consumer may not open (a producer outside its group) is
+    reported as InsecureSegment in last_error; waiting goes on."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    with ring.FrameWriter.create(shm_name, 8, 8, mode=0o600):
+        p = children.python(UNPRIVILEGED_WATCHER, shm_name)
+        assert read_line(p) == "InsecureSegment False"
+        assert p.wait(10) == 0

@@ -347,6 +347,9 @@ static inline int ei__open_existing(const char *path, const char *dir, const cha
     if (fd >= 0) return fd;
     if (errno == ENOENT) return ei_fail(err, EI_ERR_NOT_FOUND, ENOENT, "%s: no such segment in %s", name, dir);
     if (errno == ELOOP) return ei_fail(err, EI_ERR_INSECURE, 0, "%s: is a symbolic link; refusing it", name);
+    if (errno == EACCES)
+        return ei_fail(err, EI_ERR_INSECURE, EACCES, "%s: permission denied (a producer outside our group? "
+                       "segments must be group-readable by the consumer)", name);
     return ei_fail(err, EI_ERR_SYS, errno, "%s: open: %s", name, strerror(errno));
 }
 
