@@ -300,8 +300,8 @@ class FrameReader(_Follower):
         r = cls(name, shm_dir, allowed_uids)
         try:
             r._attach_now()
-        except SegmentNotFound:
-            pass
+        except RingError as e:  # absent, or not acceptable yet: wait() keeps looking
+            r.last_error = None if isinstance(e, SegmentNotFound) else e
         return r
 
     def _open(self):
