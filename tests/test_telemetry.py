@@ -131,7 +131,7 @@ def test_shipped_rules_and_dashboard_are_valid():
 
 def test_health_goes_bad_when_the_loop_stalls_and_recovers(children, tmp_path, stream, bundles):
     cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream}], runtime={"fault_injection": "true"},
-                       metrics={"health_deadline_s": 0.5})
+                       metrics={"health_deadline_s": 1.0})
     proc = start_daemon(children, cfg)
     base = proc.metrics_url
     assert get(base + "/healthz")[0] == 200
