@@ -39,7 +39,7 @@ from edgeinfer import ring  # noqa: E402
 from edgeinfer.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
 from edgeinfer.model import ModelRuntime  # noqa: E402
 from edgeinfer.producers.synthetic import make_frames  # noqa: E402
-from edgeinfer.signing import copy_trust, generate_keys, sign_bundle  # noqa: E402
+from edgeinfer.signing import throwaway_signed_copy  # noqa: E402
 
 BUNDLE = os.path.join(ROOT, "models", "bundles", "orientation")
 TINY = os.path.join(ROOT, "models", "bundles", "cls-tiny")
@@ -101,12 +101,7 @@ class Daemon:
         self.stats = os.path.join(self.dir, "stats.json")
         w, h = (224, 224)
         # The daemon serves only signed bundles: sign a copy with a throw-away key it trusts.
-        key, pub = generate_keys(os.path.join(self.dir, "keys"), "bench")
-        trust = os.path.join(self.dir, "trust")
-        copy_trust(pub, trust)
-        signed = os.path.join(self.dir, "bundle")
-        shutil.copytree(bundle, signed)
-        sign_bundle(signed, key)
+        signed, trust = throwaway_signed_copy(bundle, self.dir, "bench")
         with open(self.cfg, "w") as f:
             f.write(f"model:\n  bundle: {signed}\n  trust_dir: {trust}\n  state_dir: {self.dir}/state\n"
                     f"streams:\n  - name: {self.stream}\n    width: {w}\n"

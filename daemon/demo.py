@@ -22,7 +22,7 @@ import uuid
 import numpy as np
 
 from edgeinfer import ring
-from edgeinfer.signing import copy_trust, generate_keys, sign_bundle
+from edgeinfer.signing import throwaway_signed_copy
 
 LABELS = ["0", "90", "180", "270"]
 
@@ -45,12 +45,7 @@ def run_demo(bundle: str, seconds: float) -> int:
     cfg_path = os.path.join(work, "edgeinferd.yaml")
     stats_path = os.path.join(work, "stats.json")
     # The daemon refuses unsigned models: the demo signs a copy with a key of its own and trusts only that.
-    key, pub = generate_keys(os.path.join(work, "keys"), "demo")
-    trust = os.path.join(work, "trust")
-    copy_trust(pub, trust)
-    signed = os.path.join(work, "bundle")
-    shutil.copytree(bundle, signed)
-    sign_bundle(signed, key)
+    signed, trust = throwaway_signed_copy(bundle, work, "demo")
     with open(cfg_path, "w") as f:
         f.write(_config(signed, trust, os.path.join(work, "state"), streams, ring.SHM_DIR))
     py = sys.executable

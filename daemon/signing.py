@@ -256,6 +256,19 @@ def generate_keys(out_dir: str, name: str = "edgeinfer", curve: str = "P-256") -
     return key_path, pub_path
 
 
+def throwaway_signed_copy(bundle: str, workdir: str, name: str) -> tuple[str, str]:
+    """For local runs (demo, benchmarks): a copy of `bundle` in workdir/bundle,
+    signed with a new key pair made for it, and a trust store (workdir/trust)
+    holding only that key. Returns (signed bundle, trust dir)."""
+    key, pub = generate_keys(os.path.join(workdir, "keys"), name)
+    trust = os.path.join(workdir, "trust")
+    copy_trust(pub, trust)
+    signed = os.path.join(workdir, "bundle")
+    shutil.copytree(bundle, signed)
+    sign_bundle(signed, key)
+    return signed, trust
+
+
 def copy_trust(pub_path: str, trust_dir: str) -> str:
     os.makedirs(trust_dir, exist_ok=True)
     dest = os.path.join(trust_dir, os.path.basename(pub_path))
