@@ -49,7 +49,7 @@ def _print_status(st: dict) -> None:
         e2e = s.get("e2e_ms") or {}
         print(f"{name}: {s['fps']:5.1f} fps  e2e p50 {e2e.get('p50', 0):6.2f} ms  p99 {e2e.get('p99', 0):6.2f} ms  "
               f"processed {s['processed']}  stale {s['stale']}  overload {s['overload']}  torn {s['torn']}  "
-              f"error {s['error']}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
+              f"error {s['error']}  bad_timestamp {s['bad_timestamp']}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
 
 
 def edgeinferd_main(argv=None) -> int:

@@ -226,7 +226,7 @@ class Daemon:
         st = self.status()
         parts = [f"{st['model']['name']} {st['model']['version']}" if st["model"] else "no model"]
         for name, s in st["streams"].items():
-            drops = s["stale"] + s["overload"] + s["torn"] + s["error"]
+            drops = s["offered"] - s["processed"]
             p99 = (s.get("e2e_ms") or {}).get("p99")
             parts.append(f"{name}: {s['fps']:.1f} fps, p99 {p99:.1f} ms, {drops} dropped" if p99 is not None
                          else f"{name}: {'no frames yet' if s['connected'] else 'waiting for its producer'}")

@@ -117,4 +117,4 @@ def _print_line(name: str, d: dict, st: dict) -> None:
     acc = 100.0 * d["correct"] / d["n"] if d["n"] else 0.0
     print(f"{name}: {len(lat):3d} fps  e2e p50 {p50:6.2f} ms p99 {p99:6.2f} ms  "
           f"drops stale {st.get('stale', 0)} overload {st.get('overload', 0)} torn {st.get('torn', 0)} "
-          f"error {st.get('error', 0)}  last {pred}  accuracy {acc:5.1f}% of {d['n']}", flush=True)
+          f"error {st.get('error', 0)} bad_timestamp {st.get('bad_timestamp', 0)}  last {pred}  accuracy {acc:5.1f}% of {d['n']}", flush=True)

@@ -192,6 +192,12 @@ class Engine:
             return
         st.overload += frame.skipped
         start = ring.monotonic_ns()
+        if frame.capture_ns == 0 or frame.capture_ns > start:
+            # Zero, future or wrapped: same host, same CLOCK_MONOTONIC, so never honest. Its age (and every
+            # latency after it) would be meaningless, and out of int64 range for the histograms.
+            frame.release()
+            st.bad_timestamp += 1
+            return
         age = start - frame.capture_ns
         if age > s.max_age_ns:
             frame.release()

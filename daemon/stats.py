@@ -11,7 +11,7 @@ import numpy as np
 
 from edgeinfer._hist import StageHistograms
 
-OUTCOMES = ("processed", "stale", "overload", "torn", "error")
+OUTCOMES = ("processed", "stale", "overload", "torn", "error", "bad_timestamp")
 WINDOW = 4096  # recent frames kept for quantiles
 
 
@@ -23,6 +23,7 @@ class StreamStats:
         self.overload = 0   # published, never acquired: newer frames won while we were busy or shedding
         self.torn = 0       # refused by the ring's bounds checks (CorruptFrame)
         self.error = 0      # inference or decoding failed
+        self.bad_timestamp = 0  # capture time zero or later than the moment it was served: cannot be scheduled
         self.e2e_ns = np.zeros(WINDOW, np.int64)     # capture → result published
         self.infer_ns = np.zeros(WINDOW, np.int64)   # session.run
         self.age_ns = np.zeros(WINDOW, np.int64)     # capture → inference start
@@ -41,7 +42,7 @@ class StreamStats:
 
     @property
     def offered(self) -> int:
-        return self.processed + self.stale + self.overload + self.torn + self.error
+        return self.processed + self.stale + self.overload + self.torn + self.error + self.bad_timestamp
 
     def rolling_quantiles_ms(self) -> dict:
         """Exact p50/p95/p99 of the recent e2e window (ms)."""

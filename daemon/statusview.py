@@ -37,13 +37,13 @@ def render(now: dict, before: dict | None, dt: float) -> str:
     head = (f"model {now['model'] or '-'}   real-time {'on' if now['realtime'] else 'OFF'}   "
             f"ready {'yes' if now['ready'] else 'no'}")
     lines = [head, f"{'stream':<20}{'fps':>7}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'processed':>11}"
-                   f"{'stale':>8}{'overload':>10}{'torn':>6}{'error':>7}  producer"]
+                   f"{'stale':>8}{'overload':>10}{'torn':>6}{'error':>7}{'bad_ts':>8}  producer"]
     for name, r in sorted(now["streams"].items()):
         prev = (before or {}).get("streams", {}).get(name, {})
         fps = (r.get("processed", 0) - prev.get("processed", 0)) / dt if before and dt > 0 else float("nan")
         lines.append(f"{name:<20}{fps:>7.1f}{r.get('p50', float('nan')):>9.2f}{r.get('p95', float('nan')):>9.2f}"
                      f"{r.get('p99', float('nan')):>9.2f}{r.get('processed', 0):>11}{r.get('stale', 0):>8}"
-                     f"{r.get('overload', 0):>10}{r.get('torn', 0):>6}{r.get('error', 0):>7}  "
+                     f"{r.get('overload', 0):>10}{r.get('torn', 0):>6}{r.get('error', 0):>7}{r.get('bad_timestamp', 0):>8}  "
                      f"{'connected' if r.get('connected') else 'absent'}")
     return "\n".join(lines)
 

@@ -136,3 +136,33 @@ def bundles(tmp_path_factory, signing_key):
             made[name] = daemon_helpers.sign_copy(name, root / name, key)
         return made[name]
     return get
+
+
+# ------------------------------------------------------------ reliability matrix
+
+_MATRIX = None
+
+
+@pytest.fixture(scope="session")
+def matrix():
+    """The fault matrix rows of this run (tests/reliability_matrix.py)."""
+    global _MATRIX
+    from reliability_matrix import Matrix
+    if _MATRIX is None:
+        _MATRIX = Matrix()
+    return _MATRIX
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _MATRIX is None or not _MATRIX.rows:
+        return
+    from reliability_matrix import PROFILE
+    terminalreporter.section(f"reliability matrix ({PROFILE} profile)")
+    for line in _MATRIX.table():
+        terminalreporter.write_line(line)
+    out = os.environ.get("EDGEINFER_RELIABILITY_REPORT")
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            f.write(_MATRIX.markdown())
+        terminalreporter.write_line(f"written to {out}")
