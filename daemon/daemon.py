@@ -85,7 +85,10 @@ class Daemon:
         self.rollback.check(bundle.meta.name, bundle.meta.version, os.path.join(path, "model.yaml"))
         self._check_stop()
         rt = cfg.runtime
-        model = ModelRuntime(bundle, ThreadPlan(rt.ort_threads, tuple(rt.ort_cpus)), cfg.model.warmup_runs)
+        # Warm-up gets more time than a served frame (first runs allocate), but not forever: a model
+        # that hangs on a plain grey frame is refused, not waited for.
+        model = ModelRuntime(bundle, ThreadPlan(rt.ort_threads, tuple(rt.ort_cpus)), cfg.model.warmup_runs,
+                             warmup_deadline_s=max(5.0, 10 * rt.run_deadline_ms / 1e3))
         for fmt, h, w in geometries:  # built and warmed before the model is declared ready
             model.session_for(fmt, h, w)
             self._check_stop()

@@ -7,6 +7,7 @@ from the bundle's bytes in memory, and warmed up before use.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -59,22 +60,38 @@ class FusedSession:
         run_options.terminate = True (from another thread) cancels the run."""
         return self.session.run(self.output_names, {FRAME_INPUT: frame}, run_options)
 
-    def warm_up(self, runs: int) -> float:
-        """Runs a synthetic frame `runs` times; returns the last run's seconds."""
+    def warm_up(self, runs: int, deadline_s: float, where: str) -> float:
+        """Runs a synthetic frame `runs` times; returns the last run's seconds. A
+        run that fails, or outlasts deadline_s (cancelled), refuses the model."""
         frame = np.full((1, self.height, self.width, self.channels), 127, np.uint8)
         took = 0.0
-        for _ in range(runs):
-            t = time.perf_counter()
-            self.run(frame)
-            took = time.perf_counter() - t
+        options = ort.RunOptions()
+        timer = threading.Timer(deadline_s, setattr, (options, "terminate", True))
+        timer.daemon = True
+        timer.start()
+        try:
+            for _ in range(runs):
+                t = time.perf_counter()
+                self.run(frame, options)
+                took = time.perf_counter() - t
+        except Exception as e:
+            if options.terminate:
+                raise BundleError(f"{where}: warm-up inference ({self.width}x{self.height} {self.pixel_format}) did "
+                                  f"not finish within {deadline_s:g} s and was cancelled: model refused") from None
+            raise BundleError(f"{where}: warm-up inference ({self.width}x{self.height} {self.pixel_format}) "
+                              f"failed: {e}") from None
+        finally:
+            timer.cancel()
         return took
 
 
 class ModelRuntime:
     """A loaded bundle: metadata, decoder, and fused sessions by geometry."""
 
-    def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3):
+    def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
+                 warmup_deadline_s: float = 30.0):
         self.bundle = bundle
+        self.warmup_deadline_s = warmup_deadline_s
         self.meta = bundle.meta
         self.threads = threads
         self.warmup_runs = warmup_runs
@@ -123,6 +140,6 @@ class ModelRuntime:
             except Exception as e:
                 raise BundleError(f"{self.bundle.path}/model.onnx: ONNX Runtime refused the model: {e}") from None
             s = FusedSession(sess, pixel_format, height, width)
-            s.warm_up(self.warmup_runs)
+            s.warm_up(self.warmup_runs, self.warmup_deadline_s, f"{self.bundle.path}/model.onnx")
             self._sessions[key] = s
         return s

@@ -483,11 +483,7 @@ class ResultReader(_Follower):
     def read(self, timeout: float = 0.0) -> ResultRecord | None:
         """The next record, waiting up to `timeout` seconds; None if none came."""
         deadline = time.monotonic() + timeout
-        if self._native is None:
-            try:
-                self.refresh()
-            except RingError as e:
-                self.last_error = e
+        last_look = False
         while True:
             n = self._native
             if n is not None:
@@ -499,10 +495,13 @@ class ResultReader(_Follower):
                     return ResultRecord(number, frame_seq, frame_id, cap, real, start, done, status, kind, items,
                                         mname.decode(errors="replace"), mver.decode(errors="replace"), payload,
                                         missed)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if last_look:
                 return None
-            _wait((self,), remaining, 0.0)
+            remaining = deadline - time.monotonic()
+            last_look = remaining <= 0
+            # _wait looks under the name first, also with no time left: a poller calling read(0) must
+            # still move on to a restarted daemon's new ring.
+            _wait((self,), max(remaining, 0.0), 0.0)
 
     def follow(self, timeout: float | None = None) -> Iterator[ResultRecord]:
         """Yields records as they come; stops after `timeout` seconds without one (None: never)."""

@@ -5,9 +5,9 @@
   the frame's first byte, and returns [mismatches, first byte]. A torn frame
   served by the daemon shows up as mismatches > 0 in its result record, and a
   frame served under the wrong id as a first byte != (frame_id * 7) mod 256.
-- hang: a Loop whose trip count is the frame's first byte × 10^12: a frame
-  starting with 0 returns at once, any other runs (for practical purposes)
-  forever — a real hung `run` inside ONNX Runtime, chosen by the producer.
+- hang: a Loop of 10^12 iterations when the frame's first byte equals
+  `trigger`, of none otherwise: a real hung `run` inside ONNX Runtime, chosen
+  by the producer (trigger 127 hangs the daemon's grey warm-up frame).
 
 Both take the frame as float32 NHWC (bundle layout nhwc, pixel format bgr24:
 the fused preprocessing is a Cast only), and use the raw decoder.
@@ -59,12 +59,13 @@ def checksum_model(w: int, h: int) -> onnx.ModelProto:
     return _model(nodes, inits, w, h, [1, 2], "checksum")
 
 
-def hang_model(w: int, h: int) -> onnx.ModelProto:
+def hang_model(w: int, h: int, trigger: int = 7) -> onnx.ModelProto:
     inits = [numpy_helper.from_array(np.array([1, -1], np.int64), "flat_shape"),
              numpy_helper.from_array(np.array([0], np.int64), "zero"),
              numpy_helper.from_array(np.array([1], np.int64), "one"),
              numpy_helper.from_array(np.array(10 ** 12, np.int64), "huge"),
              numpy_helper.from_array(np.array(True), "true"),
+             numpy_helper.from_array(np.array(float(trigger), np.float32), "trigger"),
              numpy_helper.from_array(np.array([[0.0]], np.float32), "acc0")]
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
@@ -79,9 +80,10 @@ def hang_model(w: int, h: int) -> onnx.ModelProto:
     nodes = [
         helper.make_node("Reshape", ["frame", "flat_shape"], ["flat"]),
         helper.make_node("Slice", ["flat", "zero", "one", "one"], ["first"]),      # [1, 1]
-        helper.make_node("Cast", ["first"], ["first_i"], to=TensorProto.INT64),
-        helper.make_node("Reshape", ["first_i", "zero_shape"], ["first_s"]),       # scalar
-        helper.make_node("Mul", ["first_s", "huge"], ["trips"]),
+        helper.make_node("Equal", ["first", "trigger"], ["hit"]),
+        helper.make_node("Cast", ["hit"], ["hit_i"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["hit_i", "zero_shape"], ["hit_s"]),           # scalar 0 or 1
+        helper.make_node("Mul", ["hit_s", "huge"], ["trips"]),
         helper.make_node("Loop", ["trips", "true", "acc0"], ["out"], body=body),
     ]
     inits.append(numpy_helper.from_array(np.array([], np.int64), "zero_shape"))
@@ -101,9 +103,9 @@ def write_bundle(model: onnx.ModelProto, out: str, name: str, version: str, w: i
     return out
 
 
-def signed_bundle(kind: str, out, key: str, w: int = 64, h: int = 48, version: str = "1.0.0") -> str:
+def signed_bundle(kind: str, out, key: str, w: int = 64, h: int = 48, version: str = "1.0.0", **kw) -> str:
     from edgeinfer.signing import sign_bundle
-    model = {"checksum": checksum_model, "hang": hang_model}[kind](w, h)
+    model = {"checksum": checksum_model, "hang": hang_model}[kind](w, h, **kw)
     path = write_bundle(model, str(out), f"fault-{kind}", version, w, h)
     sign_bundle(path, key)
     return path

@@ -20,15 +20,15 @@ def stream_of(shm_name: str) -> str:
 
 
 def fault_daemon(children, tmp_path, signing_key, shm_name, kind="checksum", w=64, h=48, runtime=None,
-                 extra_streams=(), max_age_ms=60000, **kw):
+                 extra_streams=(), max_age_ms=60000, model_args=None, wait_ready=True, **kw):
     """edgeinferd serving a signed fault model on stream `shm_name`; returns (proc, stats file)."""
     key, _, trust = signing_key
-    path = fault_models.signed_bundle(kind, tmp_path / f"bundle-{kind}", key, w, h)
+    path = fault_models.signed_bundle(kind, tmp_path / f"bundle-{kind}", key, w, h, **(model_args or {}))
     streams = [{"name": stream_of(shm_name), "width": w, "height": h, "max_age_ms": max_age_ms}, *extra_streams]
     cfg = write_config(tmp_path, path, streams, runtime={"status_interval_s": 0.2, **(runtime or {})},
                        trust_dir=trust, **kw)
     stats = str(tmp_path / "stats.json")
-    return start_daemon(children, cfg, stats_file=stats), stats, cfg
+    return start_daemon(children, cfg, stats_file=stats, wait_ready=wait_ready), stats, cfg
 
 
 def http_status(url: str, timeout: float = 2.0) -> int:
