@@ -19,12 +19,14 @@ from edgeinfer.bundle import BundleError
 from edgeinfer.config import Config
 from edgeinfer.engine import Engine, Stream
 from edgeinfer.model import ModelRuntime, ThreadPlan
-from edgeinfer.rollback import RollbackRefused, RollbackState
+from edgeinfer.rollback import RollbackRefused, RollbackState, StateWriteError
 from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
 from edgeinfer.systemd import Notifier, Watchdog
 from edgeinfer.telemetry import Health, MetricsServer
 
 log = logging.getLogger("edgeinferd")
+
+STATE_RETRY_S = 10.0  # seconds between attempts to write an anti-rollback record that failed
 
 
 class Stopped(Exception):
@@ -44,6 +46,11 @@ class Daemon:
         self.reloads = 0
         self.reload_failures: dict[str, int] = {}  # reason → count
         self.last_reload_error: str | None = None
+        self.state_write_failures = 0
+        self.chore_errors = 0  # main-thread housekeeping failures (logged; serving goes on)
+        self._last_chore_error, self._last_chore_log = None, 0.0
+        self.last_state_error: str | None = None
+        self._unrecorded: tuple[str, str] | None = None  # accepted model whose version is not on disk yet
         self._bundle_target = None  # realpath of the bundle being served
         self.fault_requested = False
         self.health = Health(self, cfg.metrics.health_deadline_s, cfg.metrics.ready_requires_stream)
@@ -149,8 +156,29 @@ class Daemon:
             os.sched_setaffinity(0, others)
 
     def _accept(self, model: ModelRuntime) -> None:
-        self.rollback.accept(model.name, model.version)
         self._bundle_target = model.target
+        self._unrecorded = (model.name, model.version)
+        self._record_accepted()
+
+    def _record_accepted(self) -> None:
+        """Raises the anti-rollback floor to the served version. A full or read-only
+        state directory must not stop a verified model from serving: the error is
+        logged and counted, and the write retried every status interval."""
+        if self._unrecorded is None:
+            return
+        try:
+            self.rollback.accept(*self._unrecorded)
+        except StateWriteError as e:
+            self.state_write_failures += 1
+            if self.last_state_error != str(e):
+                log.error("%s; serving %s %s anyway (the floor is not raised until the write succeeds)", e,
+                          *self._unrecorded)
+            self.last_state_error = str(e)
+            return
+        if self.last_state_error:
+            log.info("anti-rollback state written: %s %s recorded", *self._unrecorded)
+        self._unrecorded = None
+        self.last_state_error = None
 
     def reload(self) -> bool:
         """RELOADING=1 … READY=1 around _reload (systemd shows the unit reloading)."""
@@ -198,6 +226,21 @@ class Daemon:
 
     # ---------------------------------------------------------------- run
 
+    def _report_streams(self) -> None:
+        """Logs each change of a stream's segment: refused (with the reason), attached."""
+        for s in self.streams:
+            err = s.reader.last_error
+            said = str(err) if err else None
+            if said != s.reported_error:
+                if said:
+                    log.warning("stream %s: segment refused: %s", s.name, said)
+                s.reported_error = said
+            if s.reader.attach_count != s.reported_attach and s.reader.connected:
+                s.reported_attach = s.reader.attach_count
+                lay = s.reader.layout
+                log.info("stream %s: attached %s (%dx%d %s, generation %d)", s.name, s.reader.name, lay["width"],
+                         lay["height"], ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], s.reader.generation)
+
     def drain_events(self) -> None:
         ev = self.engine.events if self.engine else []
         while ev:
@@ -214,6 +257,8 @@ class Daemon:
             "reloads": self.reloads,
             "reload_failures": dict(self.reload_failures),
             "last_reload_error": self.last_reload_error,
+            "state_write_failures": self.state_write_failures,
+            "last_state_error": self.last_state_error,
             "realtime_active": bool(e and e.realtime_active),
             "loop_alive": bool(e and e.alive),
             "loop_tid": e.native_tid if e else 0,
@@ -235,6 +280,8 @@ class Daemon:
                          else f"{name}: {'no frames yet' if s['connected'] else 'waiting for its producer'}")
         if self.last_reload_error:
             parts.append("last reload refused")
+        if self.last_state_error:
+            parts.append("anti-rollback state not written")
         if self.engine and not self.engine.realtime_active:
             parts.append("NOT real-time")
         return "; ".join(parts)
@@ -247,50 +294,75 @@ class Daemon:
         watch = self.cfg.model.watch_interval_s
         next_watch = time.monotonic() + watch if watch else None
         moved_since = None
+        next_state_retry = 0.0
+        stats_error = None
         while not self.stop_requested:
             time.sleep(0.05)
-            self.health.tick()
-            if self.watchdog:
-                self.watchdog.tick()
-            self.drain_events()
-            if self.notifier.enabled and time.monotonic() >= next_notify:
-                next_notify += self.cfg.runtime.status_interval_s
-                self.notifier.send("STATUS=" + self.status_line())
-            if self.fault_requested:
-                self.fault_requested = False
-                log.warning("fault injection: stalling the loop for 3 s")
-                self.engine.inject_stall(3.0)
-            if next_watch and time.monotonic() >= next_watch:
-                next_watch += watch
-                # Debounced: reload once the path has pointed elsewhere for a whole interval.
-                if self._bundle_moved():
-                    if moved_since is None:
-                        moved_since = time.monotonic()
-                    elif time.monotonic() - moved_since >= watch:
+            try:
+                self.health.tick()
+                if self.watchdog:
+                    self.watchdog.tick()
+                self.drain_events()
+                self._report_streams()
+                if self._unrecorded and time.monotonic() >= next_state_retry:
+                    next_state_retry = time.monotonic() + STATE_RETRY_S
+                    self._record_accepted()
+                if self.notifier.enabled and time.monotonic() >= next_notify:
+                    next_notify += self.cfg.runtime.status_interval_s
+                    self.notifier.send("STATUS=" + self.status_line())
+                if self.fault_requested:
+                    self.fault_requested = False
+                    log.warning("fault injection: stalling the loop for 3 s")
+                    self.engine.inject_stall(3.0)
+                if next_watch and time.monotonic() >= next_watch:
+                    next_watch += watch
+                    # Debounced: reload once the path has pointed elsewhere for a whole interval.
+                    if self._bundle_moved():
+                        if moved_since is None:
+                            moved_since = time.monotonic()
+                        elif time.monotonic() - moved_since >= watch:
+                            moved_since = None
+                            self.reload_requested = True
+                    else:
                         moved_since = None
-                        self.reload_requested = True
-                else:
-                    moved_since = None
-            if self.reload_requested:
-                self.reload_requested = False
-                try:
-                    ok = self.reload()
-                except Stopped:
-                    break
-                if not ok:
-                    # Do not retry a refused target until it changes again.
-                    self._bundle_target = os.path.realpath(self.cfg.model.bundle)
-            if self.engine and not self.engine.alive:
-                log.error("the real-time loop died; exiting")
-                return 1
-            if next_status and time.monotonic() >= next_status:
-                next_status += status_interval
-                st = self.status()
-                if stats_file:
-                    write_json_atomically(stats_file, st)
-                if print_status:
-                    print_status(st)
+                if self.reload_requested:
+                    self.reload_requested = False
+                    try:
+                        ok = self.reload()
+                    except Stopped:
+                        break
+                    if not ok:
+                        # Do not retry a refused target until it changes again.
+                        self._bundle_target = os.path.realpath(self.cfg.model.bundle)
+                if self.engine and not self.engine.alive:
+                    log.error("the real-time loop died; exiting")
+                    return 1
+                if next_status and time.monotonic() >= next_status:
+                    next_status += status_interval
+                    st = self.status()
+                    if stats_file:
+                        try:
+                            write_json_atomically(stats_file, st)
+                            stats_error = None
+                        except OSError as e:  # a diagnostic aid: never a reason to stop serving
+                            if stats_error != e.strerror:
+                                log.error("cannot write the stats file %s: %s", stats_file, e.strerror)
+                            stats_error = e.strerror
+                    if print_status:
+                        print_status(st)
+            except Exception as e:
+                # The main thread's chores (health, status, stats, reload, logging) must not take the
+                # serving loop down with them: e.g. a lazy import failing with EMFILE at the fd limit.
+                self._chore_failed(e)
         return 0
+
+    def _chore_failed(self, e: Exception) -> None:
+        self.chore_errors += 1
+        said = f"{type(e).__name__}: {e}"
+        now = time.monotonic()
+        if said != self._last_chore_error or now - self._last_chore_log > 10.0:  # at most one line per 10 s
+            log.error("main thread: %s (serving continues)", said)
+            self._last_chore_error, self._last_chore_log = said, now
 
     def close(self) -> None:
         self.notifier.send("STOPPING=1", "STATUS=stopping")

@@ -46,6 +46,8 @@ class Stream:
         self.attach_seen = -1  # reader.attach_count the session was chosen for
         self.model_seen = None  # the model the session belongs to
         self.geometry = (0, 0)  # (width, height) of the attached ring
+        self.reported_error: str | None = None  # main thread: the refusal last logged
+        self.reported_attach = 0                # main thread: the attach last logged
 
 
 class Engine:

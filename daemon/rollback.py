@@ -18,6 +18,10 @@ from edgeinfer.bundle import BundleError
 STATE_FILE = "model-versions.json"
 
 
+class StateWriteError(BundleError):
+    """The state file could not be written; the previous record is unchanged."""
+
+
 class RollbackRefused(BundleError):
     """An older version than the one installed, not explicitly allowed."""
 
@@ -96,5 +100,9 @@ class RollbackState:
         self._save(state)
 
     def _save(self, state: dict) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_atomically(self.path, json.dumps(state, indent=1, sort_keys=True).encode() + b"\n")
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            write_atomically(self.path, json.dumps(state, indent=1, sort_keys=True).encode() + b"\n")
+        except OSError as e:
+            raise StateWriteError(f"{self.path}: cannot write the anti-rollback state ({e.strerror or e}); "
+                                  f"the previous record is unchanged") from None

@@ -8,6 +8,7 @@ issue replace the latency rings.)
 from __future__ import annotations
 
 import numpy as np
+import numpy.ma  # noqa: F401  np.percentile imports it lazily: at the fd limit that import would fail
 
 from edgeinfer._hist import StageHistograms
 

@@ -78,6 +78,9 @@ class DaemonCollector:
             reloads.add_metric([reason], d.reload_failures.get(reason, 0))
         yield reloads
         yield CounterMetricFamily("edgeinfer_model_reloads", "Successful model reloads.", value=d.reloads)
+        yield CounterMetricFamily("edgeinfer_state_write_failures",
+                                  "Failed writes of the anti-rollback state (full or read-only state directory).",
+                                  value=d.state_write_failures)
         if d.model is not None:
             info = GaugeMetricFamily("edgeinfer_model_info", "The model being served (value 1).",
                                      labels=["name", "version", "sha256"])

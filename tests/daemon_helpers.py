@@ -37,14 +37,17 @@ def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
 
 
 def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None,
-                 trust_dir: str | None = None, metrics: dict | None = None) -> str:
+                 trust_dir: str | None = None, metrics: dict | None = None, shm: dict | None = None,
+                 state_dir: str | None = None) -> str:
     lines = [f"model:\n  bundle: {bundle_path}\n  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n"
-             f"  state_dir: {tmp_path / 'state'}\nstreams:"]
+             f"  state_dir: {state_dir or tmp_path / 'state'}\nstreams:"]
     for s in streams:
         lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items()))
     rt = {"scheduling": "fifo", **(runtime or {})}
     lines.append("runtime:\n" + "\n".join(f"  {k}: {v}" for k, v in rt.items()))
     lines.append("metrics:\n" + "\n".join(f"  {k}: {v}" for k, v in {"listen": "127.0.0.1:0", **(metrics or {})}.items()))
+    if shm:
+        lines.append("shm:\n" + "\n".join(f"  {k}: {v}" for k, v in shm.items()))
     path = tmp_path / "edgeinferd.yaml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)

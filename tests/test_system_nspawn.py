@@ -25,7 +25,8 @@ ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v2.tar")
 DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db"
 
 CHECKS = ["install", "user_and_group", "no_bundle_no_crash_loop", "verify_unit", "start", "loop_is_fifo",
-          "loop_affinity", "results_from_group_member", "reload", "outsider_refused", "watchdog_restart", "stop",
+          "loop_affinity", "results_from_group_member", "reload", "outsider_refused", "watchdog_restart",
+          "daemon_sigkill_restart", "stop",
           "purge"]
 
 
@@ -108,3 +109,21 @@ def test_security_exposure_printed_and_within_target(system_run):
     assert line is not None, sec[-2000:]
     exposure = float(line.split("level for edgeinferd.service:")[1].split()[0])
     assert exposure <= 2.5, line
+
+
+def test_reliability_rows_from_the_container(system_run, matrix, request):
+    """The container's fault checks as rows of the reliability matrix."""
+    results, _, _ = system_run
+    lines = {x.split(" ", 2)[1]: x for x in results.splitlines() if len(x.split(" ", 2)) > 1}
+    rows = [("daemon_sigkill_restart", "daemon", "SIGKILL under load, systemd as supervisor (Restart=on-failure)", 3,
+             "systemd restarts it; results resume; producer untouched; same /dev/shm names"),
+            ("watchdog_restart", "daemon", "real-time loop hung (fault hook), systemd watchdog", 1,
+             "WATCHDOG=1 stops; systemd kills and restarts the daemon"),
+            ("outsider_refused", "access", "producer outside the edgeinfer group (real users, booted systemd)", 1,
+             "its segment cannot be opened by the daemon: no results")]
+    ok = True
+    for check, area, fault, n, expected in rows:
+        line = lines.get(check, f"MISSING {check}")
+        ok &= matrix.record(request, area, fault, n, expected, line.split(" ", 2)[-1][:200] or "-",
+                            line.startswith("PASS"))
+    assert ok

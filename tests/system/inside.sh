@@ -62,5 +62,25 @@ before=$(systemctl show -P NRestarts edgeinferd)
 kill -USR1 "$(systemctl show -P MainPID edgeinferd)"
 check watchdog_restart bash -c "for i in \$(seq 1 40); do [ \$(systemctl show -P NRestarts edgeinferd) -gt $before ] && wait_active_again=1 && break; sleep 0.5; done; [ \"\${wait_active_again:-0}\" = 1 ] && systemctl show -P NRestarts edgeinferd"
 wait_active
+
+# SIGKILL under load: systemd restarts the daemon (Restart=on-failure); the producer is untouched,
+# results resume, and /dev/shm holds the same names as before (no leaked segment).
+runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 --group edgeinfer &
+feeder=$!
+runuser -u cam -- edgeinferctl results cam0 --count 1 --timeout 30 > /dev/null
+shm_before=$(ls -A /dev/shm | sort | tr '\n' ' ')
+resumed=0
+for i in 1 2 3; do
+  before=$(systemctl show -P NRestarts edgeinferd)
+  kill -KILL "$(systemctl show -P MainPID edgeinferd)"
+  for _ in $(seq 1 60); do
+    [ "$(systemctl show -P NRestarts edgeinferd)" -gt "$before" ] && [ "$(systemctl is-active edgeinferd)" = active ] && break
+    sleep 0.5
+  done
+  runuser -u cam -- edgeinferctl results cam0 --count 1 --timeout 30 | grep -q '"frame_id"' && resumed=$((resumed + 1))
+done
+shm_after=$(ls -A /dev/shm | sort | tr '\n' ' ')
+check daemon_sigkill_restart bash -c "[ $resumed = 3 ] && kill -0 $feeder && [ '$shm_before' = '$shm_after' ] && echo 'kills=3 restarts=3 resumed=$resumed producer_alive=yes shm_unchanged=[$shm_after]'"
+kill $feeder; wait $feeder 2>/dev/null
 check stop bash -c 'systemctl stop edgeinferd && [ "$(systemctl show -P ExecMainStatus edgeinferd)" = 0 ] && [ "$(systemctl is-active edgeinferd)" = inactive ]'
 check purge bash -c 'apt-get purge -y -q edgeinfer >/dev/null && ! pgrep -x edgeinferd && [ ! -e /usr/bin/edgeinferd ] && [ ! -e /var/lib/edgeinfer ]'
