@@ -16,6 +16,7 @@ from edgeinfer.yamlconf import ConfigError, load_yaml_model
 MODEL_FILE = "model.onnx"
 META_FILE = "model.yaml"
 MAX_BUNDLE_BYTES = 2 << 30  # refuse absurd bundles before reading them
+MAX_META_BYTES = 1 << 20    # model.yaml is a page of settings: more is refused before the YAML parser sees it
 
 
 class BundleError(Exception):
@@ -104,10 +105,11 @@ def read_bundle_files(path: str) -> dict[str, bytes]:
         except OSError as e:
             reason = "is a symbolic link" if e.errno == 40 else e.strerror
             raise BundleError(f"{full}: {reason}; a bundle holds only regular files") from None
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000):  # checked on the fd: a directory opens too
+            os.close(fd)
+            raise BundleError(f"{full}: not a regular file; a bundle holds only regular files")
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not (st.st_mode & 0o170000 == 0o100000):
-                raise BundleError(f"{full}: not a regular file; a bundle holds only regular files")
             total += st.st_size
             if total > MAX_BUNDLE_BYTES:
                 raise BundleError(f"{path}: larger than {MAX_BUNDLE_BYTES} bytes")
@@ -121,6 +123,9 @@ def read_bundle_files(path: str) -> dict[str, bytes]:
 def parse_bundle(path: str, files: dict[str, bytes]) -> Bundle:
     """Parses bundle files already read (and, for anything that will run, verified:
     see signing.load_verified_bundle, the only loader the daemon uses)."""
+    if len(files[META_FILE]) > MAX_META_BYTES:
+        raise BundleError(f"{os.path.join(path, META_FILE)}: {len(files[META_FILE])} bytes, larger than the "
+                          f"{MAX_META_BYTES}-byte limit for model.yaml")
     try:
         meta = load_yaml_model(ModelMeta, files[META_FILE].decode("utf-8"), os.path.join(path, META_FILE))
     except UnicodeDecodeError:

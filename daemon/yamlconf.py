@@ -23,18 +23,24 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: invalid:\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict:
-    """Maps every key path (as pydantic reports it) to the 1-based YAML line."""
+def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None, repeated: list | None = None) -> dict:
+    """Maps every key path (as pydantic reports it) to the 1-based YAML line;
+    keys given twice in one mapping go to `repeated` (YAML would keep the last silently)."""
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict = {}
         for key, value in node.value:
             k = (*path, key.value)
-            out[k] = key.start_mark.line + 1
-            _line_index(value, k, out)
+            line = key.start_mark.line + 1
+            if repeated is not None and isinstance(key.value, str) and key.value in seen:
+                repeated.append((k, line, seen[key.value]))
+            seen.setdefault(key.value, line)
+            out[k] = line
+            _line_index(value, k, out, repeated)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _line_index(item, (*path, i), out)
+            _line_index(item, (*path, i), out, repeated)
     return out
 
 
@@ -56,7 +62,11 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
         raise ConfigError(source, [f"{source}{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
     if data is None:
         data = {}
-    lines = _line_index(node) if node is not None else {}
+    repeated: list = []
+    lines = _line_index(node, repeated=repeated) if node is not None else {}
+    if repeated:
+        raise ConfigError(source, [f"{source}:{line}: {_dotted(k)}: repeated key (first given at line {first})"
+                                   for k, line, first in repeated])
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as e:

@@ -193,5 +193,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
                               const uint32_t *allowed_uids, size_t n_allowed, int from_oldest, ei_error *err)
     int ei_result_reader_ready(const ei_result_reader *rd)
     ei_waitable ei_result_waitable(ei_result_reader *rd)
+    # 1: a record copied; 0: none yet (call again); -1: head corrupt (> EI_MAX_RECORD_NUMBER)
     int ei_result_reader_next(ei_result_reader *rd, ei_result_record_header *hdr_out, uint8_t *payload_out,
                               uint64_t payload_cap, uint64_t *missed_out)
+    uint64_t EI_MAX_RECORD_NUMBER  # record numbers above it are corrupt (the seqlock word holds n << 1)

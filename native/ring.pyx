@@ -646,6 +646,8 @@ cdef class ResultConsumer:
         cdef uint64_t missed = 0
         cdef uint8_t *buf = <uint8_t *><char *>self.scratch
         cdef int got = ei_result_reader_next(&self.r, &self.rec, buf, <uint64_t>len(self.scratch), &missed)
+        if got < 0:
+            raise CorruptFrame(f"{self.name}: result ring head is corrupt (beyond {EI_MAX_RECORD_NUMBER})")
         if not got:
             return None
         rec = self.rec

@@ -67,3 +67,12 @@ def test_check_config_cli(tmp_path):
     bad = subprocess.run(edgeinferd_args(write(tmp_path, GOOD.replace("fifo", "fast")), "--check-config"),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "runtime.scheduling" in bad.stderr and ":7:" in bad.stderr
+
+
+def test_repeated_key_is_an_error_with_both_lines(tmp_path):
+    from edgeinfer.yamlconf import ConfigError, load_yaml_model
+    from edgeinfer.config import Config
+    text = "model:\n  bundle: /a\n  warmup_runs: 1\n  warmup_runs: 5\nstreams:\n  - name: cam0\n"
+    with pytest.raises(ConfigError) as e:
+        load_yaml_model(Config, text, "c.yaml")
+    assert e.value.problems == ["c.yaml:4: model.warmup_runs: repeated key (first given at line 3)"]

@@ -1178,15 +1178,21 @@ static inline ei_waitable ei_result_waitable(ei_result_reader *rd) {
     return w;
 }
 
+/* Record numbers above this cannot be honest: the seqlock word holds n << 1. */
+#define EI_MAX_RECORD_NUMBER (UINT64_C(1) << 62)
+
 /* Copies the next record (header + payload_len bytes of payload) into hdr_out
  * and payload_out (payload_cap bytes). Returns 1 when a record was copied, 0
- * when none is available yet. *missed_out gets how many records were
- * overwritten before this one could be read (also added to rd->missed). */
+ * when none is available yet (or the writer overwrote every candidate while we
+ * looked: call again), -1 when `head` is corrupt. *missed_out gets how many
+ * records were overwritten before this one could be read (also added to
+ * rd->missed). Bounded: a writer can make it return 0, never spin forever. */
 static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_header *hdr_out, uint8_t *payload_out,
                                         uint64_t payload_cap, uint64_t *missed_out) {
     *missed_out = 0;
-    for (;;) {
+    for (uint64_t tries = 0; tries <= (uint64_t)rd->layout.record_count + 2; tries++) {
         uint64_t head = atomic_load_explicit(&rd->hdr->head, memory_order_acquire);
+        if (head > EI_MAX_RECORD_NUMBER) return -1;
         if (head < rd->next) return 0;
         /* Records older than head - count + 2 may be mid-overwrite: skip ahead. */
         if (head - rd->next + 1 >= rd->layout.record_count) {
@@ -1217,6 +1223,7 @@ static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_h
         rd->next = n + 1;
         return 1;
     }
+    return 0;
 }
 
 #endif /* EDGEINFER_RING_H */
