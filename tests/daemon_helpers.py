@@ -45,7 +45,9 @@ def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime:
         lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items()))
     rt = {"scheduling": "fifo", **(runtime or {})}
     lines.append("runtime:\n" + "\n".join(f"  {k}: {v}" for k, v in rt.items()))
-    lines.append("metrics:\n" + "\n".join(f"  {k}: {v}" for k, v in {"listen": "127.0.0.1:0", **(metrics or {})}.items()))
+    # metrics={"listen": None}: the key left out (the default applies).
+    m = {k: v for k, v in {"listen": "127.0.0.1:0", "enabled": "true", **(metrics or {})}.items() if v is not None}
+    lines.append("metrics:\n" + "\n".join(f"  {k}: {v}" for k, v in m.items()))
     if shm:
         lines.append("shm:\n" + "\n".join(f"  {k}: {v}" for k, v in shm.items()))
     path = tmp_path / "edgeinferd.yaml"
