@@ -13,7 +13,7 @@ APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus debo
 NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
-.PHONY: all system-packages venv native models test bench demo deb clean distclean
+.PHONY: all system-packages venv native models test reliability bench demo deb clean distclean
 
 all: native
 
@@ -49,8 +49,17 @@ models: $(MODELS_STAMP)
 
 # The whole suite, including the system tests that install build/deb/*.deb in a
 # booted systemd container: so the package is built first.
+# The short reliability profile (tests/reliability) is part of it; its table goes to build/reliability.md.
 test: native models deb
-	$(PY) -m pytest -q tests
+	EDGEINFER_RELIABILITY_REPORT=build/reliability.md $(PY) -m pytest -q tests
+
+# The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
+# in tests/reliability plus the container's fault checks (so the .deb first).
+# PROFILE=short (~12 min, what make test runs) or PROFILE=long (~80 min, 1 h soak).
+PROFILE ?= short
+reliability: native models deb
+	EDGEINFER_RELIABILITY_PROFILE=$(PROFILE) EDGEINFER_RELIABILITY_REPORT=docs/reliability.md \
+		$(PY) -m pytest -q tests/reliability tests/test_system_nspawn.py
 
 bench: native models
 	$(PY) bench/ingress.py

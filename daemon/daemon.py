@@ -18,6 +18,7 @@ from edgeinfer import ring
 from edgeinfer.bundle import BundleError
 from edgeinfer.config import Config
 from edgeinfer.engine import Engine, Stream
+from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import ModelRuntime, ThreadPlan
 from edgeinfer.rollback import RollbackRefused, RollbackState, StateWriteError
 from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
@@ -27,6 +28,7 @@ from edgeinfer.telemetry import Health, MetricsServer
 log = logging.getLogger("edgeinferd")
 
 STATE_RETRY_S = 10.0  # seconds between attempts to write an anti-rollback record that failed
+TRIM_DELAY_S = 3.0    # after a reload, when to return the old model's freed memory to the kernel
 
 
 class Stopped(Exception):
@@ -51,6 +53,7 @@ class Daemon:
         self._last_chore_error, self._last_chore_log = None, 0.0
         self.last_state_error: str | None = None
         self._unrecorded: tuple[str, str] | None = None  # accepted model whose version is not on disk yet
+        self._trim_at: float | None = None  # monotonic time to release the swapped-out model's memory
         self._bundle_target = None  # realpath of the bundle being served
         self.fault_requested = False
         self.health = Health(self, cfg.metrics.health_deadline_s, cfg.metrics.ready_requires_stream)
@@ -213,6 +216,8 @@ class Daemon:
         self.model = new
         self._accept(new)
         self.reloads += 1
+        # Once the loop has moved every active stream to the new sessions, give the old model's memory back.
+        self._trim_at = time.monotonic() + TRIM_DELAY_S
         self.last_reload_error = None
         log.info("reloaded: now serving %s %s (was %s %s)", new.name, new.version, old.name, old.version)
         return True
@@ -299,6 +304,9 @@ class Daemon:
         while not self.stop_requested:
             time.sleep(0.05)
             try:
+                if self._trim_at is not None and time.monotonic() >= self._trim_at:
+                    self._trim_at = None
+                    release_freed_memory()
                 self.health.tick()
                 if self.watchdog:
                     self.watchdog.tick()

@@ -1,0 +1,25 @@
+"""Giving freed heap back to the kernel after a model swap.
+
+A reload frees the old model's graph, bundle bytes and ORT session, but glibc
+keeps the freed pages in its arenas: without a trim, every reload ratchets the
+RSS an operator sees up by tens of MiB (measured in the soak test), although
+nothing leaks. Called on the main thread, a few seconds after a swap.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+
+try:
+    _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    _malloc_trim = _libc.malloc_trim
+    _malloc_trim.argtypes = [ctypes.c_size_t]
+except (OSError, AttributeError):  # not glibc: nothing to trim with
+    _malloc_trim = None
+
+
+def release_freed_memory() -> bool:
+    """Collects cycles, then returns free heap pages to the kernel; True if any were."""
+    gc.collect()
+    return bool(_malloc_trim(0)) if _malloc_trim is not None else False
