@@ -73,9 +73,10 @@ def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, sh
     observed = (f"results resumed on both streams after {len(resume_s)}/{kills} kills (median "
                 f"{statistics.median(resume_s) if resume_s else float('nan'):.2f} s kill → first result, incl. "
                 f"model load); producers untouched {untouched}/{kills}; {checked:,} results checked, {bad} bad; "
-                f"/dev/shm while running: {len(leaked_while_running)} entries, after a clean stop: {left}")
+                f"/dev/shm while running: {len(leaked_while_running)} entries, after a clean stop: {left}; "
+                f"healthy at the end: {alive}")
     passed = (len(resume_s) == kills and untouched == kills and bad == 0 and code == 0 and left == expected_left
-              and len(leaked_while_running) == 4)
+              and len(leaked_while_running) == 4 and alive)
     assert matrix.record(request, "daemon", "SIGKILL under load (2 streams × 30 fps), restart loop as supervisor",
                          kills, "producers untouched, results resume, no segment leaked", observed, passed)
 

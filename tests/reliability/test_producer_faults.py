@@ -2,12 +2,10 @@
 mid-write), restarts with another geometry, garbage capture timestamps."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import time
 
-import numpy as np
 from conftest import read_line
 from daemon_helpers import stop_daemon, wait_for
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, slot_states, stream_of, stream_stats

@@ -15,7 +15,7 @@ import time
 import pytest
 from conftest import IN_CI, read_line
 from daemon_helpers import read_stats, stop_daemon
-from rel_helpers import checksum_ok, drain, fault_daemon, http_status, stream_of, stream_stats
+from rel_helpers import checksum_ok, drain, fault_daemon, http_status, stream_of
 
 from edgeinfer import ring
 
