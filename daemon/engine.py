@@ -211,7 +211,9 @@ class Engine:
             st.error += 1
             return
         self._run_options.terminate = False
-        self._run_started = start
+        # The run's own start, not the frame's `start`: picking a session (or waiting for the GIL) in between
+        # must not count against run_deadline_ms, or a slow pick gets a healthy run cancelled.
+        self._run_started = ring.monotonic_ns()
         try:
             outputs = session.run(frame.batch, self._run_options)  # the slot itself, read in place
         except Exception as e:

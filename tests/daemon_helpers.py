@@ -59,9 +59,17 @@ def edgeinferd_args(config: str, *extra: str) -> list[str]:
             "--config", config, *extra]
 
 
-def start_daemon(children, config: str, stats_file: str | None = None, wait_ready: bool = True):
+def start_daemon(children, config: str, stats_file: str | None = None, wait_ready: bool = True,
+                 log_file: str | None = None):
+    """log_file: the daemon's stderr (its log) goes there instead of a pipe — for
+    long runs, where a pipe nobody reads would fill up and block the daemon."""
     extra = ["--stats-file", stats_file] if stats_file else []
-    proc = children.spawn(edgeinferd_args(config, *extra))
+    if log_file:
+        with open(log_file, "a") as log:
+            proc = children.spawn(edgeinferd_args(config, *extra), stderr=log)
+    else:
+        proc = children.spawn(edgeinferd_args(config, *extra))
+    proc.log_file = log_file
     proc.metrics_url = None
     if wait_ready:
         while True:
@@ -72,6 +80,14 @@ def start_daemon(children, config: str, stats_file: str | None = None, wait_read
             assert line == "edgeinferd: ready", line
             break
     return proc
+
+
+def daemon_log(proc) -> str:
+    """Everything the daemon logged (its stderr), from the log file or the pipe."""
+    if getattr(proc, "log_file", None):
+        with open(proc.log_file, errors="replace") as f:
+            return f.read()
+    return proc.stderr.read()
 
 
 def stop_daemon(proc, timeout: float = 10.0) -> int:

@@ -28,7 +28,8 @@ def fault_daemon(children, tmp_path, signing_key, shm_name, kind="checksum", w=6
     cfg = write_config(tmp_path, path, streams, runtime={"status_interval_s": 0.2, **(runtime or {})},
                        trust_dir=trust, **kw)
     stats = str(tmp_path / "stats.json")
-    return start_daemon(children, cfg, stats_file=stats, wait_ready=wait_ready), stats, cfg
+    log = str(tmp_path / "daemon.log")
+    return start_daemon(children, cfg, stats_file=stats, wait_ready=wait_ready, log_file=log), stats, cfg
 
 
 def http_status(url: str, timeout: float = 2.0) -> int:

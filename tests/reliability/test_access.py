@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import IN_CI
-from daemon_helpers import read_stats, stop_daemon
+from daemon_helpers import daemon_log, read_stats, stop_daemon
 from rel_helpers import fault_daemon, http_status, stream_of
 
 from edgeinfer import ring
@@ -51,7 +51,7 @@ def test_insecure_segments_are_refused(request, matrix, tmp_path, shm_name, chil
     served_owner = read_stats(stats)["streams"][stream]["processed"]
     w2.close()
     stop_daemon(proc)
-    log = proc.stderr.read()
+    log = daemon_log(proc)
     observed = (f"world-writable: {world[-70:]!r}; owner outside allowed_uids: {owner[-70:]!r}; frames served "
                 f"from them: {served_ww + served_owner}; refusal logged: {'segment refused' in log}")
     passed = "world-writable" in world and "not an allowed producer" in owner and served_ww + served_owner == 0 and \

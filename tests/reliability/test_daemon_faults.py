@@ -9,7 +9,7 @@ import struct
 import time
 
 from conftest import read_line
-from daemon_helpers import start_daemon, stop_daemon
+from daemon_helpers import daemon_log, start_daemon, stop_daemon
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, shm_entries, stream_of, stream_stats
 from reliability_matrix import COUNTS
 
@@ -41,7 +41,7 @@ def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, sh
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             killed_at = ring.monotonic_ns()
-            proc = start_daemon(children, cfg, stats_file=stats)  # the supervisor's restart
+            proc = start_daemon(children, cfg, stats_file=stats, log_file=proc.log_file)  # the supervisor's restart
 
             def resumed():
                 got = [drain(r) for r in readers]
@@ -108,7 +108,7 @@ def test_hung_run_is_cancelled_and_the_loop_goes_on(request, matrix, tmp_path, s
         finally:
             results.close()
     stop_daemon(proc)
-    log = proc.stderr.read()
+    log = daemon_log(proc)
     cancelled = log.count("inference passed its deadline and was cancelled")
     observed = (f"{cancelled} runs cancelled at the 500 ms deadline (error count {s.get('error')}), {served_after} "
                 f"following frames served; healthy after: {healthy}")
@@ -126,7 +126,7 @@ def test_model_that_hangs_at_warm_up_is_refused(request, matrix, tmp_path, shm_n
         code = proc.wait(60)
     except Exception:
         code = None
-    err = proc.stderr.read() if code is not None else ""
+    err = daemon_log(proc) if code is not None else ""
     clear = "warm-up inference (64x48 bgr24) did not finish within 5 s and was cancelled: model refused" in err
     observed = f"exit code {code}; log: {next((x for x in err.splitlines() if 'warm-up' in x), 'no warm-up line')[-160:]}"
     assert matrix.record(request, "daemon", "model hangs during warm-up (before READY)", 1,

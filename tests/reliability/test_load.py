@@ -28,7 +28,7 @@ def test_load_at_half_full_and_one_and_a_half_capacity(request, matrix, tmp_path
     cfg = write_config(tmp_path, bundles("orientation"),
                        [{"name": stream_of(n), "width": 224, "height": 224, "max_age_ms": MAX_AGE_MS} for n in names])
     stats = str(tmp_path / "stats.json")
-    proc = start_daemon(children, cfg, stats_file=stats)
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=str(tmp_path / "daemon.log"))
 
     # Capacity, measured now: one camera far faster than the model.
     cal = children.spawn([c_producer, names[0], "224", "224", "--fps", "1000", "--keep"])

@@ -7,7 +7,7 @@ import signal
 import time
 
 from conftest import read_line
-from daemon_helpers import stop_daemon, wait_for
+from daemon_helpers import daemon_log, stop_daemon, wait_for
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, slot_states, stream_of, stream_stats
 from reliability_matrix import COUNTS
 
@@ -99,7 +99,7 @@ def test_producer_restarts_with_another_geometry(request, matrix, tmp_path, shm_
     finally:
         results.close()
     stop_daemon(proc)
-    log = proc.stderr.read()
+    log = daemon_log(proc)
     clear = log.count("cannot serve 64x48 gray8 frames") + log.count("cannot serve 64x48 rgba32 frames")
     observed = f"{served} served with the new geometry, {refused} refused ({clear} with a 'cannot serve WxH format' " \
                f"error naming it); daemon healthy after: {alive}"

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import IN_CI, read_line
-from daemon_helpers import read_stats, stop_daemon
+from daemon_helpers import daemon_log, read_stats, stop_daemon
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, stream_of
 
 from edgeinfer import ring
@@ -149,7 +149,7 @@ def test_state_dir_full_then_read_only(request, matrix, tmp_path, small_fs, shm_
     cli_clear = cli.returncode == 1 and "cannot write the anti-rollback state (Read-only file system)" in cli.stderr
     alive = http_status(proc.metrics_url + "/healthz") == 200
     stop_daemon(proc)
-    log = proc.stderr.read()
+    log = daemon_log(proc)
     logged = "cannot write the anti-rollback state (No space left on device)" in log
     leftovers = [e for e in os.listdir(state) if e.startswith(".")]
     observed = (f"full: serving 1.0.0, error logged {logged}, state file unchanged {full_serving}; space back: "
@@ -199,7 +199,7 @@ def test_fd_limit_reached_while_streams_attach(request, matrix, tmp_path, shm_na
     finally:
         results.close()
     stop_daemon(proc)
-    log = proc.stderr.read()
+    log = daemon_log(proc)
     emfile = sum(f"stream {stream_of(n)}: segment refused: " in log and "Too many open files" in
                  log.split(f"stream {stream_of(n)}: segment refused: ", 1)[1].split("\n", 1)[0] for n in others)
     observed = (f"limit = {open_fds} fds (all in use): {emfile}/{len(others)} new cameras refused with 'Too many "

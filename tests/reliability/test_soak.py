@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import read_line
-from daemon_helpers import read_stats, start_daemon, stop_daemon, write_config
+from daemon_helpers import daemon_log, read_stats, start_daemon, stop_daemon, write_config
 from rel_helpers import http_status, process_sample, shm_entries, stream_of
 from reliability_matrix import COUNTS
 
@@ -28,7 +28,7 @@ def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles
     cfg = write_config(tmp_path, bundles("orientation"),
                        [{"name": stream_of(n), "width": 224, "height": 224} for n in names])
     stats = str(tmp_path / "stats.json")
-    proc = start_daemon(children, cfg, stats_file=stats)
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=str(tmp_path / "daemon.log"))
     prods = []
     for n in names:
         prods.append(children.spawn([c_producer, n, "224", "224", "--fps", "30"]))
@@ -60,6 +60,7 @@ def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles
     errors = sum(v["error"] + v["torn"] for v in st["streams"].values())
     code = stop_daemon(proc)
     left = shm_entries(shm_name)
+    problems = [x.split(": ", 1)[-1][:160] for x in daemon_log(proc).splitlines() if " ERROR " in x]
 
     warm = [x for x in samples if x["t"] >= WARM_S] or samples
     base = [x for x in warm if x["t"] < WARM_S + 60] or warm
@@ -74,7 +75,8 @@ def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles
                 f"{errors} errors; RSS {statistics.median(x['rss_kib'] for x in base) / 1024:.0f} → "
                 f"{statistics.median(x['rss_kib'] for x in last) / 1024:.0f} MiB ({rss_growth / 1024:+.1f}); fds "
                 f"{fd_base}–{fd_max} (end {fd_end}); threads {th_base}–{th_max} (end {th_end}); /dev/shm entries "
-                f"≤ {shm_max} while running, {len(left)} after stop (the cameras')")
+                f"≤ {shm_max} while running, {len(left)} after stop (the cameras')"
+                + (f"; logged errors: {problems[:2]}" if problems else ""))
     passed = (rss_growth <= RSS_BOUND_KIB and fd_max <= fd_base + FD_SLACK and fd_end <= fd_base + FD_SLACK
               and th_max <= th_base + THREAD_SLACK and shm_max <= 4 and len(left) == 2 and code == 0
               and scrapes_ok == scrapes and errors == 0 and st.get("reloads") == reloads and processed > 0)
