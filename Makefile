@@ -51,7 +51,8 @@ models: $(MODELS_STAMP)
 # booted systemd container: so the package is built first.
 # The short reliability profile (tests/reliability) is part of it; its table goes to build/reliability.md.
 test: native models deb
-	EDGEINFER_RELIABILITY_REPORT=build/reliability.md $(PY) -m pytest -q tests
+	EDGEINFER_RELIABILITY_REPORT=build/reliability.md EDGEINFER_RELIABILITY_COMMAND="make test" \
+		$(PY) -m pytest -q tests
 
 # The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
 # in tests/reliability plus the container's fault checks (so the .deb first).
