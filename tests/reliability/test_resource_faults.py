@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import IN_CI, read_line
-from daemon_helpers import daemon_log, read_stats, stop_daemon
+from daemon_helpers import daemon_log, read_stats, stop_daemon, wait_for
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, stream_of
 
 from edgeinfer import ring
@@ -162,6 +162,15 @@ def test_state_dir_full_then_read_only(request, matrix, tmp_path, small_fs, shm_
                          observed, passed)
 
 
+def _first_stream_served(children, tmp_path, signing_key, shm_name, c_producer, extra):
+    """The daemon with `extra` streams configured, and its first stream already being served."""
+    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, shm_name, extra_streams=extra)
+    read_line(children.spawn([c_producer, shm_name, "64", "48", "--fps", "50"]))
+    results = ring.ResultReader.watch(ring.result_segment_name(stream_of(shm_name)))
+    wait_for(lambda: drain(results), 20, "the first stream to be served")
+    return proc, stats, results
+
+
 def _limit(pid: int, resource: str, value: int | str) -> None:
     """Sets the soft limit only: raising it again needs no privilege."""
     subprocess.run(["prlimit", "--pid", str(pid), f"--{resource}={value}:"], check=True)
@@ -174,13 +183,8 @@ def test_fd_limit_reached_while_streams_attach(request, matrix, tmp_path, shm_na
     is served throughout; once the limit is raised they are attached by themselves."""
     others = [f"{shm_name}-{i}" for i in range(3)]
     extra = [{"name": stream_of(n), "width": 64, "height": 48, "max_age_ms": 60000} for n in others]
-    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, shm_name, extra_streams=extra)
-    first = children.spawn([c_producer, shm_name, "64", "48", "--fps", "50"])
-    read_line(first)
-    results = ring.ResultReader.watch(ring.result_segment_name(stream_of(shm_name)))
+    proc, stats, results = _first_stream_served(children, tmp_path, signing_key, shm_name, c_producer, extra)
     try:
-        while not drain(results):
-            time.sleep(0.05)
         open_fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
         _limit(proc.pid, "nofile", open_fds)
         for n in others:
@@ -218,13 +222,8 @@ def test_address_space_limit_reached_by_a_big_ring(request, matrix, tmp_path, sh
     other stream is served; raising the limit lets it in."""
     big = shm_name + "-4k"
     extra = [{"name": stream_of(big), "max_age_ms": 60000}]
-    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, shm_name, extra_streams=extra)
-    first = children.spawn([c_producer, shm_name, "64", "48", "--fps", "50"])
-    read_line(first)
-    results = ring.ResultReader.watch(ring.result_segment_name(stream_of(shm_name)))
+    proc, stats, results = _first_stream_served(children, tmp_path, signing_key, shm_name, c_producer, extra)
     try:
-        while not drain(results):
-            time.sleep(0.05)
         with open(f"/proc/{proc.pid}/status") as f:
             vm_kib = next(int(x.split()[1]) for x in f if x.startswith("VmSize:"))
         _limit(proc.pid, "as", (vm_kib + 64 * 1024) * 1024)
