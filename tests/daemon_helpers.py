@@ -103,14 +103,22 @@ def read_stats(path: str) -> dict:
         return {}
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+def poll(predicate, timeout: float, interval: float = 0.05):
+    """predicate() until it is truthy or `timeout` seconds pass; returns its last
+    value either way (for tests that must record what happened before asserting)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
-        if value:
+        if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    value = poll(predicate, timeout, interval)
+    if not value:
+        pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 def segments_with(prefix: str) -> list[str]:

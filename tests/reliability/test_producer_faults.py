@@ -7,7 +7,7 @@ import signal
 import time
 
 from conftest import read_line
-from daemon_helpers import daemon_log, stop_daemon, wait_for
+from daemon_helpers import daemon_log, poll, stop_daemon, wait_for
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, slot_states, stream_of, stream_stats
 from reliability_matrix import COUNTS
 
@@ -132,9 +132,7 @@ def test_garbage_capture_timestamps(request, matrix, tmp_path, shm_name, childre
                     writer.publish(capture_ns=now, frame_id=i)
                     offered_good += 1
                 time.sleep(0.01)  # slower than the model: every frame is acquired
-            deadline = time.monotonic() + 10  # not wait_for: a failure must still reach the matrix
-            while stream_stats(stats, stream).get("offered", 0) < n and time.monotonic() < deadline:
-                time.sleep(0.05)
+            poll(lambda: stream_stats(stats, stream).get("offered", 0) >= n, 10)  # (a failure still gets its row)
             time.sleep(0.5)
             s = stream_stats(stats, stream)
             alive = http_status(proc.metrics_url + "/healthz") == 200

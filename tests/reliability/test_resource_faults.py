@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import IN_CI, read_line
-from daemon_helpers import daemon_log, read_stats, stop_daemon, wait_for
+from daemon_helpers import daemon_log, poll, read_stats, stop_daemon, wait_for
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, stream_of
 
 from edgeinfer import ring
@@ -81,11 +81,7 @@ def test_shm_full_when_producers_create_rings(request, matrix, tmp_path, small_f
         os.unlink(os.path.join(shm, "filler"))
         again = children.spawn([c_producer, shm_name, "64", "48", "--fps", "50", "--dir", shm])
         read_line(again)
-        got = []
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            got = drain(results)
-            time.sleep(0.05)
+        got = poll(lambda: drain(results), 10)
         daemon_ok = proc.poll() is None and http_status(proc.metrics_url + "/healthz") == 200
         leftovers = [e for e in os.listdir(shm) if e.startswith(".")]
     finally:
@@ -112,20 +108,12 @@ def test_state_dir_full_then_read_only(request, matrix, tmp_path, small_fs, shm_
     original = open(state_file, "rb").read()
     _fill(state)
     proc, stats, _ = fault_daemon(children, tmp_path, signing_key, shm_name, state_dir=state)
-    st = {}
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not st:
-        st = read_stats(stats)
-        time.sleep(0.1)
+    st = poll(lambda: read_stats(stats), 10)
     full_serving = proc.poll() is None and st.get("state_write_failures", 0) >= 1 and \
         open(state_file, "rb").read() == original
     # Space comes back: the write is retried and the floor rises to 1.0.0.
     os.unlink(os.path.join(state, "filler"))
-    deadline = time.monotonic() + 20
-    recorded = False
-    while time.monotonic() < deadline and not recorded:
-        recorded = json.load(open(state_file)).get("fault-checksum", {}).get("highest") == "1.0.0"
-        time.sleep(0.2)
+    recorded = poll(lambda: json.load(open(state_file)).get("fault-checksum", {}).get("highest") == "1.0.0", 20)
     # Read-only: a reload to 1.0.1 still serves; the CLI override fails with the reason.
     subprocess.run(["mount", "-o", "remount,ro", state], check=True)
     after_retry = open(state_file, "rb").read()
@@ -136,13 +124,9 @@ def test_state_dir_full_then_read_only(request, matrix, tmp_path, small_fs, shm_
     os.symlink(newer, bundle_now)
     failures_before = read_stats(stats).get("state_write_failures", 0)
     proc.send_signal(1)  # SIGHUP
-    deadline = time.monotonic() + 20
-    st = {}
-    while time.monotonic() < deadline:
-        st = read_stats(stats)
-        if (st.get("model") or {}).get("version") == "1.0.1" and st.get("state_write_failures", 0) > failures_before:
-            break
-        time.sleep(0.1)
+    poll(lambda: (read_stats(stats).get("model") or {}).get("version") == "1.0.1"
+         and read_stats(stats).get("state_write_failures", 0) > failures_before, 20)
+    st = read_stats(stats)
     ro_serving = (st.get("model") or {}).get("version") == "1.0.1" and open(state_file, "rb").read() == after_retry
     cli = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "model", "allow-downgrade", "fault-checksum", "0.5",
                           "--state-dir", state], capture_output=True, text=True, timeout=60)
@@ -192,12 +176,10 @@ def test_fd_limit_reached_while_streams_attach(request, matrix, tmp_path, shm_na
         time.sleep(1.5)  # the stats file cannot be written now either (no fd): the log tells
         served_meanwhile = len(drain(results))
         _limit(proc.pid, "nofile", 4096)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            st = read_stats(stats)
-            if all(st.get("streams", {}).get(stream_of(n), {}).get("processed", 0) > 0 for n in others):
-                break
-            time.sleep(0.1)
+        processed = [lambda n=n: read_stats(stats).get("streams", {}).get(stream_of(n), {}).get("processed", 0)
+                     for n in others]
+        poll(lambda: all(p() > 0 for p in processed), 10)
+        st = read_stats(stats)
         recovered = sum(st.get("streams", {}).get(stream_of(n), {}).get("processed", 0) > 0 for n in others)
         alive = http_status(proc.metrics_url + "/healthz") == 200
     finally:
@@ -234,11 +216,7 @@ def test_address_space_limit_reached_by_a_big_ring(request, matrix, tmp_path, sh
         served_meanwhile = len(drain(results))
         still_alive = proc.poll() is None and st.get("loop_alive")
         _limit(proc.pid, "as", "unlimited")
-        deadline = time.monotonic() + 15
-        attached = False
-        while time.monotonic() < deadline and not attached:
-            attached = read_stats(stats)["streams"][stream_of(big)].get("connected")
-            time.sleep(0.1)
+        attached = poll(lambda: read_stats(stats).get("streams", {}).get(stream_of(big), {}).get("connected"), 15)
         alive = http_status(proc.metrics_url + "/healthz") == 200
     finally:
         results.close()
