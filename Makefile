@@ -8,8 +8,10 @@ PY := $(VENV)/bin/python
 # gcc/libc6-dev: the Cython extension and the C example; spin: the protocol model check;
 # python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3);
 # prometheus: promtool and a real Prometheus server for the telemetry tests;
-# debootstrap, systemd-container: the system tests boot the .deb in a container.
-APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus debootstrap systemd-container
+# debootstrap, systemd-container: the system tests boot the .deb in a container;
+# clang, libclang-rt-14-dev (libFuzzer, sanitizers), llvm (llvm-cov): coverage-guided fuzzing of ring.h.
+APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus debootstrap systemd-container \
+	clang libclang-rt-14-dev llvm
 NATIVE_SRC := native/ring.pyx native/ring.pxd native/include/edgeinfer/ring.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 

@@ -19,9 +19,9 @@ PROFILE = os.environ.get("EDGEINFER_RELIABILITY_PROFILE", "short")
 
 # How hard each fault is pushed. "short" runs inside `make test`; "long" on demand.
 _PROFILES = {
-    "short": dict(producer_kills=1000, daemon_kills=12, fuzz_segments=100_000, fuzz_configs=3_000,
+    "short": dict(producer_kills=1000, daemon_kills=12, fuzz_segments=100_000, fuzz_native=1_000_000, fuzz_configs=3_000,
                   fuzz_bundle_flips=300, load_seconds=12.0, soak_seconds=300.0, timestamp_frames=300),
-    "long": dict(producer_kills=5000, daemon_kills=60, fuzz_segments=1_000_000, fuzz_configs=30_000,
+    "long": dict(producer_kills=5000, daemon_kills=60, fuzz_segments=1_000_000, fuzz_native=20_000_000, fuzz_configs=30_000,
                  fuzz_bundle_flips=3000, load_seconds=120.0, soak_seconds=3600.0, timestamp_frames=3000),
 }
 if PROFILE not in _PROFILES:
@@ -99,7 +99,7 @@ NOTES = """\
 
 - `make reliability` runs the short profile (about 10 minutes on 2 vCPUs after the package build) and
   rewrites this file; `make reliability PROFILE=long` pushes every fault harder (5,000 producer kills,
-  60 daemon kills, 1,000,000 fuzzed segments, 2-minute load levels, a 1 h soak: about 80 minutes).
+  60 daemon kills, 1,000,000 fuzzed segments, 20,000,000 libFuzzer inputs, 2-minute load levels, a 1 h soak: about 80 minutes).
 - Every row is one test in `tests/reliability/` (the container rows: `tests/test_system_nspawn.py`);
   the test asserts the row's expectation, so a **FAIL** row is also a failed test in `make test`.
 - Counts are exact (from the daemon's own counters, compared with what the test offered); timings are
@@ -107,8 +107,12 @@ NOTES = """\
 - Two tiny ONNX models make faults visible in the daemon's own output
   (`tests/reliability/fault_models.py`): a checksum model whose result says whether the frame it ran
   on was whole and was the frame its id names, and a Loop model that hangs when the producer asks.
-- The segment fuzzer is mutational and structure-aware (boundary values from the checks in ring.h),
-  not coverage-guided: the toolchain has no clang/libFuzzer to instrument the C validation.
+- Segments are fuzzed twice. The C readers in ring.h (ring checks, frame acquire, result read) under
+  coverage-guided libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer
+  (`tests/reliability/fuzz_ring.c`), seeded with real rings; clang's source-based coverage of the
+  grown corpus is reported per function and must reach each one. And the whole Python reader stack
+  (attach, views, `CorruptFrame`) under a structure-aware mutational fuzzer in a child process
+  (`tests/reliability/fuzz_segments.py`): boundary values from the checks in ring.h, not coverage-guided.
 
 ## Faults found by this campaign, and fixed in the same change
 
