@@ -29,6 +29,8 @@ log = logging.getLogger("edgeinferd")
 
 STATE_RETRY_S = 10.0  # seconds between attempts to write an anti-rollback record that failed
 TRIM_DELAY_S = 3.0    # after a reload, when to return the old model's freed memory to the kernel
+SHRANK = ("the producer shrank its segment (ftruncate) while it was mapped: the fault was absorbed, nothing read "
+          "from the lost pages was published, and the stream waits for a whole segment under its name")
 
 
 class Stopped(Exception):
@@ -234,6 +236,9 @@ class Daemon:
     def _report_streams(self) -> None:
         """Logs each change of a stream's segment: refused (with the reason), attached."""
         for s in self.streams:
+            if s.reader.truncations != s.reported_truncations:  # a counter: the refusal text moves on too fast
+                s.reported_truncations = s.reader.truncations
+                log.warning("stream %s: %s (%d times so far)", s.name, SHRANK, s.reader.truncations)
             err = s.reader.last_error
             said = str(err) if err else None
             if said != s.reported_error:
@@ -264,12 +269,14 @@ class Daemon:
             "last_reload_error": self.last_reload_error,
             "state_write_failures": self.state_write_failures,
             "last_state_error": self.last_state_error,
+            "segment_truncations": ring.sigbus_absorbed(),
             "realtime_active": bool(e and e.realtime_active),
             "loop_alive": bool(e and e.alive),
             "loop_tid": e.native_tid if e else 0,
             "uptime_s": (now - self.started_ns) / 1e9,
             "streams": {s.name: {**s.stats.snapshot(now), "connected": s.reader.connected,
                                  "producer_alive": s.reader.producer_alive,
+                                 "truncations": s.reader.truncations,
                                  "refused": str(s.reader.last_error) if s.reader.last_error else None}
                         for s in self.streams},
         }

@@ -48,6 +48,7 @@ class Stream:
         self.geometry = (0, 0)  # (width, height) of the attached ring
         self.reported_error: str | None = None  # main thread: the refusal last logged
         self.reported_attach = 0                # main thread: the attach last logged
+        self.reported_truncations = 0           # main thread: shrunk segments already logged
 
 
 class Engine:
@@ -182,6 +183,16 @@ class Engine:
                                              f"{layout['height']} {fmt} frames: {e}"))
         return stream.session
 
+    @staticmethod
+    def _detach_if_truncated(s: Stream) -> None:
+        """Detaches a ring whose producer shrank it under our mapping (its lost pages read as zeros,
+        native/sigbus_guard.h); the reason is the stream's last_error, which the main thread logs."""
+        if s.reader.truncated:
+            try:
+                s.reader.refresh()
+            except ring.RingError as e:
+                s.reader.last_error = e
+
     def _serve(self, s: Stream) -> None:
         st = s.stats
         model = self.model  # one model for the whole frame, even if a reload swaps it meanwhile
@@ -189,6 +200,7 @@ class Engine:
             frame = s.reader.acquire_latest()
         except ring.CorruptFrame:
             st.torn += 1
+            self._detach_if_truncated(s)
             return
         if frame is None:
             return
@@ -228,6 +240,10 @@ class Engine:
             return
         self._run_started = 0
         frame.release()  # the slot goes back to the camera before we decode
+        if s.reader.truncated:  # the producer shrank the ring mid-run: ORT read zero pages, not its frame
+            st.torn += 1
+            self._detach_if_truncated(s)
+            return
         inferred = ring.monotonic_ns()
         payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
         done = ring.monotonic_ns()

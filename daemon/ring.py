@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import grp
-import os
 import time
 from typing import Iterator, Sequence
 
@@ -42,6 +41,7 @@ PIXEL_FORMATS = dict(_ring.PIXEL_FORMATS)
 PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
 MAX_WAIT = _ring.MAX_WAIT
 monotonic_ns = _ring.monotonic_ns
+sigbus_absorbed = _ring.sigbus_absorbed  # frame-ring pages read after their producer truncated them (process-wide)
 
 
 def frame_segment_name(stream: str) -> str:
@@ -152,6 +152,7 @@ class _Follower:
         self.shm_dir = shm_dir
         self.allowed_uids = tuple(allowed_uids) if allowed_uids is not None else None
         self.attach_count = 0
+        self.truncations = 0  # segments detached because their writer shrank them under our mapping
         self.last_error: RingError | None = None  # why the segment under the name was refused, if it was
         self._native = None
         self._last_refresh = 0.0
@@ -167,6 +168,9 @@ class _Follower:
 
     def _has_data(self) -> bool:
         raise NotImplementedError
+
+    def _ruined(self, native) -> bool:  # the mapped segment can no longer be trusted
+        return False
 
     def _require(self) -> None:
         if self._native is None:
@@ -188,6 +192,14 @@ class _Follower:
         """Reattaches if the segment under the name changed. True if it did."""
         now = time.monotonic()
         n = self._native
+        if n is not None and self._ruined(n):
+            self.truncations += 1
+            self._on_detach(n)
+            n.close()
+            self._native = None
+            raise TruncatedSegment(f"{self.name}: the producer shrank the segment while it was mapped; "
+                                   f"detached (what was read after that is dropped) until a whole segment "
+                                   f"stands under the name")
         if n is not None and not force and not (n.flags & (_ring.RING_CLOSED | _ring.RING_SUPERSEDED)) \
                 and now - self._last_refresh < self.refresh_interval:
             return False
@@ -309,6 +321,15 @@ class FrameReader(_Follower):
 
     def _has_data(self) -> bool:
         return self._native.has_frame()
+
+    def _ruined(self, native) -> bool:
+        return native.truncated
+
+    @property
+    def truncated(self) -> bool:
+        """The producer shrank the attached segment: frames read from it since are not its frames."""
+        n = self._native
+        return n is not None and n.truncated
 
     @property
     def layout(self) -> dict:

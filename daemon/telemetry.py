@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from edgeinfer import ring
 from edgeinfer._hist import STAGES, cumulative_at
 
 # Histogram buckets for 100 µs - 1 s (seconds).
@@ -81,6 +82,9 @@ class DaemonCollector:
         yield CounterMetricFamily("edgeinfer_state_write_failures",
                                   "Failed writes of the anti-rollback state (full or read-only state directory).",
                                   value=d.state_write_failures)
+        yield CounterMetricFamily("edgeinfer_segment_truncations",
+                                  "Reads of frame-ring pages a producer had truncated away (absorbed; the stream "
+                                  "was detached).", value=ring.sigbus_absorbed())
         if d.model is not None:
             info = GaugeMetricFamily("edgeinfer_model_info", "The model being served (value 1).",
                                      labels=["name", "version", "sha256"])

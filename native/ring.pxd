@@ -197,3 +197,12 @@ cdef extern from "edgeinfer/ring.h" nogil:
     int ei_result_reader_next(ei_result_reader *rd, ei_result_record_header *hdr_out, uint8_t *payload_out,
                               uint64_t payload_cap, uint64_t *missed_out)
     uint64_t EI_MAX_RECORD_NUMBER  # record numbers above it are corrupt (the seqlock word holds n << 1)
+
+
+# native/sigbus_guard.h: daemon-internal, not ABI. Absorbs SIGBUS from a frame
+# ring whose producer shrank it while mapped (see the header).
+cdef extern from "sigbus_guard.h" nogil:
+    int ei_guard_add(void *base, size_t size)  # entry index, or -1 with errno set
+    int ei_guard_hit(int idx)                  # 1 once the handler replaced pages of that mapping
+    void ei_guard_remove(int idx)              # before munmap
+    uint64_t ei_guard_hits()                   # faults absorbed, process-wide

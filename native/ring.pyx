@@ -8,6 +8,7 @@ can fault on a producer-written number, because ring.h bounds-checks them all.
 """
 from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset, strncpy
@@ -16,6 +17,8 @@ from posix.unistd cimport close
 from posix.stat cimport struct_stat, stat as c_stat
 
 from ring cimport *
+
+import os
 
 import numpy as np
 
@@ -106,9 +109,11 @@ cdef class _Mapping:
     cdef uint8_t *base   # owns: the mapping
     cdef size_t size     # bytes mapped
     cdef int fd          # owns: the segment fd, -1 once closed
+    cdef int guard       # owns: SIGBUS guard entry (sigbus_guard.h) of a consumer mapping, -1 if none
 
     def __dealloc__(self):
         if self.base != NULL:
+            ei_guard_remove(self.guard)  # before munmap: the range may be reused once unmapped
             munmap(self.base, self.size)
         if self.fd >= 0:
             close(self.fd)
@@ -125,6 +130,7 @@ cdef _Mapping _adopt(uint8_t *base, size_t size, int fd):
     m.base = base
     m.size = size
     m.fd = fd
+    m.guard = -1
     return m
 
 
@@ -211,6 +217,11 @@ cdef class _Uids:
 
     def __dealloc__(self):
         free(self.uids)
+
+
+def sigbus_absorbed():
+    """SIGBUS faults absorbed in this process: reads of frame-ring pages a producer truncated away."""
+    return ei_guard_hits()
 
 
 def monotonic_ns():
@@ -358,6 +369,11 @@ cdef class FrameConsumer:
         self.name = name
         self.identity = (m.dev, m.ino)
         self.mapping = _adopt(m.base, m.size, m.fd)
+        # The producer can shrink the file under us (named shm cannot be sealed): absorb the SIGBUS.
+        self.mapping.guard = ei_guard_add(m.base, m.size)
+        if self.mapping.guard < 0:
+            raise RingError(f"{name}: cannot guard the mapping against a producer shrinking it: "
+                            f"{os.strerror(errno)}")
         self.images, self.batches, self.flats = _slot_views(self.mapping, &self.c.layout, True)
         self.frame = Frame.__new__(Frame)
         self.frame.owner = self
@@ -396,6 +412,12 @@ cdef class FrameConsumer:
         """Marks the current flags as seen, so ready() stops reporting them."""
         self.c.seen_flags = self.c.hdr.flags
         return self.c.seen_flags
+
+    @property
+    def truncated(self):
+        """True once the producer shrank the segment under our mapping: the lost pages now read as
+        zeros (sigbus_guard.h), so nothing read from this ring since can be trusted."""
+        return ei_guard_hit(self.mapping.guard) != 0
 
     def producer_alive(self):
         """True while some process holds the producer lock of this segment."""

@@ -19,9 +19,9 @@ PROFILE = os.environ.get("EDGEINFER_RELIABILITY_PROFILE", "short")
 
 # How hard each fault is pushed. "short" runs inside `make test`; "long" on demand.
 _PROFILES = {
-    "short": dict(producer_kills=1000, daemon_kills=12, fuzz_segments=100_000, fuzz_native=1_000_000, fuzz_configs=3_000,
+    "short": dict(producer_kills=1000, producer_truncations=30, daemon_kills=12, fuzz_segments=100_000, fuzz_native=1_000_000, fuzz_configs=3_000,
                   fuzz_bundle_flips=300, load_seconds=12.0, soak_seconds=300.0, timestamp_frames=300),
-    "long": dict(producer_kills=5000, daemon_kills=60, fuzz_segments=1_000_000, fuzz_native=20_000_000, fuzz_configs=30_000,
+    "long": dict(producer_kills=5000, producer_truncations=300, daemon_kills=60, fuzz_segments=1_000_000, fuzz_native=20_000_000, fuzz_configs=30_000,
                  fuzz_bundle_flips=3000, load_seconds=120.0, soak_seconds=3600.0, timestamp_frames=3000),
 }
 if PROFILE not in _PROFILES:
@@ -129,13 +129,14 @@ NOTES = """\
 | a key given twice in YAML | the last value silently won | an error naming both lines |
 | segment refusals | only visible in the status | logged per stream, once per distinct reason |
 | RSS after reloads | +28 MiB over 4 reloads (glibc kept the freed pages; nothing leaked) | gc + malloc_trim 3 s after a swap: +2.5 MiB over the 5-min soak |
+| a producer shrinks its ring (ftruncate) while the daemon has it mapped | SIGBUS: the daemon, and every other camera with it, died | the fault is absorbed (zero pages mapped over the lost range, `native/sigbus_guard.h`), nothing read from them is published, the stream detaches with the reason and serves the next segment |
 
 ## Known limits (not covered by a passing row)
 
-- A producer that shrinks its own segment (ftruncate) after the daemon mapped it makes the daemon's
-  next read of that slot raise SIGBUS: a named POSIX shared-memory file cannot be sealed against
-  shrinking. Producers are trusted to the extent of the `edgeinfer` group; the fix is memfd segments
-  with F_SEAL_SHRINK passed over a Unix socket (an ABI change, not made in this issue).
+- A shrunk segment is survived, not prevented: named POSIX shared memory cannot be sealed, so the
+  daemon absorbs the SIGBUS and drops the stream until a whole segment stands under the name.
+  Prevention (memfd segments sealed with F_SEAL_SHRINK, passed over a Unix socket) would be an ABI
+  change. A result reader (an integrator's process) is not guarded: the daemon never shrinks its rings.
 - The memory limit is tested as an address-space limit (RLIMIT_AS) on the daemon process; a cgroup
   memory.max OOM kill is a SIGKILL, which the daemon-kill rows cover.
 - A producer outside the `edgeinfer` group is checked with real users only in the booted container

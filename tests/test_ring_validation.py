@@ -181,3 +181,76 @@ def test_fuzzed_headers_never_crash_the_reader(data, image):
                     assert f.payload_len <= r.layout["payload_capacity"]
     finally:
         r.close()
+
+
+# ------------------------------------------------------------------ a segment shrunk under the consumer
+# Named shared memory cannot be sealed, so a producer can ftruncate its ring while we have it mapped; a read of
+# a lost page is then a SIGBUS. These run in a child process: a failing guard must not take pytest with it.
+
+_SHRINK_CHILD = r"""
+import json, os, struct, sys
+from edgeinfer import ring
+name, path, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+r = ring.FrameReader.attach(name)
+os.truncate(path, size)
+if size:  # the header page is still there: publish a newer frame into a slot whose pages are gone
+    latest = struct.unpack("<Q", os.pread(os.open(path, os.O_RDONLY), 8, 128))[0]
+    os.pwrite(os.open(path, os.O_WRONLY), struct.pack("<Q", ((latest >> 8) + 1) << 8 | 1), 128)
+out = {"acquired": None, "refresh": None}
+try:
+    if r.wait(0.05):
+        out["acquired"] = repr(r.acquire_latest())
+except ring.CorruptFrame:
+    out["acquired"] = "CorruptFrame"
+except ring.TruncatedSegment as e:  # wait() looked at the name and found the ring ruined
+    out["refresh"] = str(e)
+if out["refresh"] is None:
+    try:
+        r.refresh()
+    except ring.TruncatedSegment as e:
+        out["refresh"] = str(e)
+out["truncations"], out["absorbed"] = r.truncations, ring.sigbus_absorbed()
+out["attached_after"] = r._native is not None
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("size", [0, 4096], ids=["to-zero", "to-header-page"])
+def test_segment_shrunk_under_the_consumer_is_absorbed_and_detached(shm_name, image, size):
+    import subprocess
+    import sys
+    write_segment(shm_name, image)
+    r = subprocess.run([sys.executable, "-c", _SHRINK_CHILD, shm_name, f"{SHM}/{shm_name}", str(size)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"the consumer died ({r.returncode}): {r.stderr[-2000:]}"
+    out = __import__("json").loads(r.stdout)
+    assert out["truncations"] == 1 and out["absorbed"] >= 1  # the fault happened, was absorbed and noticed
+    assert out["acquired"] in (None, "None", "CorruptFrame")  # nothing read from the lost pages is handed out
+    assert "shrank the segment while it was mapped" in out["refresh"] and not out["attached_after"]
+
+
+_OTHER_SIGBUS_CHILD = r"""
+import mmap, os, sys
+from edgeinfer import ring
+r = ring.FrameReader.attach(sys.argv[1])  # installs the guard
+if sys.argv[3] == "fault":  # a SIGBUS in memory the guard does not own: must kill as before
+    with open(sys.argv[2], "w+b") as f:
+        f.truncate(8192)
+        m = mmap.mmap(f.fileno(), 8192)
+        f.truncate(0)
+        m[4096]
+else:  # a SIGBUS sent, not a fault
+    os.kill(os.getpid(), 7)
+print("survived")
+"""
+
+
+@pytest.mark.parametrize("how", ["fault", "kill"])
+def test_a_sigbus_the_guard_does_not_own_still_kills(shm_name, image, tmp_path, how):
+    import signal
+    import subprocess
+    import sys
+    write_segment(shm_name, image)
+    r = subprocess.run([sys.executable, "-c", _OTHER_SIGBUS_CHILD, shm_name, str(tmp_path / "other"), how],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGBUS and "survived" not in r.stdout, (r.returncode, r.stderr[-1000:])

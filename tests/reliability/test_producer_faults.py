@@ -1,13 +1,18 @@
 """Producer faults against the real daemon: SIGKILL at random points (mostly
-mid-write), restarts with another geometry, garbage capture timestamps."""
+mid-write), restarts with another geometry, garbage capture timestamps, a
+segment shrunk (ftruncate) under the daemon's mapping."""
 from __future__ import annotations
 
+import collections
+import mmap
+import os
 import random
 import signal
+import struct
 import time
 
 from conftest import read_line
-from daemon_helpers import daemon_log, poll, stop_daemon, wait_for
+from daemon_helpers import daemon_log, poll, read_stats, stop_daemon, wait_for
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, slot_states, stream_of, stream_stats
 from reliability_matrix import COUNTS
 
@@ -149,3 +154,92 @@ def test_garbage_capture_timestamps(request, matrix, tmp_path, shm_name, childre
         offered_good - over <= s.get("processed", 0) + s.get("stale", 0) <= offered_good
     assert matrix.record(request, "producer", "capture timestamps zero, 10 s ahead, near 2^64, 2^63", offered_bad,
                          "counted as bad_timestamp; honest frames still served; nothing crashes", observed, passed)
+
+
+HEADER_SIZE = ring._ring.HEADER_SIZE
+LATEST_OFFSET = 128  # ring.h: offsetof(ei_frame_ring_header, latest)
+SHRANK = "the producer shrank its segment (ftruncate) while it was mapped"
+
+
+def _point_latest_past_the_end(path: str, slots: int) -> None:
+    """What a producer that truncated its ring to the header page can still do: publish. `latest` now names
+    a newer frame in a slot whose pages are gone, so the daemon's next read of it is past the end of file."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with mmap.mmap(fd, HEADER_SIZE) as header:
+            latest = struct.unpack_from("<Q", header, LATEST_OFFSET)[0]
+            seq = (latest >> 8) + 1
+            struct.pack_into("<Q", header, LATEST_OFFSET, seq << 8 | seq % slots)
+    finally:
+        os.close(fd)
+
+
+def test_producer_shrinks_its_segment_while_mapped(request, matrix, tmp_path, shm_name, children, c_producer,
+                                                   signing_key):
+    """Named shared memory cannot be sealed: a producer can ftruncate its ring
+    while the daemon has it mapped, and every later read of the lost pages is a
+    SIGBUS. Three ways, in turn: to 0 bytes; to the header page, then a publish
+    that points at a lost slot; to a random size while the producer keeps
+    writing (it dies of its own SIGBUS). The daemon must absorb the fault,
+    publish nothing read from the lost pages (the checksum model would show
+    it), detach with the reason, and serve the producer's next segment."""
+    trials = COUNTS["producer_truncations"]
+    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, shm_name)
+    stream = stream_of(shm_name)
+    path = f"/dev/shm/{shm_name}"
+    results = ring.ResultReader.watch(ring.result_segment_name(stream))
+    rng = random.Random(13)
+    kinds = collections.Counter()
+    said = served = checked = bad = 0
+    expected_said = 0
+    try:
+        for trial in range(trials + 1):  # the last round only checks the segment after the last shrink is served
+            if proc.poll() is not None:
+                break  # the daemon died (of SIGBUS, without the guard): the row says so
+            started = ring.monotonic_ns()
+            prod = children.spawn([c_producer, shm_name, str(W), str(H), "--fps", "200", "--slots", "4"])
+            assert read_line(prod).startswith("READY")
+            got = poll(lambda: [r for r in drain(results) if r.capture_ns >= started], 20)
+            served += bool(got)
+            checked += len(got or [])
+            bad += sum(not checksum_ok(r) for r in got or [])
+            if trial == trials:
+                prod.send_signal(signal.SIGTERM)
+                prod.wait(10)
+                break
+            kind = ("zero", "header", "running")[trial % 3]
+            kinds[kind] += 1
+            if kind == "running":  # the producer writes on into lost pages and dies of its own SIGBUS
+                os.truncate(path, rng.randrange(HEADER_SIZE + 1, os.stat(path).st_size))
+                poll(lambda: prod.poll() is not None, 3)
+            else:  # stopped (alive, holding the name) while its ring is shrunk
+                prod.send_signal(signal.SIGSTOP)
+                os.truncate(path, 0 if kind == "zero" else HEADER_SIZE)
+                if kind == "header":
+                    _point_latest_past_the_end(path, 4)
+                expected_said += 1
+                said += bool(poll(lambda: daemon_log(proc).count(SHRANK) >= expected_said, 10))
+            prod.kill()
+            prod.wait(10)
+            prod.stdout.close(), prod.stderr.close()
+            children.procs.remove(prod)
+        # (the stats file is rewritten every status interval: the last faults may be a moment away)
+        poll(lambda: read_stats(stats).get("segment_truncations", 0) >= expected_said, 5)
+        absorbed = read_stats(stats).get("segment_truncations", 0)
+        alive = http_status(proc.metrics_url + "/healthz") == 200
+        s = stream_stats(stats, stream)
+    finally:
+        results.close()
+    code = stop_daemon(proc) if proc.poll() is None else proc.returncode
+    log = daemon_log(proc)
+    observed = (f"shrunk to 0 bytes {kinds['zero']}, to the header page + a publish into lost pages "
+                f"{kinds['header']}, under a writing producer {kinds['running']}; daemon faults absorbed "
+                f"{absorbed}, 'shrank its segment' logged {log.count(SHRANK)} times (expected ≥ {expected_said}); "
+                f"daemon killed by SIGBUS: {code == -signal.SIGBUS}; torn {s.get('torn')}; {checked:,} results "
+                f"checked, {bad} read from lost pages or torn; next segment served {served}/{trials + 1}; "
+                f"healthy {alive}")
+    passed = (alive and served == trials + 1 and bad == 0 and said == expected_said and absorbed >= expected_said
+              and "Traceback" not in log)
+    assert matrix.record(request, "producer", "shrinks its segment (ftruncate) while the daemon has it mapped",
+                         trials, "no SIGBUS: the fault absorbed, nothing from the lost pages published, detached "
+                         "with the reason, the next segment served", observed, passed)
