@@ -120,7 +120,7 @@ def test_shipped_rules_and_dashboard_are_valid():
     promtool = require_tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(ROOT / "share/prometheus/edgeinfer-rules.yml")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "SUCCESS: 8 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 9 rules found" in r.stdout, r.stdout + r.stderr
     dash = json.loads((ROOT / "share/grafana/edgeinfer-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
     for metric in ("edgeinfer_e2e_latency_seconds_bucket", "edgeinfer_stage_duration_seconds_bucket",
