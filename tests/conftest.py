@@ -157,9 +157,12 @@ def pytest_terminal_summary(terminalreporter):
     if _MATRIX is None or not _MATRIX.rows:
         return
     from reliability_matrix import PROFILE
+    _MATRIX.note_failures(terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", []))
     terminalreporter.section(f"reliability matrix ({PROFILE} profile)")
     for line in _MATRIX.table():
         terminalreporter.write_line(line)
+    for name, why in _MATRIX.unrecorded:
+        terminalreporter.write_line(f"FAILED BEFORE RECORDING ITS ROW: {name}: {why}")
     out = os.environ.get("EDGEINFER_RELIABILITY_REPORT")
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

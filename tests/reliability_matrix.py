@@ -47,7 +47,18 @@ class Row:
 class Matrix:
     def __init__(self):
         self.rows: list[Row] = []
+        self.unrecorded: list[tuple[str, str]] = []  # (test, why): failed before recording its row
         self.started = time.time()
+
+    def note_failures(self, reports) -> None:
+        """Failed campaign tests that recorded no row (a timeout, an error in setup or before the record)."""
+        have = {r.test for r in self.rows}
+        for rep in reports:
+            name = rep.nodeid.rsplit("::", 1)[-1]
+            if ("tests/reliability/" in rep.nodeid or "test_system_nspawn" in rep.nodeid) and name not in have:
+                text = str(getattr(rep, "longreprtext", "") or "").strip().splitlines()
+                errors = [x[1:].strip() for x in text if x.startswith("E ")]  # pytest's "E   Failed: ..." lines
+                self.unrecorded.append((name, (errors[0] if errors else text[-1] if text else rep.outcome)[:200]))
 
     def record(self, request, area: str, fault: str, injected: int, expected: str, observed: str,
                passed: bool) -> bool:
@@ -75,12 +86,16 @@ class Matrix:
             "",
             f"- Profile: **{PROFILE}** (`make reliability PROFILE={PROFILE}`); `make test` runs the short profile.",
             f"- Run: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, {took / 60:.1f} min, "
-            f"{passed} of {len(self.rows)} rows passed.",
+            f"{passed} of {len(self.rows)} rows passed"
+            + (f"; **{len(self.unrecorded)} tests failed before recording their row** (below the table)."
+               if self.unrecorded else "."),
             f"- Machine: {os.cpu_count()} CPUs ({cpu}), kernel {platform.release()}, Python "
             f"{platform.python_version()}.",
             "",
         ]
-        return "\n".join(head + self.table() + ["", NOTES])
+        failed = ["", "Tests that failed before recording their row:", ""] + \
+            [f"- `{name}`: {why}" for name, why in self.unrecorded] if self.unrecorded else []
+        return "\n".join(head + self.table() + failed + ["", NOTES])
 
 
 def _cpu_model() -> str:

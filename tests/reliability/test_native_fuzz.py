@@ -14,6 +14,8 @@ import struct
 import subprocess
 import tempfile
 
+import pytest
+
 from conftest import ROOT, require_tool
 from fuzz_segments import templates
 from reliability_matrix import COUNTS
@@ -67,6 +69,8 @@ def _coverage(clang: str, work: str, corpus: str) -> dict[str, tuple[float, floa
     return found
 
 
+# ~34,000 inputs/s here; allow for a machine three times slower, plus the builds and the coverage replay.
+@pytest.mark.timeout(max(600, COUNTS["fuzz_native"] / 10_000 + 300))
 def test_native_ring_readers_under_coverage_guided_fuzzing(request, matrix, tmp_path):
     clang = require_tool("clang")
     n = COUNTS["fuzz_native"]

@@ -11,6 +11,8 @@ import signal
 import struct
 import time
 
+import pytest
+
 from conftest import read_line
 from daemon_helpers import daemon_log, poll, read_stats, stop_daemon, wait_for
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, slot_states, stream_of, stream_stats
@@ -21,6 +23,7 @@ from edgeinfer import ring
 W, H = 64, 48
 
 
+@pytest.mark.timeout(max(600, COUNTS["producer_kills"] * 0.3 + 300))  # long profile: 5,000 kills
 def test_producer_sigkilled_at_random_points(request, matrix, tmp_path, shm_name, children, c_producer,
                                              signing_key):
     """The C producer, writing slowly row by row, is SIGKILLed after a random
