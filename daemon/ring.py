@@ -482,12 +482,22 @@ class ResultReader(_Follower):
     @classmethod
     def watch(cls, name: str, *, from_oldest: bool = False, shm_dir: str = SHM_DIR,
               allowed_uids: Sequence[int] | None = None) -> "ResultReader":
-        """A reader that attaches when the ring appears (read() looks for it)."""
-        return cls(name, shm_dir, allowed_uids, from_oldest)
+        """A reader of every record written from now on: attached now if the ring is there, else when it
+        appears (read() looks for it), and then from its start, since all of it is newer than this call."""
+        r = cls(name, shm_dir, allowed_uids, from_oldest)
+        try:
+            r._attach_now()
+        except RingError as e:  # absent, or not acceptable yet: read() keeps looking
+            r.last_error = None if isinstance(e, SegmentNotFound) else e
+            r._watched_before_ring = True
+        return r
+
+    _watched_before_ring = False  # watch() found no ring: the first one attached holds nothing we saw
 
     def _open(self):
-        # After the first attach, a new segment is read from its start: nothing in it was seen.
-        oldest = self.from_oldest or self.attach_count > 0
+        # After the first attach (or a watch() that came before the ring), a new segment is read from its
+        # start: nothing in it was seen.
+        oldest = self.from_oldest or self.attach_count > 0 or self._watched_before_ring
         return _ring.ResultConsumer(self.shm_dir, self.name, self.allowed_uids, oldest)
 
     def _on_detach(self, old) -> None:

@@ -334,3 +334,20 @@ def test_waiting_releases_the_gil(shm_name):
             t.join()
         # With the GIL held for 0.3 s the other thread could not count at all.
         assert during > 1000
+
+
+@pytest.mark.parametrize("ring_first", [True, False], ids=["ring-then-watch", "watch-then-ring"])
+def test_watch_sees_every_record_written_after_it(shm_name, ring_first):
+    """watch() promises the records written from then on, also those written before the first read()
+    (an integrator starts the camera between the two) and those in a ring that appeared after watch()."""
+    writer = ring.ResultWriter.create(shm_name, 64, records=8) if ring_first else None
+    reader = ring.ResultReader.watch(shm_name)
+    try:
+        writer = writer or ring.ResultWriter.create(shm_name, 64, records=8)
+        for i in (1, 2):
+            writer.write(frame_seq=i, frame_id=i, capture_ns=i, payload=b"r")
+        got = [reader.read(2.0), reader.read(2.0)]
+        assert [r.frame_id for r in got if r is not None] == [1, 2]
+    finally:
+        reader.close()
+        writer.close()
