@@ -2,8 +2,12 @@
 naming the segment; a fuzz of header fields never crashes the reader."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -217,13 +221,11 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("size", [0, 4096], ids=["to-zero", "to-header-page"])
 def test_segment_shrunk_under_the_consumer_is_absorbed_and_detached(shm_name, image, size):
-    import subprocess
-    import sys
     write_segment(shm_name, image)
     r = subprocess.run([sys.executable, "-c", _SHRINK_CHILD, shm_name, f"{SHM}/{shm_name}", str(size)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"the consumer died ({r.returncode}): {r.stderr[-2000:]}"
-    out = __import__("json").loads(r.stdout)
+    out = json.loads(r.stdout)
     assert out["truncations"] == 1 and out["absorbed"] >= 1  # the fault happened, was absorbed and noticed
     assert out["acquired"] in (None, "None", "CorruptFrame")  # nothing read from the lost pages is handed out
     assert "shrank the segment while it was mapped" in out["refresh"] and not out["attached_after"]
@@ -247,9 +249,6 @@ print("survived")
 
 @pytest.mark.parametrize("how", ["fault", "kill"])
 def test_a_sigbus_the_guard_does_not_own_still_kills(shm_name, image, tmp_path, how):
-    import signal
-    import subprocess
-    import sys
     write_segment(shm_name, image)
     r = subprocess.run([sys.executable, "-c", _OTHER_SIGBUS_CHILD, shm_name, str(tmp_path / "other"), how],
                        capture_output=True, text=True, timeout=60)
