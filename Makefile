@@ -58,7 +58,7 @@ test: native models deb
 
 # The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
 # in tests/reliability plus the container's fault checks (so the .deb first).
-# PROFILE=short (~12 min, what make test runs) or PROFILE=long (~105 min, 1 h soak).
+# PROFILE=short (~12 min, what make test runs) or PROFILE=long (~95 min, 1 h soak).
 PROFILE ?= short
 reliability: native models deb
 	EDGEINFER_RELIABILITY_PROFILE=$(PROFILE) EDGEINFER_RELIABILITY_REPORT=docs/reliability.md \

@@ -114,7 +114,7 @@ NOTES = """\
 
 - `make reliability` runs the short profile (about 10 minutes on 2 vCPUs after the package build) and
   rewrites this file; `make reliability PROFILE=long` pushes every fault harder (5,000 producer kills,
-  60 daemon kills, 1,000,000 fuzzed segments, 20,000,000 libFuzzer inputs, 2-minute load levels, a 1 h soak: about 105 minutes).
+  60 daemon kills, 1,000,000 fuzzed segments, 20,000,000 libFuzzer inputs, 2-minute load levels, a 1 h soak: about 95 minutes).
 - Every row is one test in `tests/reliability/` (the container rows: `tests/test_system_nspawn.py`);
   the test asserts the row's expectation, so a **FAIL** row is also a failed test in `make test`.
 - Counts are exact (from the daemon's own counters, compared with what the test offered); timings are
