@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgeinfer import ring
+from ring_helpers import LATEST_OFFSET
 
 SHM = "/dev/shm"
 # Offsets of the immutable frame-ring header fields (ring.h, docs/abi.md).
@@ -23,7 +24,6 @@ FIELDS = {  # name: (offset, struct format)
     "width": (48, "<I"), "height": (52, "<I"), "channels": (56, "<I"), "pixel_format": (60, "<I"),
     "row_stride": (64, "<I"),
 }
-LATEST_OFFSET = 128
 
 
 def valid_image(name: str, width=16, height=8, slots=3) -> bytes:
@@ -192,14 +192,15 @@ def test_fuzzed_headers_never_crash_the_reader(data, image):
 # a lost page is then a SIGBUS. These run in a child process: a failing guard must not take pytest with it.
 
 _SHRINK_CHILD = r"""
-import json, os, struct, sys
+import json, os, sys
 from edgeinfer import ring
 name, path, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])
+from ring_helpers import publish_into_slot
 r = ring.FrameReader.attach(name)
 os.truncate(path, size)
 if size:  # the header page is still there: publish a newer frame into a slot whose pages are gone
-    latest = struct.unpack("<Q", os.pread(os.open(path, os.O_RDONLY), 8, 128))[0]
-    os.pwrite(os.open(path, os.O_WRONLY), struct.pack("<Q", ((latest >> 8) + 1) << 8 | 1), 128)
+    publish_into_slot(path, 1)
 out = {"acquired": None, "refresh": None}
 try:
     if r.wait(0.05):
@@ -222,7 +223,8 @@ print(json.dumps(out))
 @pytest.mark.parametrize("size", [0, 4096], ids=["to-zero", "to-header-page"])
 def test_segment_shrunk_under_the_consumer_is_absorbed_and_detached(shm_name, image, size):
     write_segment(shm_name, image)
-    r = subprocess.run([sys.executable, "-c", _SHRINK_CHILD, shm_name, f"{SHM}/{shm_name}", str(size)],
+    r = subprocess.run([sys.executable, "-c", _SHRINK_CHILD, shm_name, f"{SHM}/{shm_name}", str(size),
+                        os.path.dirname(os.path.abspath(__file__))],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"the consumer died ({r.returncode}): {r.stderr[-2000:]}"
     out = json.loads(r.stdout)

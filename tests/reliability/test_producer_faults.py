@@ -4,17 +4,16 @@ segment shrunk (ftruncate) under the daemon's mapping."""
 from __future__ import annotations
 
 import collections
-import mmap
 import os
 import random
 import signal
-import struct
 import time
 
 import pytest
 
 from conftest import read_line
 from daemon_helpers import daemon_log, poll, read_stats, stop_daemon, wait_for
+from ring_helpers import publish_into_slot
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status, slot_states, stream_of, stream_stats
 from reliability_matrix import COUNTS
 
@@ -160,21 +159,7 @@ def test_garbage_capture_timestamps(request, matrix, tmp_path, shm_name, childre
 
 
 HEADER_SIZE = ring._ring.HEADER_SIZE
-LATEST_OFFSET = 128  # ring.h: offsetof(ei_frame_ring_header, latest)
 SHRANK = "the producer shrank its segment (ftruncate) while it was mapped"
-
-
-def _point_latest_past_the_end(path: str, slots: int) -> None:
-    """What a producer that truncated its ring to the header page can still do: publish. `latest` now names
-    a newer frame in a slot whose pages are gone, so the daemon's next read of it is past the end of file."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        with mmap.mmap(fd, HEADER_SIZE) as header:
-            latest = struct.unpack_from("<Q", header, LATEST_OFFSET)[0]
-            seq = (latest >> 8) + 1
-            struct.pack_into("<Q", header, LATEST_OFFSET, seq << 8 | seq % slots)
-    finally:
-        os.close(fd)
 
 
 def test_producer_shrinks_its_segment_while_mapped(request, matrix, tmp_path, shm_name, children, c_producer,
@@ -219,7 +204,7 @@ def test_producer_shrinks_its_segment_while_mapped(request, matrix, tmp_path, sh
                 prod.send_signal(signal.SIGSTOP)
                 os.truncate(path, 0 if kind == "zero" else HEADER_SIZE)
                 if kind == "header":
-                    _point_latest_past_the_end(path, 4)
+                    publish_into_slot(path, 1)  # every slot's pages are gone
                 expected_said += 1
                 said += bool(poll(lambda: daemon_log(proc).count(SHRANK) >= expected_said, 10))
             prod.kill()
