@@ -1,68 +1,71 @@
-"""Shared-memory frame and result rings: the Python face of native/include/edgeinfer/ring.h.
+"""Rings and their handover: the Python face of native/include/edgeinfer/ring.h (ABI 2).
 
-Producers:  FrameWriter.create(name, width, height) → begin() → fill the view → publish().
-The daemon: FrameReader.attach(name) / FrameReader.watch(name) → wait() → acquire_latest()
-            (a zero-copy, read-only view of the newest complete frame, held until release).
-Results:    ResultWriter.create(name, payload_capacity) → write(...);
-            ResultReader.attach(name) → read() / follow().
+Cameras:   FrameWriter.connect(stream, width, height) → begin() → fill the view → publish().
+           The ring is a sealed memfd handed to edgeinferd over its ingress socket; the
+           connection is the liveness, and it is re-established by itself (with backoff)
+           whenever the daemon comes back.
+Readers:   ResultReader.connect(stream) / ResultReader.watch(stream) → read() / follow().
+           The daemon hands over the stream's result ring (read-only for everyone but it).
+The daemon: FrameReader(fd) from a received ring, ResultWriter.create(...), WaitSet.
 
-Readers follow a name, not a file: when a producer restarts (new segment, new
-generation) or the daemon recreates a result ring, the same reader object
-reattaches by itself. This is the only module that imports the native core.
+This is the only module that imports the native core.
 """
 from __future__ import annotations
 
 import dataclasses
-import grp
+import os
 import time
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
 from edgeinfer import _ring
 from edgeinfer._ring import (  # noqa: F401  (re-exported: the error types are part of the API)
     AbiMismatch,
+    AccessDenied,
+    BadArgument,
     BadGeometry,
     BadMagic,
-    ConsumerBusy,
+    ConnectionClosed,
     CorruptFrame,
-    InsecureSegment,
-    ProducerBusy,
+    CorruptRing,
+    DaemonUnavailable,
+    Doorbell,
+    Frame,
+    HandshakeTimeout,
+    InsecureRing,
+    NoSpaceForRing,
+    ProtocolError,
+    Refused,
     RingError,
     RingStateError,
-    SegmentNotFound,
-    ShmFull,
-    TruncatedSegment,
-    UntrustedOwner,
+    StreamBusy,
+    TruncatedRing,
+    TryAgain,
+    WaitSet,
 )
 
-SHM_DIR = "/dev/shm"
+INGRESS_SOCKET = _ring.INGRESS_SOCKET
+RESULTS_SOCKET = _ring.RESULTS_SOCKET
 PIXEL_FORMATS = dict(_ring.PIXEL_FORMATS)
 PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
 MAX_WAIT = _ring.MAX_WAIT
+STREAM_NAME_MAX = _ring.STREAM_NAME_MAX
+STATUS = dict(_ring.STATUS)
+ROLE_PRODUCER, ROLE_READER = _ring.ROLE_PRODUCER, _ring.ROLE_READER
+TAKE_SHORT, TAKE_CORRUPT = _ring.TAKE_SHORT, _ring.TAKE_CORRUPT
 monotonic_ns = _ring.monotonic_ns
-sigbus_absorbed = _ring.sigbus_absorbed  # frame-ring pages read after their producer truncated them (process-wide)
+sigbus_absorbed = _ring.sigbus_absorbed  # defence in depth: a sealed ring cannot shrink, so this stays 0
+stream_name_ok = _ring.stream_name_ok
+error_for = _ring.error_for
+recv_hello, send_reply, peer_cred, sock_alive = _ring.recv_hello, _ring.send_reply, _ring.peer_cred, _ring.sock_alive
 
 
-def frame_segment_name(stream: str) -> str:
-    """The frame ring of a camera stream, as its producer creates it."""
-    return f"edgeinfer.{stream}"
-
-
-def result_segment_name(stream: str) -> str:
-    """The result ring the daemon creates for a stream."""
-    return f"edgeinfer.{stream}.results"
-
-
-def _gid(group: str | int | None) -> int:
-    if group is None:
-        return -1
-    if isinstance(group, int):
-        return group
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise ValueError(f"no such group: {group!r}") from None
+def transient(error: BaseException) -> bool:
+    """A failure that passes by itself (no daemon yet, the stream's previous producer not gone yet, a
+    busy daemon): retry. Anything else needs someone to change the configuration or the client."""
+    return isinstance(error, (DaemonUnavailable, StreamBusy, TryAgain, ConnectionClosed, HandshakeTimeout)) or \
+        type(error) is OSError
 
 
 def _pixel_format(pixel_format: str | int) -> int:
@@ -78,34 +81,68 @@ def _pixel_format(pixel_format: str | int) -> int:
 
 
 class FrameWriter:
-    """A camera's end of a frame ring. Never blocks on the consumer."""
+    """A camera's end of a frame ring. Never blocks on the daemon."""
 
-    def __init__(self, producer: _ring.FrameProducer):
+    def __init__(self, producer: _ring.FrameProducer, stream: str | None = None):
         self._p = producer
+        self.stream = stream
         self._frame_id = 0
-        layout = producer.layout
-        self._frame_bytes = layout["row_stride"] * layout["height"]
+        self._frame_bytes = producer.layout["frame_bytes"]
 
     @classmethod
-    def create(cls, name: str, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
-               row_stride: int = 0, mode: int = 0o660, group: str | int | None = None,
-               shm_dir: str = SHM_DIR) -> "FrameWriter":
-        """Creates `name` in shm_dir; replaces a segment whose producer died (its
-        readers reattach), refuses one whose producer is alive (ProducerBusy)."""
-        return cls(_ring.FrameProducer(shm_dir, name, width, height, _pixel_format(pixel_format), row_stride,
-                                       slots, mode, _gid(group)))
+    def create(cls, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
+               row_stride: int = 0, label: str = "edgeinfer-frames") -> "FrameWriter":
+        """A ring of its own, handed to nobody yet (`fd`): for in-process use and tests."""
+        return cls(_ring.FrameProducer(label, width, height, _pixel_format(pixel_format), row_stride, slots))
+
+    @classmethod
+    def connect(cls, stream: str, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
+                row_stride: int = 0, socket: str = INGRESS_SOCKET, wait: float = 10.0) -> "FrameWriter":
+        """Creates the ring and hands it to the daemon as `stream`, waiting up to `wait` seconds for
+        the daemon to accept it. A refusal that will not pass by itself (this process may not produce
+        the stream, a geometry the model cannot serve) is raised; no daemon yet is not: the writer
+        publishes anyway and connects when the daemon comes (see `connection`)."""
+        if not stream_name_ok(stream):
+            raise BadArgument(f"invalid stream name {stream!r}: 1-{STREAM_NAME_MAX} of letters, digits, '_' or "
+                              f"'-', starting with a letter or digit")
+        w = cls.create(width, height, pixel_format, slots=slots, row_stride=row_stride,
+                       label=f"edgeinfer-frames:{stream}")
+        w.stream = stream
+        try:
+            w._p.connect(socket, stream)
+            if wait > 0:
+                try:
+                    w._p.wait_connected(wait)
+                except RingError as e:
+                    if not transient(e):
+                        raise
+        except BaseException:
+            w.close()
+            raise
+        return w
 
     @property
-    def name(self) -> str:
-        return self._p.name
+    def fd(self) -> int:
+        """The ring's sealed memfd (the writer's own: dup it to keep it)."""
+        return self._p.fd
 
     @property
     def layout(self) -> dict:
         return self._p.layout
 
     @property
-    def generation(self) -> int:
-        return self._p.generation
+    def connection(self) -> dict:
+        """The connection to the daemon: state (disconnected | handshake | connected), last_error (the
+        daemon's words for the last refusal, or why the last attempt failed), accepted, attempts."""
+        return self._p.connection
+
+    @property
+    def connected(self) -> bool:
+        return self._p.connection["state"] == "connected"
+
+    def step(self) -> str:
+        """Advances the connection by whatever is due (publish() does it too); never blocks."""
+        return self._p.step()
 
     def begin(self) -> np.ndarray:
         """A writable (height, width, channels) uint8 view of a free slot."""
@@ -118,7 +155,8 @@ class FrameWriter:
     def publish(self, capture_ns: int | None = None, frame_id: int | None = None, *,
                 realtime_ns: int | None = None, length: int | None = None) -> int:
         """Publishes the slot from begin(); returns the frame's sequence number.
-        capture_ns is CLOCK_MONOTONIC (default: now); frame_id defaults to a counter."""
+        capture_ns is CLOCK_MONOTONIC (default: now); frame_id defaults to a counter;
+        length (bytes written) defaults to the whole frame: less is refused as short."""
         if frame_id is None:
             self._frame_id += 1
             frame_id = self._frame_id
@@ -126,9 +164,9 @@ class FrameWriter:
                                time.time_ns() if realtime_ns is None else realtime_ns, frame_id,
                                self._frame_bytes if length is None else length)
 
-    def close(self, unlink: bool = True) -> None:
-        """Tells readers the stream ended and removes the name."""
-        self._p.close(unlink)
+    def close(self) -> None:
+        """Tells the daemon the stream ended (the ring is marked closed) and drops the connection."""
+        self._p.close()
 
     def __enter__(self) -> "FrameWriter":
         return self
@@ -137,99 +175,80 @@ class FrameWriter:
         self.close()
 
 
-# ------------------------------------------------------------------ following a name
+# ------------------------------------------------------------------ the daemon's side of a frame ring
 
 
-class _Follower:
-    """Keeps one reader attached to whatever segment currently stands under a
-    name: reattaches when the writer marks it superseded or closed, or when the
-    name points at another file, and tolerates the name being absent."""
+class FrameReader:
+    """The consumer of one frame ring, from the fd its producer handed over.
+    The fd is checked before anything is mapped: a sealed memfd (it can never
+    shrink), of exactly the size its header declares, open read-write."""
 
-    refresh_interval = 0.1  # seconds between checks of the name when nothing happens
-
-    def __init__(self, name: str, shm_dir: str, allowed_uids: Sequence[int] | None):
+    def __init__(self, fd: int, name: str = "frame ring", max_size: int = 1 << 40):
+        self._c = _ring.FrameConsumer(fd, name, max_size)
         self.name = name
-        self.shm_dir = shm_dir
-        self.allowed_uids = tuple(allowed_uids) if allowed_uids is not None else None
-        self.attach_count = 0
-        self.truncations = 0  # segments detached because their writer shrank them under our mapping
-        self.last_error: RingError | None = None  # why the segment under the name was refused, if it was
-        self._native = None
-        self._last_refresh = 0.0
-
-    def _open(self):  # -> native consumer
-        raise NotImplementedError
-
-    def _on_attach(self) -> None:
-        pass
-
-    def _on_detach(self, old) -> None:
-        pass
-
-    def _has_data(self) -> bool:
-        raise NotImplementedError
-
-    def _ruined(self, native) -> bool:  # the mapped segment can no longer be trusted
-        return False
-
-    def _require(self) -> None:
-        if self._native is None:
-            raise SegmentNotFound(2, f"{self.name}: not attached (no such segment in {self.shm_dir})")
+        self.frames_acquired = 0
+        self.frames_skipped = 0  # published frames never taken (newest frame wins)
 
     @property
-    def generation(self) -> int:
-        """Generation of the attached segment: 1 + that of the segment it replaced."""
-        self._require()
-        return self._native.generation
+    def native(self) -> _ring.FrameConsumer:
+        return self._c
 
     @property
-    def connected(self) -> bool:
-        """Attached to a segment that its writer has not closed or replaced."""
-        n = self._native
-        return n is not None and not (n.flags & (_ring.RING_CLOSED | _ring.RING_SUPERSEDED))
+    def layout(self) -> dict:
+        return self._c.layout
 
-    def refresh(self, force: bool = False) -> bool:
-        """Reattaches if the segment under the name changed. True if it did."""
-        now = time.monotonic()
-        n = self._native
-        if n is not None and self._ruined(n):
-            self.truncations += 1
-            self._on_detach(n)
-            n.close()
-            self._native = None
-            raise TruncatedSegment(f"{self.name}: the producer shrank the segment while it was mapped; "
-                                   f"detached (what was read after that is dropped) until a whole segment "
-                                   f"stands under the name")
-        if n is not None and not force and not (n.flags & (_ring.RING_CLOSED | _ring.RING_SUPERSEDED)) \
-                and now - self._last_refresh < self.refresh_interval:
-            return False
-        self._last_refresh = now
-        ident = _ring.identity_of(self.shm_dir, self.name)
-        if ident is None or (n is not None and ident == n.identity):
-            if n is not None:
-                n.acknowledge_flags()
-            return False
-        new = self._open()  # errors here (bad segment, busy) are the caller's to see
-        if n is not None:
-            self._on_detach(n)
-            n.close()
-        self._native = new
-        self.attach_count += 1
-        self._on_attach()
-        return True
+    @property
+    def fd(self) -> int:
+        return self._c.fd
 
-    def _attach_now(self) -> None:
-        self._native = self._open()
-        self.attach_count = 1
-        self._last_refresh = time.monotonic()
-        self._on_attach()
+    @property
+    def closed(self) -> bool:
+        """The producer closed the ring cleanly."""
+        return self._c.closed
+
+    @property
+    def truncated(self) -> bool:
+        return self._c.truncated
+
+    @property
+    def counters(self) -> dict:
+        return self._c.counters
+
+    @property
+    def status(self) -> int:
+        """Why the last take() returned None: 0 nothing new, TAKE_SHORT, TAKE_CORRUPT."""
+        return self._c.status
+
+    def wait(self, timeout: float, spin: float = 0.0) -> bool:
+        """True when a frame not taken yet is there (GIL released while asleep)."""
+        c = self._c
+        return c.has_frame() or bool(_waitset.wait((c,), timeout, spin)) and c.has_frame()
+
+    def take(self) -> Frame | None:
+        """Holds the newest complete frame if `latest` changed; None otherwise (see status)."""
+        f = self._c.take()
+        if f is not None:
+            self.frames_skipped += f.skipped
+            self.frames_acquired += 1
+        return f
+
+    acquire_latest = take
+
+    def next_frame(self, timeout: float, spin: float = 0.0) -> Frame | None:
+        """wait() then take(): the newest frame not taken yet, or None after `timeout`."""
+        return self.take() if self.wait(timeout, spin) else None
+
+    def slot_address(self, slot: int) -> int:
+        """Address of a slot's payload in our mapping (for zero-copy checks)."""
+        return self._c.slot_address(slot)
+
+    def slot_state(self, slot: int) -> tuple[int, int]:
+        return self._c.slot_state(slot)
 
     def close(self) -> None:
-        if self._native is not None:
-            self._native.close()
-            self._native = None
+        self._c.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "FrameReader":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -239,164 +258,14 @@ class _Follower:
 _waitset = _ring.WaitSet()
 
 
-def _wait(followers: Sequence[_Follower], timeout: float, spin: float) -> list:
-    """Waits until some follower has something to read; handles reattachment."""
-    deadline = time.monotonic() + max(timeout, 0.0)
-    while True:
-        for f in followers:
-            try:
-                f.refresh()  # cheap unless flagged, unattached, or refresh_interval has passed
-                f.last_error = None
-            except (RingError, OSError) as e:
-                f.last_error = e  # a bad, busy or unreadable segment under the name: wait for a good one
-        attached = [f for f in followers if f._native is not None]
-        ready = [f for f in attached if f._has_data()]
-        if ready:
-            return ready
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return []
-        # A name with no live segment has no doorbell: wake up to look for it.
-        if len(attached) < len(followers) or not all(f.connected for f in attached):
-            remaining = min(remaining, _Follower.refresh_interval)
-        if attached:
-            _waitset.wait([f._native for f in attached], remaining, spin)
-        else:
-            time.sleep(remaining)
-
-
-def wait_any(readers: Sequence["FrameReader | ResultReader"], timeout: float, spin: float = 0.0) -> list:
+def wait_any(readers, timeout: float, spin: float = 0.0) -> list:
     """Sleeps on many rings at once (futex_waitv; per-ring timed waits where the
     kernel lacks it), after spinning up to `spin` seconds. Returns the readers
     with something new, [] on timeout. At most MAX_WAIT readers."""
     if len(readers) > MAX_WAIT:
         raise ValueError(f"wait_any takes at most {MAX_WAIT} readers, got {len(readers)}")
-    natives = [f._native for f in readers]
-    if None not in natives and not any(n.flags for n in natives):
-        # Fast path: every name attached to a live ring; one native wait, no name checks.
-        ready = [f for f in readers if f._has_data()]
-        if ready:
-            return ready
-        if _waitset.wait(natives, timeout, spin):
-            ready = [f for f in readers if f._has_data()]
-            if ready:
-                return ready
-        timeout = 0.0  # timed out or a flag changed: the general path looks at the names once
-    return _wait(readers, timeout, spin)
-
-
-# ------------------------------------------------------------------ frames
-
-
-Frame = _ring.Frame  # the held frame: zero-copy, read-only view + metadata (see native/ring.pyx)
-
-
-class FrameReader(_Follower):
-    """The consumer of one frame ring (one per ring; a second gets ConsumerBusy)."""
-
-    def __init__(self, name: str, shm_dir: str = SHM_DIR, allowed_uids: Sequence[int] | None = None):
-        super().__init__(name, shm_dir, allowed_uids)
-        self.frames_acquired = 0
-        self.frames_skipped = 0  # published frames never acquired (newest frame wins)
-
-    @classmethod
-    def attach(cls, name: str, *, shm_dir: str = SHM_DIR, allowed_uids: Sequence[int] | None = None) -> "FrameReader":
-        """Attaches now; raises SegmentNotFound and the validation errors."""
-        r = cls(name, shm_dir, allowed_uids)
-        r._attach_now()
-        return r
-
-    @classmethod
-    def watch(cls, name: str, *, shm_dir: str = SHM_DIR, allowed_uids: Sequence[int] | None = None) -> "FrameReader":
-        """A reader that attaches when the segment appears (wait() looks for it)."""
-        r = cls(name, shm_dir, allowed_uids)
-        try:
-            r._attach_now()
-        except RingError as e:  # absent, or not acceptable yet: wait() keeps looking
-            r.last_error = None if isinstance(e, SegmentNotFound) else e
-        return r
-
-    def _open(self):
-        return _ring.FrameConsumer(self.shm_dir, self.name, self.allowed_uids)
-
-    def _has_data(self) -> bool:
-        return self._native.has_frame()
-
-    def _ruined(self, native) -> bool:
-        return native.truncated
-
-    @property
-    def truncated(self) -> bool:
-        """The producer shrank the attached segment: frames read from it since are not its frames."""
-        n = self._native
-        return n is not None and n.truncated
-
-    @property
-    def layout(self) -> dict:
-        self._require()
-        return self._native.layout
-
-    @property
-    def producer_alive(self) -> bool:
-        return self._native is not None and self._native.producer_alive()
-
-    @property
-    def counters(self) -> dict:
-        self._require()
-        return self._native.counters
-
-    def wait(self, timeout: float, spin: float = 0.0) -> bool:
-        """True when a frame newer than the last acquired is there (GIL released while asleep)."""
-        n = self._native
-        if n is not None and not n.flags:  # fast path: attached to a live ring
-            if n.has_frame() or (_waitset.wait((n,), timeout, spin) and n.has_frame()):
-                return True
-            if not n.flags:
-                self.refresh()  # timed out: has the name moved on without telling us?
-                return self._native is not n and self._native.has_frame()
-            timeout = 0.0  # woken by a flag change: the general path reattaches
-        return bool(_wait((self,), timeout, spin))
-
-    def acquire_latest(self) -> Frame | None:
-        """Holds the newest complete frame if newer than the last one; None otherwise."""
-        n = self._native
-        if n is None:
-            return None
-        f = n.acquire()  # RingStateError if a frame of this segment is still held
-        if f is not None:
-            self.frames_skipped += f.skipped
-            self.frames_acquired += 1
-        return f
-
-    def next_frame(self, timeout: float, spin: float = 0.0) -> Frame | None:
-        """wait() then acquire_latest() with one native call on the hot path:
-        the newest frame newer than the last one, or None after `timeout`."""
-        n = self._native
-        if n is not None and not n.flags:
-            f = n.wait_acquire(timeout, spin)
-            if f is not None:
-                self.frames_skipped += f.skipped
-                self.frames_acquired += 1
-                return f
-            if not n.flags:
-                self.refresh()
-                return self.acquire_latest() if self._native is not n else None
-            timeout = 0.0
-        return self.acquire_latest() if self.wait(timeout, spin) else None
-
-    def peek_capture_ns(self) -> int:
-        """Capture time of the newest published frame without claiming it; 0 if none."""
-        n = self._native
-        return n.peek_capture_ns() if n is not None else 0
-
-    def slot_address(self, slot: int) -> int:
-        """Address of a slot's payload in our mapping (for zero-copy checks)."""
-        self._require()
-        return self._native.slot_address(slot)
-
-    def slot_state(self, slot: int) -> tuple[int, int]:
-        self._require()
-        return self._native.slot_state(slot)
+    mask = _waitset.wait([r.native for r in readers], timeout, spin)
+    return [r for i, r in enumerate(readers) if mask >> i & 1]
 
 
 # ------------------------------------------------------------------ results
@@ -425,23 +294,29 @@ class ResultRecord:
 
 
 class ResultWriter:
-    """The daemon's end of a result ring (one writer)."""
+    """The daemon's end of a result ring: a memfd sealed read-only for every
+    mapping but the writer's own, handed to readers by fd."""
 
     def __init__(self, producer: _ring.ResultProducer):
         self._p = producer
 
     @classmethod
-    def create(cls, name: str, payload_capacity: int, *, records: int = 64, mode: int = 0o660,
-               group: str | int | None = None, shm_dir: str = SHM_DIR) -> "ResultWriter":
-        return cls(_ring.ResultProducer(shm_dir, name, records, payload_capacity, mode, _gid(group)))
+    def create(cls, payload_capacity: int, *, records: int = 64, label: str = "edgeinfer-results",
+               generation: int = 1) -> "ResultWriter":
+        return cls(_ring.ResultProducer(label, records, payload_capacity, generation))
 
     @property
-    def name(self) -> str:
-        return self._p.name
+    def fd(self) -> int:
+        """The sealed memfd to hand to readers (the writer's own)."""
+        return self._p.fd
 
     @property
     def payload_capacity(self) -> int:
         return self._p.payload_capacity
+
+    def set_wake(self, wake: bool) -> None:
+        """FUTEX_WAKE on every record (while readers are connected), or not at all."""
+        self._p.set_wake(wake)
 
     def write(self, *, frame_seq: int = 0, frame_id: int = 0, capture_ns: int = 0, capture_realtime_ns: int = 0,
               start_ns: int = 0, done_ns: int | None = None, status: int = RESULT_OK, kind: int = 0,
@@ -453,8 +328,9 @@ class ResultWriter:
                              monotonic_ns() if done_ns is None else done_ns, status, kind, buf, item_count,
                              model_name.encode(), model_version.encode())
 
-    def close(self, unlink: bool = True) -> None:
-        self._p.close(unlink)
+    def close(self) -> None:
+        """Marks the ring closed: readers see it at once."""
+        self._p.close()
 
     def __enter__(self) -> "ResultWriter":
         return self
@@ -463,62 +339,129 @@ class ResultWriter:
         self.close()
 
 
-class ResultReader(_Follower):
-    """One of any number of readers of a result ring; reattaches when the daemon restarts."""
+class ResultReader:
+    """One of any number of readers of a stream's result ring. It reads a
+    read-only mapping and writes no shared memory. Connected through the
+    daemon's results socket, it follows the daemon: when the connection closes
+    (the daemon stopped or died), it reconnects with backoff and reads the new
+    ring from its start."""
 
-    def __init__(self, name: str, shm_dir: str = SHM_DIR, allowed_uids: Sequence[int] | None = None,
-                 from_oldest: bool = False):
-        super().__init__(name, shm_dir, allowed_uids)
+    retry_min, retry_max = 0.05, 2.0  # seconds between reconnection attempts (doubling)
+    liveness_interval = 0.1           # longest sleep before looking at the connection again
+
+    def __init__(self, stream: str, *, socket: str | None = RESULTS_SOCKET, from_oldest: bool = False):
+        self.stream = stream
+        self.socket = socket
         self.from_oldest = from_oldest
+        self.attach_count = 0
+        self.last_error: RingError | OSError | None = None  # why the last (re)connection failed
+        self._c: _ring.ResultConsumer | None = None
+        self._sock = -1
         self._missed_before = 0
+        self._retry_at = 0.0
+        self._retry = self.retry_min
+        self._watched_before_ring = False  # watch() found no ring: the first one attached holds nothing we saw
 
     @classmethod
-    def attach(cls, name: str, *, from_oldest: bool = False, shm_dir: str = SHM_DIR,
-               allowed_uids: Sequence[int] | None = None) -> "ResultReader":
-        r = cls(name, shm_dir, allowed_uids, from_oldest)
-        r._attach_now()
+    def connect(cls, stream: str, *, socket: str = RESULTS_SOCKET, from_oldest: bool = False,
+                timeout: float = 10.0) -> "ResultReader":
+        """Attached now, or raises (the daemon's refusal, DaemonUnavailable, HandshakeTimeout)."""
+        r = cls(stream, socket=socket, from_oldest=from_oldest)
+        r._attach(timeout, r.from_oldest)
         return r
 
     @classmethod
-    def watch(cls, name: str, *, from_oldest: bool = False, shm_dir: str = SHM_DIR,
-              allowed_uids: Sequence[int] | None = None) -> "ResultReader":
-        """A reader of every record written from now on: attached now if the ring is there, else when it
-        appears (read() looks for it), and then from its start, since all of it is newer than this call."""
-        r = cls(name, shm_dir, allowed_uids, from_oldest)
+    def watch(cls, stream: str, *, socket: str = RESULTS_SOCKET, from_oldest: bool = False) -> "ResultReader":
+        """A reader of every record written from now on: attached now if the daemon is there, else when
+        it comes (read() keeps trying), and then from the ring's start, since all of it is newer than
+        this call. A refusal (this reader may not read the stream) is raised at once."""
+        r = cls(stream, socket=socket, from_oldest=from_oldest)
         try:
-            r._attach_now()
-        except RingError as e:  # absent, or not acceptable yet: read() keeps looking
-            r.last_error = None if isinstance(e, SegmentNotFound) else e
+            r._attach(5.0, r.from_oldest)
+        except RingError as e:
+            if not transient(e):
+                raise
+            r.last_error = e
             r._watched_before_ring = True
         return r
 
-    _watched_before_ring = False  # watch() found no ring: the first one attached holds nothing we saw
+    @classmethod
+    def from_fd(cls, fd: int, name: str = "results", *, from_oldest: bool = False) -> "ResultReader":
+        """A reader of a ring fd in hand (no connection, no reconnection): in-process use and tests."""
+        r = cls(name, socket=None, from_oldest=from_oldest)
+        r._c = _ring.ResultConsumer(fd, name, from_oldest)
+        r.attach_count = 1
+        return r
 
-    def _open(self):
-        # After the first attach (or a watch() that came before the ring), a new segment is read from its
-        # start: nothing in it was seen.
-        oldest = self.from_oldest or self.attach_count > 0 or self._watched_before_ring
-        return _ring.ResultConsumer(self.shm_dir, self.name, self.allowed_uids, oldest)
+    def _attach(self, timeout: float, from_oldest: bool) -> None:
+        sock, ring_fd = _ring.results_connect(self.socket, self.stream, timeout)
+        try:
+            c = _ring.ResultConsumer(ring_fd, f"{self.stream} results", from_oldest)
+        except BaseException:
+            os.close(sock)
+            raise
+        finally:
+            os.close(ring_fd)
+        self._drop()
+        self._c, self._sock = c, sock
+        self.attach_count += 1
+        self.last_error = None
+        self._retry = self.retry_min
 
-    def _on_detach(self, old) -> None:
-        self._missed_before += old.missed
+    def _drop(self) -> None:
+        if self._c is not None:
+            self._missed_before += self._c.missed
+            self._c.close()
+            self._c = None
+        if self._sock >= 0:
+            os.close(self._sock)
+            self._sock = -1
 
-    def _has_data(self) -> bool:
-        return self._native.has_record()
+    def _gone(self) -> bool:
+        """The ring will not move again: closed by the daemon, or its connection is gone."""
+        c = self._c
+        return c is not None and (c.closed or (self._sock >= 0 and not sock_alive(self._sock)))
+
+    def _reattach(self) -> None:
+        """(Re)connects when due; a ring met after the first one is read from its start."""
+        if self.socket is None or time.monotonic() < self._retry_at:
+            return
+        try:
+            self._attach(1.0, self.from_oldest or self.attach_count > 0 or self._watched_before_ring)
+        except (RingError, OSError) as e:
+            if isinstance(e, RingError) and not transient(e):
+                self._retry = self.retry_max
+            self.last_error = e
+            self._retry_at = time.monotonic() + self._retry
+            self._retry = min(self._retry * 2, self.retry_max)
+
+    @property
+    def connected(self) -> bool:
+        return self._c is not None and not self._gone()
+
+    @property
+    def generation(self) -> int:
+        if self._c is None:
+            raise DaemonUnavailable(f"{self.stream}: not attached")
+        return self._c.generation
 
     @property
     def missed(self) -> int:
-        """Records lost to overwrite since attach, over all segments followed."""
-        return self._missed_before + (self._native.missed if self._native is not None else 0)
+        """Records lost to overwrite since attach, over all rings followed."""
+        return self._missed_before + (self._c.missed if self._c is not None else 0)
+
+    @property
+    def native(self) -> _ring.ResultConsumer | None:
+        return self._c
 
     def read(self, timeout: float = 0.0) -> ResultRecord | None:
-        """The next record, waiting up to `timeout` seconds; None if none came."""
+        """The next record, waiting up to `timeout` seconds; None if none came.
+        Raises CorruptRing if the ring's head went backwards or out of range."""
         deadline = time.monotonic() + timeout
-        last_look = False
         while True:
-            n = self._native
-            if n is not None:
-                got = n.next()
+            c = self._c
+            if c is not None:
+                got = c.next()
                 if got is not None:
                     fields, payload, missed = got
                     (number, frame_seq, frame_id, cap, real, start, done, status, kind, items, mname,
@@ -526,13 +469,20 @@ class ResultReader(_Follower):
                     return ResultRecord(number, frame_seq, frame_id, cap, real, start, done, status, kind, items,
                                         mname.decode(errors="replace"), mver.decode(errors="replace"), payload,
                                         missed)
-            if last_look:
-                return None
+                if self._gone():
+                    self._drop()
+            if self._c is None:
+                self._reattach()
+                if self._c is not None:
+                    continue
             remaining = deadline - time.monotonic()
-            last_look = remaining <= 0
-            # _wait looks under the name first, also with no time left: a poller calling read(0) must
-            # still move on to a restarted daemon's new ring.
-            _wait((self,), max(remaining, 0.0), 0.0)
+            if remaining <= 0:
+                return None
+            slice_ = min(remaining, self.liveness_interval)
+            if self._c is not None:
+                _waitset.wait((self._c,), slice_)
+            else:
+                time.sleep(min(slice_, max(self._retry_at - time.monotonic(), 0.001)))
 
     def follow(self, timeout: float | None = None) -> Iterator[ResultRecord]:
         """Yields records as they come; stops after `timeout` seconds without one (None: never)."""
@@ -543,3 +493,12 @@ class ResultReader(_Follower):
                     return
                 continue
             yield rec
+
+    def close(self) -> None:
+        self._drop()
+
+    def __enter__(self) -> "ResultReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

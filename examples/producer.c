@@ -1,22 +1,31 @@
 /*
- * A camera producer in plain C, using only <edgeinfer/ring.h>.
+ * A camera producer in plain C, using only <edgeinfer/ring.h> (ABI 2).
  *
  *   cc -std=gnu11 -O2 -I native/include examples/producer.c -o producer
- *   ./producer edgeinfer.cam0 640 480 --fps 30
+ *   ./producer cam0 640 480 --fps 30
  *
- * It fills each frame with a test pattern derived from the frame's sequence
- * number: byte i of frame `seq` is (seq * 7 + i / 64) mod 256, so a reader can
- * check that every frame it gets is whole (see tests/ring_helpers.py).
+ * It creates its frame ring as a sealed memfd, hands it to edgeinferd over
+ * the ingress socket as stream `cam0`, and publishes frames into it. It never
+ * blocks on the daemon: while the daemon is away (restarting, say) it keeps
+ * publishing and reconnects with backoff, handing over the same ring.
+ *
+ * Each frame is a test pattern derived from its sequence number: byte i of
+ * frame `seq` is (seq * 7 + i / 64) mod 256, so a reader can check that every
+ * frame it gets is whole (see tests/ring_helpers.py).
  *
  * Options:
  *   --frames N        stop after N frames (default: until SIGINT/SIGTERM)
  *   --fps F           pace to F frames per second (default: as fast as possible)
  *   --slots S         ring slots, >= 3 (default 4)
  *   --format F        gray8|rgb24|bgr24|rgba32|bgra32 (default bgr24)
- *   --dir D           shared-memory directory (default /dev/shm)
+ *   --socket P        the daemon's ingress socket (default /run/edgeinfer/ingress.sock)
+ *   --wait S          wait up to S seconds for the daemon at start (default 10; 0: start publishing at once)
  *   --row-delay-us U  sleep U microseconds after each row (makes writes slow, for crash tests)
- *   --keep            leave the segment in place on exit
- * Prints "READY generation=G" once the ring exists, "DONE frames=N" at the end.
+ * Prints "CONNECTED accepted=N" whenever the daemon accepts the ring,
+ * "DISCONNECTED <why>" when it goes away, "WAITING <why>" if no daemon took
+ * it within --wait, and "DONE frames=N" at the end. Exit status 1 if the
+ * daemon refuses the stream at start for a reason that will not pass by
+ * itself (the reason on stderr).
  */
 #include <edgeinfer/ring.h>
 
@@ -47,27 +56,26 @@ static void fill_pattern(uint8_t *payload, const ei_frame_layout *l, uint64_t se
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s NAME WIDTH HEIGHT [--frames N] [--fps F] [--slots S] [--format F] [--dir D] "
-                        "[--row-delay-us U] [--keep]\n", argv[0]);
+        fprintf(stderr, "usage: %s STREAM WIDTH HEIGHT [--frames N] [--fps F] [--slots S] [--format F] "
+                        "[--socket P] [--wait S] [--row-delay-us U]\n", argv[0]);
         return 2;
     }
-    const char *name = argv[1];
+    const char *stream = argv[1];
     ei_frame_geometry g = {(uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), EI_PIX_BGR24, 0, 4};
-    const char *dir = "/dev/shm";
+    const char *socket_path = EI_INGRESS_SOCKET;
     long long frames = -1;
-    double fps = 0;
+    double fps = 0, wait_s = 10;
     long row_delay_us = 0;
-    int keep = 0;
     for (int i = 4; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--keep") == 0) { keep = 1; continue; }
         if (!v) { fprintf(stderr, "%s needs a value\n", a); return 2; }
         if (strcmp(a, "--frames") == 0) frames = atoll(v);
         else if (strcmp(a, "--fps") == 0) fps = atof(v);
         else if (strcmp(a, "--slots") == 0) g.slot_count = (uint32_t)atoi(v);
         else if (strcmp(a, "--format") == 0) g.pixel_format = parse_format(v);
-        else if (strcmp(a, "--dir") == 0) dir = v;
+        else if (strcmp(a, "--socket") == 0) socket_path = v;
+        else if (strcmp(a, "--wait") == 0) wait_s = atof(v);
         else if (strcmp(a, "--row-delay-us") == 0) row_delay_us = atol(v);
         else { fprintf(stderr, "unknown option %s\n", a); return 2; }
         i++;
@@ -80,15 +88,32 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
 
     ei_frame_producer p;
+    ei_ingress conn;
     ei_error err;
-    if (ei_frame_producer_open(&p, dir, name, &g, 0660, -1, &err) != EI_OK) {
+    char label[96];
+    snprintf(label, sizeof label, "edgeinfer-frames:%s", stream);
+    if (ei_frame_producer_create(&p, label, &g, &err) != EI_OK ||
+        ei_ingress_init(&conn, socket_path, stream, p.fd, &err) != EI_OK) {
         fprintf(stderr, "producer: %s\n", err.msg);
         return 1;
     }
-    printf("READY generation=%u\n", (unsigned)atomic_load(&p.hdr->generation));
+    /* At start nothing is being published yet, so waiting for the daemon blocks no one. A refusal that
+     * will not pass by itself (not this stream's producer, a bad ring) ends the program; no daemon yet
+     * does not: publish anyway, the connection comes when the daemon does. */
+    if (wait_s > 0 && ei_ingress_wait(&conn, (uint64_t)(wait_s * 1e9), &err) != EI_OK) {
+        if (!ei_status_transient(err.code)) {
+            fprintf(stderr, "producer: %s\n", err.msg);
+            ei_ingress_close(&conn);
+            ei_frame_producer_close(&p);
+            return 1;
+        }
+        printf("WAITING %s\n", err.msg);
+    }
+    int state = conn.state;
+    if (state == EI_INGRESS_CONNECTED) printf("CONNECTED accepted=%u\n", conn.accepted);
     fflush(stdout);
 
-    const uint64_t frame_bytes = (uint64_t)p.layout.row_stride * p.layout.height;
+    const uint64_t frame_bytes = ei_frame_bytes(&p.layout);
     const uint64_t period_ns = fps > 0 ? (uint64_t)(1e9 / fps) : 0;
     uint64_t next_ns = ei_now_ns(CLOCK_MONOTONIC);
     long long n = 0;
@@ -98,6 +123,14 @@ int main(int argc, char **argv) {
         fill_pattern(payload, &p.layout, seq, row_delay_us);
         ei_frame_producer_publish(&p, ei_now_ns(CLOCK_MONOTONIC), ei_now_ns(CLOCK_REALTIME), seq, frame_bytes);
         n++;
+        /* Connection upkeep: a comparison unless a check or a reconnection is due; never blocks. */
+        int now_state = ei_ingress_step(&conn, ei_now_ns(CLOCK_MONOTONIC));
+        if (now_state != state) {
+            if (now_state == EI_INGRESS_CONNECTED) printf("CONNECTED accepted=%u\n", conn.accepted);
+            else if (state == EI_INGRESS_CONNECTED) printf("DISCONNECTED %s\n", conn.last_msg);
+            fflush(stdout);
+            state = now_state;
+        }
         if (period_ns) {
             next_ns += period_ns;
             uint64_t now = ei_now_ns(CLOCK_MONOTONIC);
@@ -109,7 +142,8 @@ int main(int argc, char **argv) {
             }
         }
     }
-    ei_frame_producer_close(&p, !keep);
+    ei_ingress_close(&conn);
+    ei_frame_producer_close(&p);
     printf("DONE frames=%lld\n", n);
     return 0;
 }

@@ -1,114 +1,188 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, auto_pickle=False
-"""edgeinfer._ring: the native side of the shared-memory rings.
+"""edgeinfer._ring: the native side of the rings and their handover (ABI 2).
 
 Thin, allocation-free wrappers over the protocol in edgeinfer/ring.h. Only
 daemon/ring.py imports this module; it knows nothing of config, models or
-logging. Every error is a Python exception naming the segment; nothing here
-can fault on a producer-written number, because ring.h bounds-checks them all.
+logging. Every error is a Python exception naming the ring or stream; nothing
+here can fault on a producer-written number, because ring.h checks them all.
+
+Ownership of fds: every class that keeps an fd someone passed in keeps its
+own duplicate (F_DUPFD_CLOEXEC); the caller's fd stays the caller's.
 """
 from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.errno cimport errno
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy, memset, strncpy
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, int32_t
+from libc.string cimport memcpy, memset, strlen
 from posix.mman cimport munmap
 from posix.unistd cimport close
-from posix.stat cimport struct_stat, stat as c_stat
 
-from ring cimport *
+from ring_h cimport *
 
 import os
 
 import numpy as np
 
+cdef extern from "<fcntl.h>" nogil:
+    int fcntl(int fd, int cmd, ...)
+    enum: F_DUPFD_CLOEXEC
+
 ABI_VERSION = EI_ABI_VERSION
 HEADER_SIZE = EI_HEADER_SIZE
 SLOT_HEADER_SIZE = EI_SLOT_HEADER_SIZE
 MAX_WAIT = EI_MAX_WAIT
+STREAM_NAME_MAX = EI_STREAM_NAME_MAX
 RING_CLOSED = EI_RING_CLOSED
-RING_SUPERSEDED = EI_RING_SUPERSEDED
 SLOT_EMPTY = EI_SLOT_EMPTY
 SLOT_WRITING = EI_SLOT_WRITING
 SLOT_READY = EI_SLOT_READY
+ROLE_PRODUCER = EI_ROLE_PRODUCER
+ROLE_READER = EI_ROLE_READER
+INGRESS_SOCKET = EI_INGRESS_SOCKET.decode()
+RESULTS_SOCKET = EI_RESULTS_SOCKET.decode()
+INGRESS_STATES = {EI_INGRESS_DISCONNECTED: "disconnected", EI_INGRESS_HANDSHAKE: "handshake",
+                  EI_INGRESS_CONNECTED: "connected"}
 PIXEL_FORMATS = {"gray8": EI_PIX_GRAY8, "rgb24": EI_PIX_RGB24, "bgr24": EI_PIX_BGR24,
                  "rgba32": EI_PIX_RGBA32, "bgra32": EI_PIX_BGRA32}
+# Status classes a refusal carries (the daemon's reply): name → ring.h code.
+STATUS = {"ok": EI_OK, "denied": EI_ERR_DENIED, "busy": EI_ERR_BUSY, "again": EI_ERR_AGAIN, "arg": EI_ERR_ARG,
+          "geometry": EI_ERR_GEOMETRY, "insecure": EI_ERR_INSECURE, "abi": EI_ERR_ABI, "protocol": EI_ERR_PROTOCOL,
+          "refused": EI_ERR_REFUSED, "truncated": EI_ERR_TRUNCATED, "magic": EI_ERR_MAGIC, "sys": EI_ERR_SYS,
+          "corrupt": EI_ERR_CORRUPT, "short": EI_ERR_SHORT, "closed": EI_ERR_CLOSED}
+# Frame acquisition outcomes other than a frame (FrameConsumer.status after take()).
+TAKE_SHORT = EI_ERR_SHORT
+TAKE_CORRUPT = EI_ERR_CORRUPT
 
 
 # ---------------------------------------------------------------- errors
 
 class RingError(Exception):
-    """Base of every shared-memory ring error."""
+    """Base of every ring and handover error. `code` is the ring.h status."""
+    code = EI_ERR_SYS
 
-class SegmentNotFound(RingError, FileNotFoundError):
-    """No segment of that name."""
-
-class TruncatedSegment(RingError):
-    """The file is smaller than its header or its geometry."""
+class TruncatedRing(RingError):
+    """The ring is smaller than its header or its geometry."""
 
 class BadMagic(RingError):
-    """Not an edgeinfer segment of the expected kind."""
+    """Not an edgeinfer ring of the expected kind."""
 
 class AbiMismatch(RingError):
     """An ABI version this build does not understand."""
 
 class BadGeometry(RingError):
-    """Geometry fields inconsistent or out of bounds."""
+    """Geometry fields inconsistent, out of bounds, or a ring of the wrong size."""
 
-class InsecureSegment(RingError, PermissionError):
-    """World-writable or not a regular file."""
+class InsecureRing(RingError, PermissionError):
+    """Not a sealed memfd, or sealed/opened so that the protocol cannot hold."""
 
-class UntrustedOwner(InsecureSegment):
-    """Owned by a user outside the allowed set."""
+class AccessDenied(RingError, PermissionError):
+    """The peer may not produce / read this stream (or may not use the socket)."""
 
-class ProducerBusy(RingError):
-    """A live producer (or result writer) already owns the name."""
+class StreamBusy(RingError):
+    """The stream already has its producer (transient)."""
 
-class ConsumerBusy(RingError):
-    """Another live consumer is attached to the frame ring."""
+class TryAgain(RingError):
+    """Nothing yet, or the daemon is saturated with handshakes (transient)."""
 
-class ShmFull(RingError, OSError):
-    """The shared-memory filesystem has no room for the segment."""
+class NoSpaceForRing(RingError, OSError):
+    """No memory for the ring's pages."""
+
+class BadArgument(RingError, ValueError):
+    """A bad argument (including an unknown stream, in the daemon's words)."""
+
+class DaemonUnavailable(RingError, ConnectionError):
+    """No edgeinferd listens on the socket."""
 
 class CorruptFrame(RingError):
-    """A producer-written number failed its bounds check; the frame was skipped."""
+    """A producer-written number failed its check; the frame was skipped."""
 
 class RingStateError(RingError):
     """A call out of order, e.g. acquiring while already holding a frame."""
 
+class ProtocolError(RingError):
+    """A malformed handshake message."""
+
+class ConnectionClosed(RingError, ConnectionError):
+    """The peer closed the connection."""
+
+class HandshakeTimeout(RingError, TimeoutError):
+    """No answer in time."""
+
+class Refused(RingError):
+    """The daemon refused for a reason of its own (e.g. it cannot serve the geometry)."""
+
+class CorruptRing(RingError):
+    """A result ring's head went backwards or beyond any honest value."""
+
 _ERRORS = {
-    EI_ERR_TRUNCATED: TruncatedSegment, EI_ERR_MAGIC: BadMagic, EI_ERR_ABI: AbiMismatch,
-    EI_ERR_GEOMETRY: BadGeometry, EI_ERR_INSECURE: InsecureSegment, EI_ERR_OWNER: UntrustedOwner,
-    EI_ERR_PRODUCER_BUSY: ProducerBusy, EI_ERR_CONSUMER_BUSY: ConsumerBusy, EI_ERR_NOSPACE: ShmFull,
-    EI_ERR_NOT_FOUND: SegmentNotFound, EI_ERR_CORRUPT: CorruptFrame, EI_ERR_STATE: RingStateError,
+    EI_ERR_TRUNCATED: TruncatedRing, EI_ERR_MAGIC: BadMagic, EI_ERR_ABI: AbiMismatch, EI_ERR_GEOMETRY: BadGeometry,
+    EI_ERR_INSECURE: InsecureRing, EI_ERR_DENIED: AccessDenied, EI_ERR_BUSY: StreamBusy, EI_ERR_AGAIN: TryAgain,
+    EI_ERR_NOSPACE: NoSpaceForRing, EI_ERR_ARG: BadArgument, EI_ERR_NOT_FOUND: DaemonUnavailable,
+    EI_ERR_CORRUPT: CorruptFrame, EI_ERR_STATE: RingStateError, EI_ERR_SHORT: CorruptFrame,
+    EI_ERR_PROTOCOL: ProtocolError, EI_ERR_CLOSED: ConnectionClosed, EI_ERR_TIMEOUT: HandshakeTimeout,
+    EI_ERR_REFUSED: Refused,
 }
+for _code, _cls in _ERRORS.items():
+    if _cls.__dict__.get("code") is None:
+        _cls.code = _code
+
+
+def error_for(int code, str msg):
+    """The exception ring.h's status `code` stands for, carrying `msg`."""
+    cls = _ERRORS.get(code, RingError)
+    if issubclass(cls, OSError):
+        e = cls(0, msg)
+    else:
+        e = cls(msg)
+    e.code = code
+    return e
+
 
 cdef object _raise(ei_error *err):
     msg = err.msg.decode("utf-8", "replace")
-    cls = _ERRORS.get(err.code)
-    if cls is None:
-        if err.code == EI_ERR_ARG:
-            raise ValueError(msg)
-        raise OSError(err.sys_errno, msg)
-    if issubclass(cls, OSError):
-        raise cls(err.sys_errno, msg)
-    raise cls(msg)
+    if err.code == EI_ERR_SYS:
+        e = OSError(err.sys_errno, msg)
+        raise e
+    raise error_for(err.code, msg)
 
 
 cdef bytes _fs(str s):
     return s.encode("utf-8")
 
 
+cdef int _dup(int fd) except -1:
+    cdef int d = fcntl(fd, F_DUPFD_CLOEXEC, 3)
+    if d < 0:
+        raise OSError(errno, f"dup of fd {fd}: {os.strerror(errno)}")
+    return d
+
+
+def stream_name_ok(str name):
+    """ring.h's rule for stream names: 1..64 of [A-Za-z0-9_-], starting alphanumeric."""
+    b = name.encode("utf-8", "replace")
+    return ei_stream_name_ok(b, len(b)) == 1
+
+
+def sigbus_absorbed():
+    """SIGBUS faults absorbed in this process (defence in depth: a sealed ring cannot shrink)."""
+    return ei_guard_hits()
+
+
+def monotonic_ns():
+    """CLOCK_MONOTONIC, the capture clock of the ABI."""
+    return ei_now_ns(1)
+
+
 # ---------------------------------------------------------------- memory
 
 cdef class _Mapping:
-    """Owns one mmap of a segment and its fd. The memory is unmapped only when
-    the last object referring to it (reader, writer, numpy view) is gone, so a
-    view can never outlive its memory; the fd (and the lock it holds) can be
-    dropped earlier with close_fd()."""
+    """Owns one mmap of a ring and an fd of it. The memory is unmapped only
+    when the last object referring to it (producer, consumer, numpy view) is
+    gone, so a view can never outlive its memory; the fd can be dropped
+    earlier with close_fd()."""
     cdef uint8_t *base   # owns: the mapping
     cdef size_t size     # bytes mapped
-    cdef int fd          # owns: the segment fd, -1 once closed
+    cdef int fd          # owns: an fd of the ring (a memfd), -1 once closed
     cdef int guard       # owns: SIGBUS guard entry (sigbus_guard.h) of a consumer mapping, -1 if none
 
     def __dealloc__(self):
@@ -198,59 +272,25 @@ cdef tuple _slot_views(_Mapping m, const ei_frame_layout *l, bint readonly):
 cdef dict _layout_dict(const ei_frame_layout *l):
     return dict(width=l.width, height=l.height, channels=l.channels, pixel_format=l.pixel_format,
                 row_stride=l.row_stride, slot_count=l.slot_count, slot_stride=l.slot_stride,
-                payload_capacity=l.payload_capacity, total_size=l.total_size)
+                payload_capacity=l.payload_capacity, total_size=l.total_size, frame_bytes=ei_frame_bytes(l))
 
 
-cdef class _Uids:
-    """A C array copy of the allowed-owner uids."""
-    cdef uint32_t *uids  # owns: malloc'd array, freed in __dealloc__
-    cdef size_t n
-
-    def __cinit__(self, allowed):
-        allowed = list(allowed or ())
-        self.n = len(allowed)
-        self.uids = <uint32_t *>malloc(max(self.n, 1) * sizeof(uint32_t))
-        if self.uids == NULL:
-            raise MemoryError()
-        for i, u in enumerate(allowed):
-            self.uids[i] = u
-
-    def __dealloc__(self):
-        free(self.uids)
-
-
-def sigbus_absorbed():
-    """SIGBUS faults absorbed in this process: reads of frame-ring pages a producer truncated away."""
-    return ei_guard_hits()
-
-
-def monotonic_ns():
-    """CLOCK_MONOTONIC, the capture clock of the ABI."""
-    return ei_now_ns(1)
-
-
-def identity_of(str directory, str name):
-    """(st_dev, st_ino) of the named segment, or None if absent."""
-    cdef struct_stat st
-    path = _fs(directory + "/" + name)
-    if c_stat(path, &st) != 0:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-# ---------------------------------------------------------------- frame ring
+# ---------------------------------------------------------------- frame ring: producer
 
 cdef class FrameProducer:
-    """The producer end of a frame ring (ei_frame_producer)."""
+    """The producer end of a frame ring (ei_frame_producer) and, once
+    connect() was called, its connection to the daemon (ei_ingress)."""
     cdef ei_frame_producer p   # the C producer; p.base/p.fd are handed to `mapping`
-    cdef _Mapping mapping      # owns the memory once created
+    cdef ei_ingress inc        # the connection to the daemon; inc.ring_fd borrows mapping.fd
+    cdef bint connecting       # connect() was called: publish() advances `inc`
+    cdef _Mapping mapping      # owns the memory and the memfd
     cdef readonly tuple images # writable (H, W, C) view per slot
     cdef readonly tuple flats  # writable flat view per slot (for readinto)
-    cdef readonly str name
+    cdef readonly str label
     cdef bint closed
 
-    def __cinit__(self, str directory, str name, uint32_t width, uint32_t height, uint32_t pixel_format,
-                  uint32_t row_stride=0, uint32_t slots=4, unsigned mode=0o660, long gid=-1):
+    def __cinit__(self, str label, uint32_t width, uint32_t height, uint32_t pixel_format, uint32_t row_stride=0,
+                  uint32_t slots=4):
         cdef ei_error err
         cdef ei_frame_geometry g
         g.width = width
@@ -258,16 +298,15 @@ cdef class FrameProducer:
         g.pixel_format = pixel_format
         g.row_stride = row_stride
         g.slot_count = slots
-        bdir = _fs(directory)
-        bname = _fs(name)
-        cdef const char *cdir = bdir
-        cdef const char *cname = bname
+        blabel = _fs(label)
+        cdef const char *clabel = blabel
         cdef int rc
+        self.inc.sock = -1
         with nogil:
-            rc = ei_frame_producer_open(&self.p, cdir, cname, &g, mode, gid, &err)
+            rc = ei_frame_producer_create(&self.p, clabel, &g, &err)
         if rc != EI_OK:
             _raise(&err)
-        self.name = name
+        self.label = label
         self.mapping = _adopt(self.p.base, <size_t>self.p.layout.total_size, self.p.fd)
         self.images, _, self.flats = _slot_views(self.mapping, &self.p.layout, False)
 
@@ -276,36 +315,92 @@ cdef class FrameProducer:
         return _layout_dict(&self.p.layout)
 
     @property
-    def generation(self):
-        return self.p.hdr.generation
+    def fd(self):
+        """The ring's sealed memfd (still ours: dup it to keep it)."""
+        return self.mapping.fd
+
+    @property
+    def next_seq(self):
+        return self.p.next_seq
 
     def begin(self):
         """Reserves a free slot (never blocks) and returns its index."""
         if self.closed:
-            raise RingStateError(f"{self.name}: producer is closed")
+            raise RingStateError(f"{self.label}: producer is closed")
         ei_frame_producer_begin(&self.p)
         return self.p.writing
 
     def publish(self, uint64_t capture_mono_ns, uint64_t capture_real_ns, uint64_t frame_id,
                 uint64_t payload_len):
-        """Publishes the reserved slot; returns the frame's seq."""
+        """Publishes the reserved slot; returns the frame's seq. Then advances the
+        connection to the daemon by whatever is due (never blocks)."""
         if self.closed or self.p.writing == EI_NO_SLOT:
-            raise RingStateError(f"{self.name}: publish() without begin()")
-        return ei_frame_producer_publish(&self.p, capture_mono_ns, capture_real_ns, frame_id, payload_len)
+            raise RingStateError(f"{self.label}: publish() without begin()")
+        cdef uint64_t seq = ei_frame_producer_publish(&self.p, capture_mono_ns, capture_real_ns, frame_id,
+                                                      payload_len)
+        if self.connecting:
+            ei_ingress_step(&self.inc, ei_now_ns(1))
+        return seq
 
-    def close(self, bint unlink=True):
-        """Marks the ring closed, unlinks it and drops the producer lock.
-        The memory stays mapped while views of it exist."""
+    # -- the connection to the daemon (ABI 2 handover)
+
+    def connect(self, str socket_path, str stream):
+        """Starts handing the ring to the daemon on `socket_path` as `stream`;
+        step()/publish() advance it, wait_connected() blocks for it."""
+        cdef ei_error err
+        if self.closed:
+            raise RingStateError(f"{self.label}: producer is closed")
+        ei_ingress_close(&self.inc)
+        bpath = _fs(socket_path)
+        bstream = _fs(stream)
+        if ei_ingress_init(&self.inc, bpath, bstream, self.mapping.fd, &err) != EI_OK:
+            self.inc.sock = -1
+            _raise(&err)
+        self.connecting = True
+
+    def step(self):
+        """Advances the connection (never blocks); returns its state name."""
+        if not self.connecting:
+            return "disconnected"
+        return INGRESS_STATES[ei_ingress_step(&self.inc, ei_now_ns(1))]
+
+    def wait_connected(self, double timeout):
+        """Blocks (GIL released) up to `timeout` s for the daemon to accept the
+        ring; raises the refusal or the last failure."""
+        cdef ei_error err
+        cdef int rc
+        cdef uint64_t t = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+        if not self.connecting:
+            raise RingStateError(f"{self.label}: connect() first")
+        with nogil:
+            rc = ei_ingress_wait(&self.inc, t, &err)
+        if rc != EI_OK:
+            _raise(&err)
+
+    @property
+    def connection(self):
+        """state, last_status, last_error (the daemon's words), accepted, attempts."""
+        return dict(state=INGRESS_STATES[self.inc.state] if self.connecting else "disconnected",
+                    last_status=self.inc.last_status,
+                    last_error=self.inc.last_msg.decode("utf-8", "replace") if self.inc.last_status else None,
+                    accepted=self.inc.accepted, attempts=self.inc.attempts)
+
+    def close(self):
+        """Marks the ring closed (the daemon sees it at once), drops the
+        connection and the memfd. The memory stays mapped while views exist."""
         if self.closed:
             return
         self.closed = True
-        ei_frame_producer_retire(&self.p, unlink)
+        ei_frame_producer_retire(&self.p)
+        ei_ingress_close(&self.inc)
+        self.connecting = False
         self.mapping.close_fd()
 
     def __dealloc__(self):
-        if not self.closed and self.p.base != NULL:
-            ei_frame_producer_retire(&self.p, True)
+        ei_ingress_close(&self.inc)
 
+
+# ---------------------------------------------------------------- frame ring: consumer
 
 cdef class Frame:
     """The frame a consumer holds: a zero-copy, read-only view of one slot plus
@@ -316,14 +411,14 @@ cdef class Frame:
     cdef readonly object array               # (height, width, channels) uint8 view of the slot
     cdef readonly object batch               # the same as a batch of one: (1, height, width, channels)
     cdef readonly object flat                # the whole payload area as a flat uint8 view
-    cdef readonly uint64_t seq               # frame sequence number in this segment
+    cdef readonly uint64_t seq               # frame sequence number in this ring
     cdef readonly uint64_t frame_id          # producer's own frame number
-    cdef readonly uint64_t capture_ns        # CLOCK_MONOTONIC at capture
+    cdef readonly uint64_t capture_ns        # CLOCK_MONOTONIC at capture (the producer's word)
     cdef readonly uint64_t capture_realtime_ns  # CLOCK_REALTIME at capture
+    cdef readonly uint64_t arrival_ns        # when the consumer first saw it pending (its own clock)
     cdef readonly uint64_t payload_len       # bytes the producer declared
     cdef readonly uint32_t slot              # slot index
-    cdef readonly uint32_t generation        # segment generation
-    cdef readonly int64_t skipped            # frames published since the previous one we acquired
+    cdef readonly int64_t skipped            # frames published since the previous one taken
 
     @property
     def data(self):
@@ -341,39 +436,47 @@ cdef class Frame:
 
 
 cdef class FrameConsumer:
-    """The one consumer of a frame ring (ei_frame_consumer)."""
+    """The one consumer of a frame ring (ei_frame_consumer), from an fd a
+    producer handed over. The fd is checked (a sealed memfd of the declared
+    size, open read-write) before anything is mapped."""
     cdef ei_frame_consumer c    # the C consumer; borrows mapping.base
-    cdef ei_frame_info info     # metadata of the frame held
+    cdef ei_frame_info info     # metadata of the frame held (or refused)
     cdef Frame frame            # the one Frame object handed out for every acquire
-    cdef uint64_t prev_seq      # seq of the previous frame acquired (for `skipped`)
-    cdef _Mapping mapping       # owns the memory
+    cdef _Mapping mapping       # owns the memory and our duplicate of the fd
+    cdef readonly int status    # outcome of the last take() that returned None: 0, TAKE_SHORT, TAKE_CORRUPT
+    cdef readonly int64_t skipped  # frames skipped before the last frame taken (or refused as short)
     cdef readonly tuple images  # read-only (H, W, C) view per slot
     cdef readonly tuple batches # read-only (1, H, W, C) view per slot
     cdef readonly tuple flats   # read-only flat view per slot
     cdef readonly str name
-    cdef readonly object identity  # (st_dev, st_ino) of the segment we mapped
 
-    def __cinit__(self, str directory, str name, allowed_uids=None):
+    def __cinit__(self, int fd, str name, uint64_t max_size=(<uint64_t>1) << 40):
         cdef ei_error err
-        cdef ei_mapped m
-        cdef _Uids uids = _Uids(allowed_uids)
-        bdir = _fs(directory)
-        bname = _fs(name)
-        cdef const char *cdir = bdir
-        cdef const char *cname = bname
+        cdef uint64_t size
+        cdef uint8_t *base
         cdef int rc
-        with nogil:
-            rc = ei_frame_consumer_open(&self.c, &m, cdir, cname, uids.uids, uids.n, &err)
+        cdef int mine
+        bname = _fs(name)
+        cdef const char *cname = bname
+        rc = ei_ring_fd_check(fd, cname, EI_FRAME_SEALS, F_SEAL_WRITE | F_SEAL_FUTURE_WRITE, 1, max_size, &size,
+                              &err)
         if rc != EI_OK:
             _raise(&err)
+        mine = _dup(fd)
+        rc = ei_ring_map(mine, size, 1, cname, &base, &err)
+        if rc != EI_OK:
+            close(mine)
+            _raise(&err)
         self.name = name
-        self.identity = (m.dev, m.ino)
-        self.mapping = _adopt(m.base, m.size, m.fd)
-        # The producer can shrink the file under us (named shm cannot be sealed): absorb the SIGBUS.
-        self.mapping.guard = ei_guard_add(m.base, m.size)
+        self.mapping = _adopt(base, <size_t>size, mine)
+        # Guarded before the header is read (defence in depth: the seals already forbid shrinking).
+        self.mapping.guard = ei_guard_add(base, <size_t>size)
         if self.mapping.guard < 0:
-            raise RingError(f"{name}: cannot guard the mapping against a producer shrinking it: "
-                            f"{os.strerror(errno)}")
+            raise RingError(f"{name}: cannot guard the mapping: {os.strerror(errno)}")
+        with nogil:
+            rc = ei_frame_consumer_init(&self.c, base, size, cname, &err)
+        if rc != EI_OK:
+            _raise(&err)
         self.images, self.batches, self.flats = _slot_views(self.mapping, &self.c.layout, True)
         self.frame = Frame.__new__(Frame)
         self.frame.owner = self
@@ -383,12 +486,18 @@ cdef class FrameConsumer:
         return _layout_dict(&self.c.layout)
 
     @property
+    def fd(self):
+        """Our duplicate of the ring's memfd (for systemd's fd store)."""
+        return self.mapping.fd
+
+    @property
     def flags(self):
         return self.c.hdr.flags
 
     @property
-    def generation(self):
-        return self.c.hdr.generation
+    def closed(self):
+        """The producer closed the ring cleanly."""
+        return (self.c.hdr.flags & EI_RING_CLOSED) != 0
 
     @property
     def producer_pid(self):
@@ -399,8 +508,9 @@ cdef class FrameConsumer:
         return self.c.last_seq
 
     @property
-    def latest_seq(self):
-        return self.c.hdr.latest >> 8
+    def pending_since_ns(self):
+        """When this consumer first saw news not yet taken (its own clock); 0 if none."""
+        return self.c.pending_since_ns
 
     @property
     def counters(self):
@@ -415,49 +525,27 @@ cdef class FrameConsumer:
 
     @property
     def truncated(self):
-        """True once the producer shrank the segment under our mapping: the lost pages now read as
-        zeros (sigbus_guard.h), so nothing read from this ring since can be trusted."""
+        """True if the mapping lost pages (sigbus_guard.h): impossible for a sealed ring; checked anyway."""
         return ei_guard_hit(self.mapping.guard) != 0
-
-    def producer_alive(self):
-        """True while some process holds the producer lock of this segment."""
-        return self.mapping.fd >= 0 and ei_lock_held(self.mapping.fd, EI_LOCK_PRODUCER) == 1
 
     def ready(self):
         return ei_frame_consumer_ready(&self.c) != 0
 
-    def peek_capture_ns(self):
-        """Capture time of the newest published frame, without claiming it (for
-        scheduling; racy by design, bounds-checked). 0 if none."""
-        cdef uint64_t latest = self.c.hdr.latest
-        cdef uint32_t slot = latest & 0xff
-        if latest == 0 or slot >= self.c.layout.slot_count:
-            return 0
-        return ei_frame_slot(self.c.base, &self.c.layout, slot).capture_mono_ns
-
     def has_frame(self):
-        """A frame newer than the last acquired is published (and the ring not superseded)."""
-        return (self.c.hdr.latest >> 8) > self.c.last_seq and not (self.c.hdr.flags & EI_RING_SUPERSEDED)
+        """A `latest` word not taken yet is published."""
+        cdef uint64_t latest = self.c.hdr.latest
+        return latest != 0 and latest != self.c.seen_latest
 
-    def wait_acquire(self, double timeout, double spin=0.0):
-        """wait() and acquire() in one call, for the hot path: sleeps (GIL
-        released) until a newer frame or a flag change, then claims the newest
-        frame. Returns the Frame, or None (timeout, flag change: see `flags`)."""
-        cdef ei_waitable w = ei_frame_waitable(&self.c)
-        cdef uint64_t timeout_ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
-        cdef uint64_t spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
-        if self.c.held != EI_NO_SLOT:
-            raise RingStateError(f"{self.name}: acquire() while a frame is held; release it first")
-        if not ei_frame_consumer_ready(&self.c):
-            with nogil:
-                ei_wait_any(&w, 1, timeout_ns, spin_ns, 1)
-        return self.acquire()
-
-    def acquire(self):
-        """Claims the newest frame if newer than the last; returns the Frame or None."""
+    def take(self):
+        """Claims the newest frame if `latest` changed since the last take; returns
+        the Frame, or None (self.status says why: 0 nothing new, TAKE_SHORT, TAKE_CORRUPT)."""
+        cdef uint64_t before = self.c.last_seq
         cdef int rc = ei_frame_consumer_acquire(&self.c, &self.info)
         cdef Frame f
+        if rc == 1 or rc == EI_ERR_SHORT:
+            self.skipped = <int64_t>(self.info.seq - before) - 1 if self.info.seq > before else 0
         if rc == 1:
+            self.status = 0
             f = self.frame
             f.array = self.images[self.info.slot]
             f.batch = self.batches[self.info.slot]
@@ -466,18 +554,15 @@ cdef class FrameConsumer:
             f.frame_id = self.info.frame_id
             f.capture_ns = self.info.capture_mono_ns
             f.capture_realtime_ns = self.info.capture_real_ns
+            f.arrival_ns = self.info.pending_since_ns or ei_now_ns(1)  # taken without a wait: now
             f.payload_len = self.info.payload_len
             f.slot = self.info.slot
-            f.generation = self.info.generation
-            f.skipped = <int64_t>(self.info.seq - self.prev_seq) - 1
-            self.prev_seq = self.info.seq
+            f.skipped = self.skipped
             return f
-        if rc == 0:
-            return None
-        if rc == EI_ERR_CORRUPT:
-            raise CorruptFrame(f"{self.name}: producer wrote an out-of-bounds slot index or payload length; "
-                               f"frame {self.c.last_seq} skipped")
-        raise RingStateError(f"{self.name}: acquire() while a frame is held; release it first")
+        if rc == EI_ERR_STATE:
+            raise RingStateError(f"{self.name}: acquire() while a frame is held; release it first")
+        self.status = rc  # 0 (nothing new), EI_ERR_SHORT or EI_ERR_CORRUPT
+        return None
 
     def release(self):
         ei_frame_consumer_release(&self.c)
@@ -500,24 +585,39 @@ cdef class FrameConsumer:
         return (w >> 8, w & 0xff)
 
     def close(self):
-        """Releases any held frame and the consumer lock; memory stays mapped while views exist."""
-        ei_frame_consumer_detach(&self.c, self.mapping.fd)
+        """Releases any held frame and our fd; memory stays mapped while views exist."""
+        ei_frame_consumer_release(&self.c)
         self.mapping.close_fd()
 
 
 # ---------------------------------------------------------------- waiting
 
+cdef class Doorbell:
+    """A process-private doorbell (doorbell.h) a WaitSet can sleep on next to
+    its rings: ring() from any thread wakes the waiter."""
+    cdef ei_doorbell bell  # the futex word and the pending flag; lives as long as this object
+
+    def ring(self):
+        ei_doorbell_ring(&self.bell)
+
+    def take(self):
+        """True if ring() was called since the last take()."""
+        return ei_doorbell_take(&self.bell) != 0
+
+
 cdef class WaitSet:
     """Preallocated waiting room for up to EI_MAX_WAIT rings: wait() builds
     the C array in place and sleeps with the GIL released."""
-    cdef ei_waitable w[64]     # filled per call from the current consumers
+    cdef ei_waitable w[65]     # filled per call from the current consumers (+ a doorbell)
 
-    def wait(self, consumers, double timeout, double spin=0.0, bint use_waitv=True):
+    def wait(self, consumers, double timeout, double spin=0.0, bint use_waitv=True, Doorbell bell=None):
         """Sleeps until one of `consumers` (FrameConsumer or ResultConsumer) is
-        ready; returns a bitmask of the ready ones, 0 on timeout."""
+        ready, or `bell` rings; returns a bitmask of the ready consumers (bit n
+        for the bell, n = len(consumers)), 0 on timeout. Frame consumers that
+        are ready note their arrival time."""
         cdef uint32_t n = len(consumers)
-        cdef uint32_t i
-        cdef uint64_t mask
+        cdef uint32_t i, total
+        cdef uint64_t mask, now
         cdef uint64_t timeout_ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
         cdef uint64_t spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
         if n > EI_MAX_WAIT:
@@ -528,34 +628,46 @@ cdef class WaitSet:
                 self.w[i] = ei_frame_waitable(&(<FrameConsumer>obj).c)
             else:
                 self.w[i] = ei_result_waitable(&(<ResultConsumer?>obj).r)
+        total = n
+        if bell is not None:
+            self.w[n] = ei_doorbell_waitable(&bell.bell)
+            total = n + 1
         with nogil:
-            mask = ei_wait_any(self.w, n, timeout_ns, spin_ns, use_waitv)
+            mask = ei_wait_any(self.w, total, timeout_ns, spin_ns, use_waitv)
+        if mask:
+            now = ei_now_ns(1)
+            for i in range(n):
+                if mask >> i & 1 and isinstance(consumers[i], FrameConsumer):
+                    ei_frame_consumer_note(&(<FrameConsumer>consumers[i]).c, now)
         return mask
 
 
 # ---------------------------------------------------------------- result ring
 
 cdef class ResultProducer:
-    """The one writer of a result ring (ei_result_writer)."""
+    """The one writer of a result ring (ei_result_writer): a memfd, sealed so
+    that every mapping made after ours is read-only."""
     cdef ei_result_writer wr   # the C writer; wr.base/wr.fd are handed to `mapping`
-    cdef _Mapping mapping      # owns the memory
-    cdef readonly str name
+    cdef _Mapping mapping      # owns the memory and the memfd
+    cdef readonly str label
     cdef bint closed
 
-    def __cinit__(self, str directory, str name, uint32_t records, uint64_t payload_capacity,
-                  unsigned mode=0o660, long gid=-1):
+    def __cinit__(self, str label, uint32_t records, uint64_t payload_capacity, uint32_t generation=1):
         cdef ei_error err
-        bdir = _fs(directory)
-        bname = _fs(name)
-        cdef const char *cdir = bdir
-        cdef const char *cname = bname
+        blabel = _fs(label)
+        cdef const char *clabel = blabel
         cdef int rc
         with nogil:
-            rc = ei_result_writer_open(&self.wr, cdir, cname, records, payload_capacity, mode, gid, &err)
+            rc = ei_result_writer_create(&self.wr, clabel, records, payload_capacity, generation, &err)
         if rc != EI_OK:
             _raise(&err)
-        self.name = name
+        self.label = label
         self.mapping = _adopt(self.wr.base, <size_t>self.wr.layout.total_size, self.wr.fd)
+
+    @property
+    def fd(self):
+        """The sealed memfd to hand to readers (still ours)."""
+        return self.mapping.fd
 
     @property
     def payload_capacity(self):
@@ -565,15 +677,23 @@ cdef class ResultProducer:
     def record_count(self):
         return self.wr.layout.record_count
 
+    @property
+    def head(self):
+        return self.wr.head
+
+    def set_wake(self, bint wake):
+        """FUTEX_WAKE on every commit (while readers are connected) or never."""
+        self.wr.wake = 1 if wake else 0
+
     def write(self, uint64_t frame_seq, uint64_t frame_id, uint64_t capture_mono_ns, uint64_t capture_real_ns,
               uint64_t start_mono_ns, uint64_t done_mono_ns, uint32_t status, uint32_t payload_kind,
               const uint8_t[::1] payload, uint32_t item_count, bytes model_name, bytes model_version):
         """Writes one record; returns its number. The payload must fit the capacity."""
         if self.closed:
-            raise RingStateError(f"{self.name}: writer is closed")
+            raise RingStateError(f"{self.label}: writer is closed")
         cdef Py_ssize_t n = payload.shape[0] if payload is not None else 0
         if <uint64_t>n > self.wr.layout.payload_capacity:
-            raise ValueError(f"{self.name}: payload of {n} bytes exceeds the record capacity "
+            raise ValueError(f"{self.label}: payload of {n} bytes exceeds the record capacity "
                              f"{self.wr.layout.payload_capacity}")
         cdef ei_result_record_header *r = ei_result_writer_begin(&self.wr)
         r.frame_seq = frame_seq
@@ -594,48 +714,59 @@ cdef class ResultProducer:
             memcpy(ei_result_payload(r), &payload[0], n)
         return ei_result_writer_commit(&self.wr, r)
 
-    def close(self, bint unlink=True):
+    def close(self):
+        """Marks the ring closed and wakes its readers; drops the memfd."""
         if self.closed:
             return
         self.closed = True
-        ei_result_writer_retire(&self.wr, unlink)
+        ei_result_writer_retire(&self.wr)
         self.mapping.close_fd()
 
     def __dealloc__(self):
         if not self.closed and self.wr.base != NULL:
-            ei_result_writer_retire(&self.wr, True)
+            ei_result_writer_retire(&self.wr)
 
 
 cdef class ResultConsumer:
-    """One of any number of readers of a result ring (ei_result_reader)."""
+    """One of any number of readers of a result ring (ei_result_reader), from
+    the fd the daemon handed over: checked (sealed read-only for every later
+    mapping) and mapped read-only. A reader writes no shared memory."""
     cdef ei_result_reader r     # the C reader; borrows mapping.base
     cdef ei_result_record_header rec  # last record copied out
-    cdef _Mapping mapping       # owns the memory
+    cdef _Mapping mapping       # owns the read-only memory and our duplicate of the fd
     cdef bytearray scratch      # payload copy target, sized to the capacity once
     cdef readonly str name
-    cdef readonly object identity
 
-    def __cinit__(self, str directory, str name, allowed_uids=None, bint from_oldest=False):
+    def __cinit__(self, int fd, str name, bint from_oldest=False):
         cdef ei_error err
-        cdef ei_mapped m
-        cdef _Uids uids = _Uids(allowed_uids)
-        bdir = _fs(directory)
-        bname = _fs(name)
-        cdef const char *cdir = bdir
-        cdef const char *cname = bname
+        cdef uint64_t size
+        cdef uint8_t *base
         cdef int rc
-        with nogil:
-            rc = ei_result_reader_open(&self.r, &m, cdir, cname, uids.uids, uids.n, from_oldest, &err)
+        cdef int mine
+        bname = _fs(name)
+        cdef const char *cname = bname
+        rc = ei_ring_fd_check(fd, cname, EI_RESULT_SEALS, 0, 0, (<uint64_t>1) << 46, &size, &err)
         if rc != EI_OK:
             _raise(&err)
+        mine = _dup(fd)
+        rc = ei_ring_map(mine, size, 0, cname, &base, &err)
+        if rc != EI_OK:
+            close(mine)
+            _raise(&err)
         self.name = name
-        self.identity = (m.dev, m.ino)
-        self.mapping = _adopt(m.base, m.size, m.fd)
+        self.mapping = _adopt(base, <size_t>size, mine)
+        rc = ei_result_reader_init(&self.r, base, size, cname, from_oldest, &err)
+        if rc != EI_OK:
+            _raise(&err)
         self.scratch = bytearray(max(<Py_ssize_t>self.r.layout.payload_capacity, 1))
 
     @property
     def flags(self):
         return self.r.hdr.flags
+
+    @property
+    def closed(self):
+        return (self.r.hdr.flags & EI_RING_CLOSED) != 0
 
     @property
     def missed(self):
@@ -649,8 +780,9 @@ cdef class ResultConsumer:
     def generation(self):
         return self.r.hdr.generation
 
-    def writer_alive(self):
-        return self.mapping.fd >= 0 and ei_lock_held(self.mapping.fd, EI_LOCK_PRODUCER) == 1
+    @property
+    def payload_capacity(self):
+        return self.r.layout.payload_capacity
 
     def acknowledge_flags(self):
         self.r.seen_flags = self.r.hdr.flags
@@ -669,7 +801,8 @@ cdef class ResultConsumer:
         cdef uint8_t *buf = <uint8_t *><char *>self.scratch
         cdef int got = ei_result_reader_next(&self.r, &self.rec, buf, <uint64_t>len(self.scratch), &missed)
         if got < 0:
-            raise CorruptFrame(f"{self.name}: result ring head is corrupt (beyond {EI_MAX_RECORD_NUMBER})")
+            raise CorruptRing(f"{self.name}: result ring head {self.r.hdr.head} is corrupt (went backwards from "
+                              f"{self.r.next - 1}, or beyond {EI_MAX_RECORD_NUMBER})")
         if not got:
             return None
         rec = self.rec
@@ -681,3 +814,70 @@ cdef class ResultConsumer:
 
     def close(self):
         self.mapping.close_fd()
+
+
+# ---------------------------------------------------------------- the handshake (daemon side)
+
+def recv_hello(int sock):
+    """One hello from a client, without blocking: (role, stream, fd or -1), or
+    None if nothing has arrived yet. The caller owns the fd. Raises
+    ProtocolError / AbiMismatch / BadArgument (every fd received is closed
+    then) and ConnectionClosed."""
+    cdef ei_hello h
+    cdef ei_error err
+    cdef int fd = -1
+    cdef char stream[EI_STREAM_NAME_MAX + 1]
+    cdef int rc = ei_sock_recv(sock, &h, sizeof(h), &fd, &err)
+    if rc == EI_ERR_AGAIN:
+        return None
+    if rc != EI_OK:
+        _raise(&err)
+    rc = ei_hello_check(&h, stream, &err)
+    if rc != EI_OK:
+        if fd >= 0:
+            close(fd)
+        _raise(&err)
+    return h.role, stream[:strlen(stream)].decode("ascii"), fd
+
+
+def send_reply(int sock, int status, str msg="", int fd=-1):
+    """The daemon's answer (with fd attached when fd >= 0). Never blocks; raises
+    TryAgain when the client's buffer is full and ConnectionClosed when it left."""
+    cdef ei_error err
+    bmsg = msg.encode("utf-8", "replace")[:EI_MSG_LEN - 1]
+    if ei_reply_send(sock, status, bmsg, fd, &err) != EI_OK:
+        _raise(&err)
+
+
+def peer_cred(int sock):
+    """(uid, gid, pid) of the peer, as the kernel recorded them at connect()."""
+    cdef uint32_t uid = 0, gid = 0
+    cdef int32_t pid = 0
+    cdef ei_error err
+    if ei_peer_cred(sock, &uid, &gid, &pid, &err) != EI_OK:
+        _raise(&err)
+    return uid, gid, pid
+
+
+def sock_alive(int sock):
+    """True while the peer keeps the connection open (and has not said goodbye)."""
+    return ei_sock_alive(sock) == 1
+
+
+# ---------------------------------------------------------------- the handshake (reader side)
+
+def results_connect(str socket_path, str stream, double timeout):
+    """Asks the daemon for `stream`'s result ring: (connection fd, ring fd), both
+    the caller's. Raises the daemon's refusal, DaemonUnavailable or HandshakeTimeout."""
+    cdef ei_error err
+    cdef int sock, ring_fd, rc
+    cdef uint64_t t = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
+    bpath = _fs(socket_path)
+    bstream = _fs(stream)
+    cdef const char *cpath = bpath
+    cdef const char *cstream = bstream
+    with nogil:
+        rc = ei_results_connect(cpath, cstream, t, &sock, &ring_fd, &err)
+    if rc != EI_OK:
+        _raise(&err)
+    return sock, ring_fd

@@ -1,12 +1,24 @@
 /*
- * edgeinfer shared-memory ABI, version 1.
+ * edgeinfer shared-memory ABI, version 2.
  *
- * The single source of truth for the layout of frame rings and result rings
- * and for the protocol that moves frames through them. Header-only C11
- * (stdatomic + Linux futex syscalls): a camera producer includes this file and
- * needs no library. Compile with -std=gnu11 (or define _GNU_SOURCE before any
- * system header) on Linux x86_64 or aarch64. docs/abi.md explains every field,
- * the slot state machine and why the memory ordering is sufficient.
+ * The single source of truth for the layout of frame rings and result rings,
+ * for the protocol that moves frames through them, and for the socket
+ * handshake that hands them over. Header-only C11 (stdatomic, Linux futex,
+ * memfd and Unix-socket calls): a camera producer or a result reader includes
+ * this file and needs no library. Compile with -std=gnu11 (or define
+ * _GNU_SOURCE before any system header) on Linux >= 5.1, x86_64 or aarch64.
+ * docs/abi.md explains every field, the slot state machine, why the memory
+ * ordering is sufficient, and who can do what to whom.
+ *
+ * ABI 2 in one paragraph: a ring is a sealed memfd, never a name. A camera
+ * creates its frame ring with memfd_create, seals its size
+ * (F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL) and sends the fd (SCM_RIGHTS) with
+ * its stream name over the daemon's ingress socket; the daemon checks the
+ * peer's credentials against the stream's configured producer. The
+ * connection is the liveness. The daemon creates each result ring as a memfd,
+ * seals it read-only for every later mapping (F_SEAL_FUTURE_WRITE) and hands
+ * the fd to readers that pass the stream's reader check. Nobody else can open
+ * a ring, nobody can resize one, and a reader cannot write one.
  *
  * Byte order is the host's: producer and consumer share one machine.
  */
@@ -21,14 +33,20 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <linux/magic.h>
+#include <poll.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,16 +54,18 @@
 #error "ring.h is C11: include it from a C translation unit"
 #endif
 
-/* Open-file-description locks (Linux >= 3.15); older libcs lack the names. */
-#ifndef F_OFD_GETLK
-#define F_OFD_GETLK 36
-#define F_OFD_SETLK 37
-#endif
+/* Names newer than some libcs. */
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449
 #endif
 #ifndef FUTEX2_SIZE_U32
 #define FUTEX2_SIZE_U32 0x02
+#endif
+#ifndef MFD_ALLOW_SEALING
+#define MFD_ALLOW_SEALING 0x0002U
+#endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux >= 5.1 */
 #endif
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free (address-free across processes)");
@@ -55,9 +75,11 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free (add
 /* Constants                                                           */
 /* ------------------------------------------------------------------ */
 
-#define EI_ABI_VERSION 1u
-#define EI_FRAME_MAGIC "EIFRAME1"   /* 8 bytes, no NUL stored */
-#define EI_RESULT_MAGIC "EIRESLT1"
+#define EI_ABI_VERSION 2u
+#define EI_FRAME_MAGIC "EIFRAME2"   /* 8 bytes, no NUL stored */
+#define EI_RESULT_MAGIC "EIRESLT2"
+#define EI_HELLO_MAGIC "EIHELLO2"   /* opens every handshake message from a client */
+#define EI_REPLY_MAGIC "EIREPLY2"   /* opens every message from the daemon */
 #define EI_HEADER_SIZE 4096u        /* header page; slot 0 / record 0 starts here */
 #define EI_SLOT_HEADER_SIZE 64u     /* payload starts this far into a slot */
 #define EI_RECORD_HEADER_SIZE 128u  /* payload starts this far into a result record */
@@ -70,14 +92,20 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free (add
 #define EI_MAX_PAYLOAD (1ull << 30) /* one slot payload / record payload limit */
 #define EI_NO_SLOT 0xFFFFFFFFu      /* `claimed` value when the consumer holds nothing */
 #define EI_MAX_WAIT 64u             /* rings one ei_wait_any call can sleep on */
-#define EI_NAME_MAX 200u            /* segment name length limit */
+#define EI_STREAM_NAME_MAX 64u      /* stream names: 1..64 of [A-Za-z0-9_-], starting alphanumeric */
 #define EI_MODEL_NAME_LEN 32u
 #define EI_MODEL_VERSION_LEN 16u
+#define EI_MSG_LEN 240u             /* reason text in a reply */
 
-/* Lock bytes (OFD locks on the segment file): held for the life of the holder,
- * released by the kernel when it dies, so liveness needs no pid checks. */
-#define EI_LOCK_PRODUCER 0 /* frame producer / result writer */
-#define EI_LOCK_CONSUMER 1 /* the one frame consumer */
+/* Where the daemon listens (systemd's edgeinferd.socket owns both, so they
+ * exist while the daemon restarts). SOCK_SEQPACKET, mode 0660, group edgeinfer. */
+#define EI_INGRESS_SOCKET "/run/edgeinfer/ingress.sock"
+#define EI_RESULTS_SOCKET "/run/edgeinfer/results.sock"
+
+/* The seals that make a frame ring safe to map: its size can never change. */
+#define EI_FRAME_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+/* ...and a result ring: in addition, no mapping made after sealing can write. */
+#define EI_RESULT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
 
 /* Pixel formats: all 8 bits per channel, interleaved (HWC). */
 enum ei_pixel_format {
@@ -97,47 +125,58 @@ enum ei_slot_state {
 
 /* Ring flags (header `flags`), set by the producer / writer. */
 enum ei_ring_flags {
-    EI_RING_CLOSED = 1u,     /* the producer closed it cleanly and unlinked it */
-    EI_RING_SUPERSEDED = 2u, /* a new segment now stands under this name: reattach */
+    EI_RING_CLOSED = 1u, /* the producer (writer) closed it cleanly: nothing more will come */
 };
 
-/* Status codes returned by every function below (negative = error). */
+/* Who a client is, in its hello. */
+enum ei_role {
+    EI_ROLE_PRODUCER = 1, /* hands over a frame ring (one fd) */
+    EI_ROLE_READER = 2,   /* asks for a stream's result ring (gets one fd) */
+};
+
+/* Status codes returned by every function below (negative = error). The
+ * daemon's reply carries one of them as the reason class of a refusal. */
 enum ei_status {
     EI_OK = 0,
     EI_ERR_SYS = -1,           /* a system call failed; ei_error.sys_errno says which errno */
-    EI_ERR_TRUNCATED = -2,     /* file smaller than its header or its declared size */
-    EI_ERR_MAGIC = -3,         /* not an edgeinfer segment of the expected kind */
+    EI_ERR_TRUNCATED = -2,     /* file smaller than its header or than its geometry */
+    EI_ERR_MAGIC = -3,         /* not an edgeinfer ring of the expected kind */
     EI_ERR_ABI = -4,           /* an ABI version this code does not understand */
-    EI_ERR_GEOMETRY = -5,      /* geometry fields inconsistent or out of bounds */
-    EI_ERR_INSECURE = -6,      /* world-writable, or not a regular file */
-    EI_ERR_OWNER = -7,         /* owned by a user outside the allowed set */
-    EI_ERR_PRODUCER_BUSY = -8, /* another live producer / writer owns the name */
-    EI_ERR_CONSUMER_BUSY = -9, /* another live consumer is attached */
-    EI_ERR_NOSPACE = -10,      /* the shared-memory filesystem is full */
-    EI_ERR_ARG = -11,          /* a bad argument from the caller */
-    EI_ERR_NOT_FOUND = -12,    /* no segment of that name */
-    EI_ERR_CORRUPT = -13,      /* a producer-written number failed its bounds check */
+    EI_ERR_GEOMETRY = -5,      /* geometry fields inconsistent, out of bounds, or the wrong size */
+    EI_ERR_INSECURE = -6,      /* not a sealed memfd, or sealed/opened so that the protocol cannot hold */
+    EI_ERR_DENIED = -7,        /* the peer is not allowed to produce / read this stream */
+    EI_ERR_BUSY = -8,          /* the stream already has its producer (transient: retry) */
+    EI_ERR_AGAIN = -9,         /* nothing yet / the daemon is saturated with handshakes (transient) */
+    EI_ERR_NOSPACE = -10,      /* no memory for the ring */
+    EI_ERR_ARG = -11,          /* a bad argument from the caller (or an unknown stream) */
+    EI_ERR_NOT_FOUND = -12,    /* no daemon listens on the socket */
+    EI_ERR_CORRUPT = -13,      /* a producer-written number failed its check; the frame was skipped */
     EI_ERR_STATE = -14,        /* call out of order (e.g. acquire while holding) */
+    EI_ERR_SHORT = -15,        /* the frame's payload_len is shorter than the frame: skipped */
+    EI_ERR_PROTOCOL = -16,     /* a malformed handshake message */
+    EI_ERR_CLOSED = -17,       /* the peer closed the connection */
+    EI_ERR_TIMEOUT = -18,      /* no answer in time */
+    EI_ERR_REFUSED = -19,      /* the daemon refused for a reason of its own (e.g. cannot serve the geometry) */
 };
 
 typedef struct ei_error {
     int code;       /* an ei_status */
     int sys_errno;  /* errno for EI_ERR_SYS / EI_ERR_NOSPACE, else 0 */
-    char msg[320];  /* human-readable, names the segment and the problem */
+    char msg[320];  /* human-readable, names the ring or stream and the problem */
 } ei_error;
 
 /* ------------------------------------------------------------------ */
 /* Shared-memory layout                                                */
 /* ------------------------------------------------------------------ */
 
-/* Frame ring header: the first EI_HEADER_SIZE bytes of `edgeinfer.<stream>`.
- * Lines 0-1 are written once before the segment gets its name, then never. */
+/* Frame ring header: the first EI_HEADER_SIZE bytes of a frame ring.
+ * Lines 0-1 are written once, before the fd is handed over, then never. */
 typedef struct ei_frame_ring_header {
-    /* line 0-1: identity and geometry (immutable once linked) */
+    /* line 0-1: identity and geometry (immutable once handed over) */
     char magic[8];              /* EI_FRAME_MAGIC */
     uint32_t abi_version;       /* EI_ABI_VERSION */
     uint32_t header_size;       /* EI_HEADER_SIZE: offset of slot 0 */
-    uint64_t total_size;        /* header_size + slot_count * slot_stride */
+    uint64_t total_size;        /* header_size + slot_count * slot_stride == the memfd's sealed size */
     uint32_t slot_count;        /* EI_MIN_SLOTS..EI_MAX_SLOTS */
     uint32_t slot_header_size;  /* EI_SLOT_HEADER_SIZE: payload offset inside a slot */
     uint64_t slot_stride;       /* bytes from one slot to the next, multiple of EI_ALIGN */
@@ -153,11 +192,11 @@ typedef struct ei_frame_ring_header {
     _Atomic uint32_t doorbell;         /* futex word: +1 on every publish and flag change */
     _Atomic uint32_t flags;            /* enum ei_ring_flags */
     _Atomic uint32_t producer_pid;     /* informational: the producer's pid (in its namespace) */
-    _Atomic uint32_t generation;       /* 1 + generation of the segment this one replaced */
-    _Atomic uint64_t published;        /* frames published into this segment */
+    _Atomic uint32_t generation;       /* informational: the producer's count of rings it created */
+    _Atomic uint64_t published;        /* seq of the newest frame published, stored BEFORE `latest` */
     _Atomic uint64_t producer_backoffs;/* slot picks abandoned because the consumer claimed it */
     uint8_t reserved1[24];
-    /* line 3: written by the consumer */
+    /* line 3: written by the consumer (the daemon) */
     _Atomic uint32_t claimed;          /* slot the consumer holds, EI_NO_SLOT if none */
     _Atomic uint32_t waiters;          /* consumers asleep on `doorbell`: producer wakes only if > 0 */
     _Atomic uint32_t consumer_pid;     /* informational: the attached consumer's pid */
@@ -170,20 +209,21 @@ typedef struct ei_frame_ring_header {
 /* Each slot starts with this; the payload follows at slot_header_size. */
 typedef struct ei_frame_slot_header {
     _Atomic uint64_t word;    /* seq << 8 | enum ei_slot_state */
-    uint64_t capture_mono_ns; /* CLOCK_MONOTONIC at capture */
+    uint64_t capture_mono_ns; /* CLOCK_MONOTONIC at capture (staleness and latency only, never priority) */
     uint64_t capture_real_ns; /* CLOCK_REALTIME at capture */
     uint64_t frame_id;        /* the producer's own frame number */
-    uint64_t payload_len;     /* bytes of payload written, <= payload_capacity */
+    uint64_t payload_len;     /* bytes of payload written: row_stride * height (less is an error) */
     uint8_t reserved[24];
 } ei_frame_slot_header;
 
-/* Result ring header: the first EI_HEADER_SIZE bytes of `edgeinfer.<stream>.results`. */
+/* Result ring header: the first EI_HEADER_SIZE bytes of a result ring. Only
+ * the daemon writes a result ring; readers map it read-only. */
 typedef struct ei_result_ring_header {
-    /* line 0-1: identity and geometry (immutable once linked) */
+    /* line 0-1: identity and geometry (immutable once sealed) */
     char magic[8];              /* EI_RESULT_MAGIC */
     uint32_t abi_version;       /* EI_ABI_VERSION */
     uint32_t header_size;       /* EI_HEADER_SIZE: offset of record 0 */
-    uint64_t total_size;        /* header_size + record_count * record_stride */
+    uint64_t total_size;        /* header_size + record_count * record_stride == the memfd's sealed size */
     uint32_t record_count;      /* EI_MIN_RECORDS..EI_MAX_RECORDS */
     uint32_t record_header_size;/* EI_RECORD_HEADER_SIZE: payload offset inside a record */
     uint64_t record_stride;     /* multiple of EI_ALIGN */
@@ -191,14 +231,13 @@ typedef struct ei_result_ring_header {
     uint8_t reserved0[80];
     /* line 2: written by the writer */
     _Atomic uint64_t head;      /* number of the newest complete record (1-based); 0 = none */
-    _Atomic uint32_t doorbell;  /* futex word: +1 per record and per flag change */
+    _Atomic uint32_t doorbell;  /* futex word: +1 per record and per flag change; woken while readers are connected */
     _Atomic uint32_t flags;     /* enum ei_ring_flags */
     _Atomic uint32_t writer_pid;/* informational */
-    _Atomic uint32_t generation;/* 1 + generation of the segment this one replaced */
+    _Atomic uint32_t generation;/* informational: 1 + the number of rings the daemon made for this stream before */
     uint8_t reserved1[40];
-    /* line 3: written by readers */
-    _Atomic uint32_t waiters;   /* readers asleep on `doorbell` */
-    uint8_t reserved2[60];
+    /* line 3: unused since ABI 2 (readers never write shared memory) */
+    uint8_t reserved2[64];
 } ei_result_ring_header;
 
 /* Result record n (1-based) lives at index (n - 1) % record_count. */
@@ -219,14 +258,36 @@ typedef struct ei_result_record_header {
     uint8_t reserved[8];
 } ei_result_record_header;
 
+/* The handshake. A client sends one hello (with the frame ring's fd for a
+ * producer); the daemon answers one reply (with the result ring's fd for an
+ * accepted reader) and keeps the connection: it is the liveness both ways.
+ * When the daemon drops a producer it may send one more reply saying why,
+ * then closes. */
+typedef struct ei_hello {
+    char magic[8];                   /* EI_HELLO_MAGIC */
+    uint32_t abi_version;            /* EI_ABI_VERSION */
+    uint32_t role;                   /* enum ei_role */
+    char stream[EI_STREAM_NAME_MAX]; /* NUL-padded stream name */
+    uint8_t reserved[48];            /* zero */
+} ei_hello;
+
+typedef struct ei_reply {
+    char magic[8];          /* EI_REPLY_MAGIC */
+    uint32_t abi_version;   /* EI_ABI_VERSION */
+    int32_t status;         /* EI_OK, or the enum ei_status class of the refusal */
+    char msg[EI_MSG_LEN];   /* why, NUL-terminated (empty when accepted) */
+} ei_reply;
+
 _Static_assert(sizeof(ei_frame_ring_header) == 256, "frame header layout");
 _Static_assert(offsetof(ei_frame_ring_header, latest) == 128, "frame header layout");
+_Static_assert(offsetof(ei_frame_ring_header, published) == 152, "frame header layout");
 _Static_assert(offsetof(ei_frame_ring_header, claimed) == 192, "frame header layout");
 _Static_assert(sizeof(ei_frame_slot_header) == EI_SLOT_HEADER_SIZE, "slot header layout");
 _Static_assert(sizeof(ei_result_ring_header) == 256, "result header layout");
 _Static_assert(offsetof(ei_result_ring_header, head) == 128, "result header layout");
-_Static_assert(offsetof(ei_result_ring_header, waiters) == 192, "result header layout");
 _Static_assert(sizeof(ei_result_record_header) == EI_RECORD_HEADER_SIZE, "record header layout");
+_Static_assert(sizeof(ei_hello) == 128, "hello layout");
+_Static_assert(sizeof(ei_reply) == 256, "reply layout");
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
@@ -260,7 +321,6 @@ static inline uint32_t ei_pixel_channels(uint32_t fmt) {
 static inline int ei_fail(ei_error *err, int code, int sys_errno, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-#include <stdarg.h>
 static inline int ei_fail(ei_error *err, int code, int sys_errno, const char *fmt, ...) {
     if (err) {
         va_list ap;
@@ -273,235 +333,123 @@ static inline int ei_fail(ei_error *err, int code, int sys_errno, const char *fm
     return code;
 }
 
+/* 1 when `name` is a valid stream name: 1..EI_STREAM_NAME_MAX characters of
+ * [A-Za-z0-9_-], the first alphanumeric. No path characters, no newline. */
+static inline int ei_stream_name_ok(const char *name, size_t len) {
+    if (len == 0 || len > EI_STREAM_NAME_MAX) return 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        if (!alnum && (i == 0 || (c != '_' && c != '-'))) return 0;
+    }
+    return 1;
+}
+
 static inline int ei_futex_wake(_Atomic uint32_t *addr) {
     /* Shared (not FUTEX_PRIVATE): the waiter is another process. */
     return (int)syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Sleeps while *addr == expected, at most timeout_ns. 0 on wake/mismatch, ETIMEDOUT, or EINTR. */
-static inline int ei_futex_wait(_Atomic uint32_t *addr, uint32_t expected, uint64_t timeout_ns) {
+/* Sleeps while *addr == expected, at most timeout_ns. 0 on wake/mismatch, ETIMEDOUT, or EINTR.
+ * Works on a read-only shared mapping (a result ring's reader): FUTEX_WAIT only reads the word. */
+static inline int ei_futex_wait(const _Atomic uint32_t *addr, uint32_t expected, uint64_t timeout_ns) {
     struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
-    if (syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0) == 0) return 0;
+    if (syscall(SYS_futex, (const uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0) == 0) return 0;
     return errno == EAGAIN ? 0 : errno;
 }
 
-/* Build "<dir>/<name>"; the name must be a plain file name. */
-static inline int ei_segment_path(char *out, size_t outlen, const char *dir, const char *name, ei_error *err) {
-    size_t n = strlen(name);
-    if (n == 0 || n > EI_NAME_MAX || strchr(name, '/') || name[0] == '.')
-        return ei_fail(err, EI_ERR_ARG, 0, "invalid segment name '%s': 1-%u characters, no '/', not starting with '.'",
-                       name, EI_NAME_MAX);
-    if ((size_t)snprintf(out, outlen, "%s/%s", dir, name) >= outlen)
-        return ei_fail(err, EI_ERR_ARG, 0, "segment path too long: %s/%s", dir, name);
-    return EI_OK;
-}
-
-/* One OFD lock request (F_OFD_SETLK / F_OFD_GETLK) of `type` on one byte. */
-static inline int ei__ofd_lock(int fd, int cmd, short type, int byte, short *type_out) {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = type;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = byte;
-    fl.l_len = 1;
-    int rc = fcntl(fd, cmd, &fl);
-    if (type_out) *type_out = fl.l_type;
-    return rc;
-}
-
-/* Takes (nonblocking) an OFD write lock on one byte of the segment; 0 on success. */
-static inline int ei_lock_byte(int fd, int byte) { return ei__ofd_lock(fd, F_OFD_SETLK, F_WRLCK, byte, NULL); }
-
-/* Drops a lock explicitly. Closing the fd is not enough while the segment is
- * mapped: the mapping keeps the open file description, and its locks, alive. */
-static inline void ei_unlock_byte(int fd, int byte) { ei__ofd_lock(fd, F_OFD_SETLK, F_UNLCK, byte, NULL); }
-
-/* 1 when some other open file description holds lock `byte` (its owner is alive). */
-static inline int ei_lock_held(int fd, int byte) {
-    short type = F_UNLCK;
-    if (ei__ofd_lock(fd, F_OFD_GETLK, F_WRLCK, byte, &type) != 0) return 0;
-    return type != F_UNLCK;
-}
-
-/* Refuses a segment that anyone may write, that is not a plain file, or whose
- * owner is not in allowed_uids (n_allowed == 0: any owner). */
-static inline int ei_check_owner(int fd, const char *name, const uint32_t *allowed_uids, size_t n_allowed,
-                                 struct stat *st, ei_error *err) {
-    if (fstat(fd, st) != 0) return ei_fail(err, EI_ERR_SYS, errno, "%s: fstat: %s", name, strerror(errno));
-    if (!S_ISREG(st->st_mode)) return ei_fail(err, EI_ERR_INSECURE, 0, "%s: not a regular file", name);
-    if (st->st_mode & S_IWOTH)
-        return ei_fail(err, EI_ERR_INSECURE, 0, "%s: world-writable (mode %04o); producers must create segments 0660",
-                       name, (unsigned)(st->st_mode & 07777));
-    if (n_allowed) {
-        for (size_t i = 0; i < n_allowed; i++)
-            if (allowed_uids[i] == (uint32_t)st->st_uid) return EI_OK;
-        return ei_fail(err, EI_ERR_OWNER, 0, "%s: owned by uid %u, which is not an allowed producer", name,
-                       (unsigned)st->st_uid);
-    }
-    return EI_OK;
-}
-
-/* Opens an existing segment for a reader: never through a symlink. Returns fd or an ei_status. */
-static inline int ei__open_existing(const char *path, const char *dir, const char *name, ei_error *err) {
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd >= 0) return fd;
-    if (errno == ENOENT) return ei_fail(err, EI_ERR_NOT_FOUND, ENOENT, "%s: no such segment in %s", name, dir);
-    if (errno == ELOOP) return ei_fail(err, EI_ERR_INSECURE, 0, "%s: is a symbolic link; refusing it", name);
-    if (errno == EACCES)
-        return ei_fail(err, EI_ERR_INSECURE, EACCES, "%s: permission denied (a producer outside our group? "
-                       "segments must be group-readable by the consumer)", name);
-    return ei_fail(err, EI_ERR_SYS, errno, "%s: open: %s", name, strerror(errno));
-}
-
 /* ------------------------------------------------------------------ */
-/* Segment creation: a fully initialised segment appears under its    */
-/* name atomically (temp file + link/rename), so a reader never sees  */
-/* a half-written header.                                             */
+/* Ring memory: sealed memfds                                          */
 /* ------------------------------------------------------------------ */
 
-typedef struct ei_new_segment {
-    int fd;          /* owns: the new segment's fd, holding the EI_LOCK_PRODUCER lock */
-    uint8_t *base;   /* owns: read-write mapping of the whole segment */
-    size_t size;
-    char tmp_path[PATH_MAX];
-    char path[PATH_MAX];
-    uint32_t generation; /* generation to stamp: 1 + the replaced segment's */
-    int old_fd;          /* owns: the segment being replaced (locked), or -1 */
-} ei_new_segment;
-
-/* Opens the name's current segment, if any, and makes sure nobody alive owns it.
- * On success *old_fd is -1 (no segment) or an fd whose producer lock we now hold. */
-static inline int ei__take_over_name(const char *path, const char *name, int *old_fd, uint32_t *old_generation,
-                                     size_t gen_offset, ei_error *err) {
-    *old_fd = -1;
-    *old_generation = 0;
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        if (errno == ENOENT) return EI_OK;
-        return ei_fail(err, EI_ERR_SYS, errno, "%s: cannot open the existing segment: %s", name, strerror(errno));
-    }
-    if (ei_lock_byte(fd, EI_LOCK_PRODUCER) != 0) {
-        int e = errno;
-        close(fd);
-        if (e == EAGAIN || e == EACCES)
-            return ei_fail(err, EI_ERR_PRODUCER_BUSY, 0, "%s: another live producer owns this segment", name);
-        return ei_fail(err, EI_ERR_SYS, e, "%s: lock: %s", name, strerror(e));
-    }
-    struct stat st;
-    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= EI_HEADER_SIZE) {
-        uint32_t g = 0;
-        if (pread(fd, &g, sizeof g, (off_t)gen_offset) == (ssize_t)sizeof g) *old_generation = g;
-    }
-    *old_fd = fd;
-    return EI_OK;
-}
-
-static inline int ei__segment_begin(ei_new_segment *s, const char *dir, const char *name, uint64_t size,
-                                    unsigned mode, long gid, size_t gen_offset, ei_error *err) {
-    memset(s, 0, sizeof *s);
-    s->fd = -1;
-    s->old_fd = -1;
-    int rc = ei_segment_path(s->path, sizeof s->path, dir, name, err);
-    if (rc) return rc;
-    if ((size_t)snprintf(s->tmp_path, sizeof s->tmp_path, "%s/.%s.%d.tmp", dir, name, (int)getpid()) >=
-        sizeof s->tmp_path)
-        return ei_fail(err, EI_ERR_ARG, 0, "segment path too long: %s/%s", dir, name);
-    uint32_t old_gen = 0;
-    rc = ei__take_over_name(s->path, name, &s->old_fd, &old_gen, gen_offset, err);
-    if (rc) return rc;
-    s->generation = old_gen + 1;
-    unlink(s->tmp_path); /* a leftover of a crashed earlier run of this very pid */
-    s->fd = open(s->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode & 0777);
-    if (s->fd < 0) {
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: cannot create %s: %s", name, s->tmp_path, strerror(errno));
-        goto fail;
-    }
-    fchmod(s->fd, mode & 0777); /* the umask must not widen or narrow the access control */
-    if (gid >= 0 && fchown(s->fd, (uid_t)-1, (gid_t)gid) != 0) {
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: cannot give the segment to group %ld: %s", name, gid, strerror(errno));
-        goto fail;
-    }
-    /* Reserve every page now: a full /dev/shm is this error, never a SIGBUS later. */
-    int e = posix_fallocate(s->fd, 0, (off_t)size);
+/* Creates a memfd of `size` bytes with every page reserved now (no memory is
+ * an error here, never a SIGBUS later), mapped read-write. On success the
+ * caller owns *fd_out and *base_out (munmap/close). */
+static inline int ei__memfd_ring(const char *label, uint64_t size, int *fd_out, uint8_t **base_out, ei_error *err) {
+    *fd_out = -1;
+    *base_out = NULL;
+    int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return ei_fail(err, EI_ERR_SYS, errno, "%s: memfd_create: %s", label, strerror(errno));
+    int e = posix_fallocate(fd, 0, (off_t)size);
     if (e) {
-        rc = ei_fail(err, e == ENOSPC ? EI_ERR_NOSPACE : EI_ERR_SYS, e, "%s: cannot reserve %llu bytes in %s: %s",
-                     name, (unsigned long long)size, dir, strerror(e));
-        goto fail;
+        close(fd);
+        return ei_fail(err, (e == ENOSPC || e == ENOMEM) ? EI_ERR_NOSPACE : EI_ERR_SYS, e,
+                       "%s: cannot reserve %llu bytes for the ring: %s", label, (unsigned long long)size, strerror(e));
     }
-    s->base = (uint8_t *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
-    if (s->base == MAP_FAILED) {
-        s->base = NULL;
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: mmap %llu bytes: %s", name, (unsigned long long)size,
-                     strerror(errno));
-        goto fail;
+    void *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        e = errno;
+        close(fd);
+        return ei_fail(err, EI_ERR_SYS, e, "%s: mmap %llu bytes: %s", label, (unsigned long long)size, strerror(e));
     }
-    s->size = size;
-    if (ei_lock_byte(s->fd, EI_LOCK_PRODUCER) != 0) {
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: lock: %s", name, strerror(errno));
-        goto fail;
-    }
+    *fd_out = fd;
+    *base_out = (uint8_t *)base;
     return EI_OK;
-fail:
-    if (s->base) munmap(s->base, s->size);
-    if (s->fd >= 0) { close(s->fd); unlink(s->tmp_path); }
-    if (s->old_fd >= 0) close(s->old_fd);
-    s->base = NULL;
-    s->fd = s->old_fd = -1;
-    return rc;
 }
 
-/* Gives the initialised segment its name, then tells readers of the segment
- * it replaced to reattach. `flags_off`/`bell_off` locate those words in the old header. */
-static inline int ei__segment_commit(ei_new_segment *s, const char *name, size_t flags_off, size_t bell_off,
-                                     ei_error *err) {
-    int rc = EI_OK;
-    if (s->old_fd >= 0) {
-        /* We hold the dead owner's lock: no one else can be replacing it. */
-        if (rename(s->tmp_path, s->path) != 0)
-            rc = ei_fail(err, EI_ERR_SYS, errno, "%s: rename into place: %s", name, strerror(errno));
-        else {
-            void *old = mmap(NULL, EI_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, s->old_fd, 0);
-            struct stat st;
-            if (old != MAP_FAILED && fstat(s->old_fd, &st) == 0 && (uint64_t)st.st_size >= EI_HEADER_SIZE) {
-                atomic_fetch_or((_Atomic uint32_t *)((uint8_t *)old + flags_off), EI_RING_SUPERSEDED);
-                atomic_fetch_add((_Atomic uint32_t *)((uint8_t *)old + bell_off), 1);
-                ei_futex_wake((_Atomic uint32_t *)((uint8_t *)old + bell_off));
-            }
-            if (old != MAP_FAILED) munmap(old, EI_HEADER_SIZE);
-        }
-        close(s->old_fd);
-        s->old_fd = -1;
-    } else if (link(s->tmp_path, s->path) != 0) {
-        /* EEXIST: another producer created the name since we looked. */
-        rc = errno == EEXIST ? ei_fail(err, EI_ERR_PRODUCER_BUSY, 0, "%s: another producer created it concurrently", name)
-                             : ei_fail(err, EI_ERR_SYS, errno, "%s: link into place: %s", name, strerror(errno));
-        unlink(s->tmp_path);
-    } else {
-        unlink(s->tmp_path);
-    }
-    if (rc) {
-        munmap(s->base, s->size);
-        close(s->fd);
-        s->base = NULL;
-        s->fd = -1;
-    }
-    return rc;
+static inline int ei__seal(int fd, int seals, const char *label, ei_error *err) {
+    if (fcntl(fd, F_ADD_SEALS, seals) != 0)
+        return ei_fail(err, EI_ERR_SYS, errno, "%s: sealing the ring: %s", label, strerror(errno));
+    return EI_OK;
 }
 
-/* Marks a segment closed, wakes its readers and unlinks its name if the name
- * still refers to this very segment. Does not unmap or close. */
-static inline void ei__segment_retire(int fd, const char *path, _Atomic uint32_t *flags, _Atomic uint32_t *bell,
-                                      int unlink_name) {
-    ei_unlock_byte(fd, EI_LOCK_PRODUCER); /* the name is free for the next producer now */
-    atomic_fetch_or(flags, EI_RING_CLOSED);
-    atomic_fetch_add(bell, 1);
-    ei_futex_wake(bell);
-    if (unlink_name) {
-        struct stat mine, named;
-        if (fstat(fd, &mine) == 0 && stat(path, &named) == 0 && mine.st_ino == named.st_ino &&
-            mine.st_dev == named.st_dev)
-            unlink(path);
+/* Checks an fd someone handed us before anything of it is mapped: a memfd
+ * (a regular, unlinked file on the kernel's internal tmpfs), carrying at
+ * least `need_seals`, none of `forbid_seals`, opened read-write when
+ * `need_rdwr`, and of a size between the header and max_size. Fills *size_out. */
+static inline int ei_ring_fd_check(int fd, const char *name, int need_seals, int forbid_seals, int need_rdwr,
+                                   uint64_t max_size, uint64_t *size_out, ei_error *err) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return ei_fail(err, EI_ERR_SYS, errno, "%s: fstat: %s", name, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return ei_fail(err, EI_ERR_INSECURE, 0, "%s: the fd is not a memfd (not a regular file: mode %06o)", name,
+                       (unsigned)st.st_mode);
+    struct statfs sf;
+    if (fstatfs(fd, &sf) != 0) return ei_fail(err, EI_ERR_SYS, errno, "%s: fstatfs: %s", name, strerror(errno));
+    if (sf.f_type != TMPFS_MAGIC)
+        return ei_fail(err, EI_ERR_INSECURE, 0, "%s: the fd is not a memfd (file system type 0x%lx; hugetlbfs and "
+                       "disk files are refused)", name, (unsigned long)sf.f_type);
+    if (st.st_nlink != 0)
+        return ei_fail(err, EI_ERR_INSECURE, 0, "%s: the fd is a named file (%lu links), not a memfd: anyone who can "
+                       "open the name could write or resize it", name, (unsigned long)st.st_nlink);
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0)
+        return ei_fail(err, EI_ERR_INSECURE, 0, "%s: the fd cannot be sealed (not a memfd): %s", name, strerror(errno));
+    if ((seals & need_seals) != need_seals)
+        return ei_fail(err, EI_ERR_INSECURE, 0, "%s: the memfd is not sealed (seals 0x%x, need 0x%x: "
+                       "F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL%s)", name, (unsigned)seals, (unsigned)need_seals,
+                       (need_seals & F_SEAL_FUTURE_WRITE) ? "|F_SEAL_FUTURE_WRITE" : "");
+    if (seals & forbid_seals)
+        return ei_fail(err, EI_ERR_INSECURE, 0, "%s: the memfd is write-sealed (seals 0x%x): its producer could not "
+                       "write frames into it", name, (unsigned)seals);
+    if (need_rdwr) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || (fl & O_ACCMODE) != O_RDWR)
+            return ei_fail(err, EI_ERR_INSECURE, 0, "%s: the fd is not open read-write", name);
     }
+    if ((uint64_t)st.st_size < EI_HEADER_SIZE)
+        return ei_fail(err, EI_ERR_TRUNCATED, 0, "%s: %llu bytes, smaller than the %u-byte header", name,
+                       (unsigned long long)st.st_size, EI_HEADER_SIZE);
+    if ((uint64_t)st.st_size > max_size)
+        return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: %llu bytes, larger than the %llu-byte limit for a ring", name,
+                       (unsigned long long)st.st_size, (unsigned long long)max_size);
+    *size_out = (uint64_t)st.st_size;
+    return EI_OK;
+}
+
+/* Maps a checked ring fd: read-write (a frame ring's consumer writes its claim
+ * in the header) or read-only (a result ring's reader). The caller owns the
+ * mapping (munmap(*base_out, size)); the fd stays the caller's. */
+static inline int ei_ring_map(int fd, uint64_t size, int writable, const char *name, uint8_t **base_out,
+                              ei_error *err) {
+    void *base = mmap(NULL, (size_t)size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        *base_out = NULL;
+        return ei_fail(err, EI_ERR_SYS, errno, "%s: mmap %llu bytes%s: %s", name, (unsigned long long)size,
+                       writable ? " read-write" : " read-only", strerror(errno));
+    }
+    *base_out = (uint8_t *)base;
+    return EI_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -552,19 +500,22 @@ static inline int ei_frame_layout_from_geometry(const ei_frame_geometry *g, ei_f
     return EI_OK;
 }
 
-/* Validates a mapped frame ring header against the file size and fills a
- * private layout. Reads the shared header once, into a local copy, so the
- * checks and the result agree even if the producer scribbles concurrently. */
-static inline int ei_frame_ring_check(const void *base, uint64_t file_size, const char *name, ei_frame_layout *out,
+/* Validates a mapped frame ring header against the ring's (sealed) size and
+ * fills a private layout. Reads the shared header once, into a local copy, so
+ * the checks and the result agree even if the producer scribbles concurrently. */
+static inline int ei_frame_ring_check(const void *base, uint64_t ring_size, const char *name, ei_frame_layout *out,
                                       ei_error *err) {
-    if (file_size < EI_HEADER_SIZE)
+    if (ring_size < EI_HEADER_SIZE)
         return ei_fail(err, EI_ERR_TRUNCATED, 0, "%s: %llu bytes, smaller than the %u-byte header", name,
-                       (unsigned long long)file_size, EI_HEADER_SIZE);
+                       (unsigned long long)ring_size, EI_HEADER_SIZE);
     ei_frame_ring_header h;
     memcpy(&h, base, offsetof(ei_frame_ring_header, latest)); /* immutable part only */
     if (memcmp(h.magic, EI_FRAME_MAGIC, 8) != 0) {
         if (memcmp(h.magic, EI_RESULT_MAGIC, 8) == 0)
             return ei_fail(err, EI_ERR_MAGIC, 0, "%s: is a result ring, not a frame ring", name);
+        if (memcmp(h.magic, "EIFRAME1", 8) == 0)
+            return ei_fail(err, EI_ERR_ABI, 0, "%s: an ABI 1 frame ring; this daemon speaks ABI %u (rebuild the "
+                           "camera against the new ring.h)", name, EI_ABI_VERSION);
         return ei_fail(err, EI_ERR_MAGIC, 0, "%s: not an edgeinfer frame ring (bad magic)", name);
     }
     if (h.abi_version != EI_ABI_VERSION)
@@ -592,9 +543,12 @@ static inline int ei_frame_ring_check(const void *base, uint64_t file_size, cons
     if (h.total_size != out->total_size)
         return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: declared size %llu, geometry needs %llu", name,
                        (unsigned long long)h.total_size, (unsigned long long)out->total_size);
-    if (file_size < out->total_size)
-        return ei_fail(err, EI_ERR_TRUNCATED, 0, "%s: file is %llu bytes, its geometry needs %llu", name,
-                       (unsigned long long)file_size, (unsigned long long)out->total_size);
+    if (ring_size < out->total_size)
+        return ei_fail(err, EI_ERR_TRUNCATED, 0, "%s: ring is %llu bytes, its geometry needs %llu", name,
+                       (unsigned long long)ring_size, (unsigned long long)out->total_size);
+    if (ring_size != out->total_size)
+        return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: ring is %llu bytes, its geometry needs exactly %llu", name,
+                       (unsigned long long)ring_size, (unsigned long long)out->total_size);
     return EI_OK;
 }
 
@@ -606,38 +560,39 @@ static inline uint8_t *ei_frame_payload(uint8_t *base, const ei_frame_layout *l,
     return (uint8_t *)ei_frame_slot(base, l, slot) + EI_SLOT_HEADER_SIZE;
 }
 
+/* Bytes of one whole frame: a payload_len below this is a short (skipped) frame. */
+static inline uint64_t ei_frame_bytes(const ei_frame_layout *l) { return (uint64_t)l->row_stride * l->height; }
+
 /* ------------------------------------------------------------------ */
 /* Frame ring: producer                                                */
 /* ------------------------------------------------------------------ */
 
 typedef struct ei_frame_producer {
-    int fd;                    /* owns: segment fd, holding the producer lock for our lifetime */
-    uint8_t *base;             /* owns: read-write mapping of the whole segment */
+    int fd;                    /* owns: the sealed memfd; hand a copy to the daemon (ei_ingress) */
+    uint8_t *base;             /* owns: read-write mapping of the whole ring */
     ei_frame_ring_header *hdr; /* borrowed: == base */
     ei_frame_layout layout;    /* what we created; never re-read from shared memory */
     uint64_t next_seq;         /* seq the next publish gets (1-based) */
     uint32_t latest_slot;      /* slot of our last publish, EI_NO_SLOT before the first */
     uint32_t writing;          /* slot reserved by begin(), EI_NO_SLOT if none */
     uint32_t cursor;           /* where the next slot search starts (round robin) */
-    char path[PATH_MAX];
 } ei_frame_producer;
 
-/* Creates the frame ring `name` in `dir` (normally /dev/shm), replacing a
- * segment of that name whose producer is dead. Fails with EI_ERR_PRODUCER_BUSY
- * if a live producer owns it. mode and gid are the access control (normally
- * 0660 and the `edgeinfer` group; gid -1 keeps the creator's group). */
-static inline int ei_frame_producer_open(ei_frame_producer *p, const char *dir, const char *name,
-                                         const ei_frame_geometry *g, unsigned mode, long gid, ei_error *err) {
+/* Creates a frame ring as a sealed memfd (`label` names it in /proc/PID/fd).
+ * Its size is sealed before anyone else sees it, so it can never shrink under
+ * a mapping. Nothing is shared yet: hand p->fd to the daemon with ei_ingress. */
+static inline int ei_frame_producer_create(ei_frame_producer *p, const char *label, const ei_frame_geometry *g,
+                                           ei_error *err) {
     memset(p, 0, sizeof *p);
     p->fd = -1;
     ei_frame_layout l;
-    int rc = ei_frame_layout_from_geometry(g, &l, name, err);
+    int rc = ei_frame_layout_from_geometry(g, &l, label, err);
     if (rc) return rc;
-    if (mode & S_IWOTH) return ei_fail(err, EI_ERR_ARG, 0, "%s: refusing a world-writable mode %04o", name, mode);
-    ei_new_segment s;
-    rc = ei__segment_begin(&s, dir, name, l.total_size, mode, gid, offsetof(ei_frame_ring_header, generation), err);
+    uint8_t *base;
+    int fd;
+    rc = ei__memfd_ring(label, l.total_size, &fd, &base, err);
     if (rc) return rc;
-    ei_frame_ring_header *h = (ei_frame_ring_header *)s.base;
+    ei_frame_ring_header *h = (ei_frame_ring_header *)base;
     memcpy(h->magic, EI_FRAME_MAGIC, 8);
     h->abi_version = EI_ABI_VERSION;
     h->header_size = EI_HEADER_SIZE;
@@ -653,18 +608,20 @@ static inline int ei_frame_producer_open(ei_frame_producer *p, const char *dir, 
     h->row_stride = l.row_stride;
     atomic_store(&h->claimed, EI_NO_SLOT);
     atomic_store(&h->producer_pid, (uint32_t)getpid());
-    atomic_store(&h->generation, s.generation);
-    rc = ei__segment_commit(&s, name, offsetof(ei_frame_ring_header, flags), offsetof(ei_frame_ring_header, doorbell),
-                            err);
-    if (rc) return rc;
-    p->fd = s.fd;
-    p->base = s.base;
+    atomic_store(&h->generation, 1);
+    rc = ei__seal(fd, EI_FRAME_SEALS, label, err);
+    if (rc) {
+        munmap(base, l.total_size);
+        close(fd);
+        return rc;
+    }
+    p->fd = fd;
+    p->base = base;
     p->hdr = h;
     p->layout = l;
     p->next_seq = 1;
     p->latest_slot = EI_NO_SLOT;
     p->writing = EI_NO_SLOT;
-    memcpy(p->path, s.path, sizeof p->path);
     return EI_OK;
 }
 
@@ -694,7 +651,9 @@ static inline uint8_t *ei_frame_producer_begin(ei_frame_producer *p) {
     }
 }
 
-/* Publishes the slot reserved by begin(). Returns the frame's seq, 0 if nothing was reserved. */
+/* Publishes the slot reserved by begin(). payload_len must be the whole frame
+ * (ei_frame_bytes); less is counted as a short frame and never served.
+ * Returns the frame's seq, 0 if nothing was reserved. */
 static inline uint64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t capture_mono_ns,
                                                  uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len) {
     uint32_t s = p->writing;
@@ -706,8 +665,10 @@ static inline uint64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t 
     sh->frame_id = frame_id;
     sh->payload_len = payload_len < p->layout.payload_capacity ? payload_len : p->layout.payload_capacity;
     atomic_store(&sh->word, seq << 8 | EI_SLOT_READY);
+    /* `published` first: a consumer that sees `latest` = seq also sees published >= seq, so a
+     * `latest` ahead of `published` can only be a lie, never a race. */
+    atomic_store(&p->hdr->published, seq);
     atomic_store(&p->hdr->latest, seq << 8 | s);
-    atomic_fetch_add_explicit(&p->hdr->published, 1, memory_order_relaxed);
     /* Dekker with the sleeping consumer: bump the bell, then look for waiters. */
     atomic_fetch_add(&p->hdr->doorbell, 1);
     if (atomic_load(&p->hdr->waiters)) ei_futex_wake(&p->hdr->doorbell);
@@ -716,15 +677,19 @@ static inline uint64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t 
     return seq;
 }
 
-/* Marks the ring closed (readers see it at once) and unlinks its name; keeps the mapping. */
-static inline void ei_frame_producer_retire(ei_frame_producer *p, int unlink_name) {
-    if (p->base) ei__segment_retire(p->fd, p->path, &p->hdr->flags, &p->hdr->doorbell, unlink_name);
+/* Marks the ring closed: its consumer sees it at once. Keeps the mapping. */
+static inline void ei_frame_producer_retire(ei_frame_producer *p) {
+    if (!p->base) return;
+    atomic_fetch_or(&p->hdr->flags, EI_RING_CLOSED);
+    atomic_fetch_add(&p->hdr->doorbell, 1);
+    ei_futex_wake(&p->hdr->doorbell);
 }
 
-/* retire() and then unmap and close. */
-static inline void ei_frame_producer_close(ei_frame_producer *p, int unlink_name) {
+/* retire(), then unmap and close the memfd. The daemon keeps its own mapping
+ * until it drops the stream. */
+static inline void ei_frame_producer_close(ei_frame_producer *p) {
     if (!p->base) return;
-    ei_frame_producer_retire(p, unlink_name);
+    ei_frame_producer_retire(p);
     munmap(p->base, p->layout.total_size);
     close(p->fd);
     p->base = NULL;
@@ -733,14 +698,16 @@ static inline void ei_frame_producer_close(ei_frame_producer *p, int unlink_name
 }
 
 /* ------------------------------------------------------------------ */
-/* Frame ring: consumer (exactly one per ring)                         */
+/* Frame ring: consumer (exactly one per ring: the daemon)             */
 /* ------------------------------------------------------------------ */
 
 typedef struct ei_frame_consumer {
     uint8_t *base;             /* borrowed: mapping owned by the caller (header RW, slots read-only) */
     ei_frame_ring_header *hdr; /* borrowed: == base */
     ei_frame_layout layout;    /* private validated copy */
-    uint64_t last_seq;         /* seq of the last frame acquired; only newer ones are returned */
+    uint64_t last_seq;         /* seq of the last frame taken (acquired or refused as short) */
+    uint64_t seen_latest;      /* the `latest` word last consumed: only a different word is news */
+    uint64_t pending_since_ns; /* CLOCK_MONOTONIC when the consumer first saw news, 0 = none pending */
     uint32_t held;             /* slot we hold, EI_NO_SLOT if none */
     uint32_t seen_flags;       /* ring flags already reported to the caller */
 } ei_frame_consumer;
@@ -752,115 +719,71 @@ typedef struct ei_frame_info {
     uint64_t capture_real_ns;
     uint64_t frame_id;
     uint64_t payload_len;
+    uint64_t pending_since_ns; /* when the consumer first saw news (the daemon's own arrival time) */
     uint32_t slot;
     uint32_t generation;
 } ei_frame_info;
 
-typedef struct ei_mapped {
-    int fd;        /* the segment fd (holds the consumer lock for frame rings) */
-    uint8_t *base; /* mapping of the whole segment */
-    size_t size;
-    dev_t dev;     /* identity of the file, to notice a replaced name */
-    ino_t ino;
-} ei_mapped;
-
-typedef int (*ei__check_fn)(const void *base, uint64_t file_size, const char *name, void *layout, ei_error *err);
-
-/* Opens an existing segment for a reader: checks ownership, maps it, validates
- * it with `check` (filling *layout) and makes everything after the header page
- * read-only. On success the caller owns m->fd and m->base (munmap/close). */
-static inline int ei__map_existing(ei_mapped *m, const char *dir, const char *name, const uint32_t *allowed_uids,
-                                   size_t n_allowed, ei__check_fn check, void *layout, ei_error *err) {
-    char path[PATH_MAX];
-    m->fd = -1;
-    m->base = NULL;
-    int rc = ei_segment_path(path, sizeof path, dir, name, err);
-    if (rc) return rc;
-    int fd = ei__open_existing(path, dir, name, err);
-    if (fd < 0) return fd;
-    struct stat st;
-    uint8_t *base = NULL;
-    rc = ei_check_owner(fd, name, allowed_uids, n_allowed, &st, err);
-    if (rc) goto fail;
-    if ((uint64_t)st.st_size < EI_HEADER_SIZE) {
-        rc = check(NULL, (uint64_t)st.st_size, name, layout, err); /* reports the truncation */
-        goto fail;
-    }
-    /* Map only what the file holds now; the validated header says how much we will use. */
-    base = (uint8_t *)mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        base = NULL;
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: mmap: %s", name, strerror(errno));
-        goto fail;
-    }
-    rc = check(base, (uint64_t)st.st_size, name, layout, err);
-    if (rc) goto fail;
-    /* Frames and records are read-only to readers: a stray write faults instead of corrupting them. */
-    if (mprotect(base + EI_HEADER_SIZE, (size_t)st.st_size - EI_HEADER_SIZE, PROT_READ) != 0) {
-        rc = ei_fail(err, EI_ERR_SYS, errno, "%s: mprotect: %s", name, strerror(errno));
-        goto fail;
-    }
-    m->fd = fd;
-    m->base = base;
-    m->size = (size_t)st.st_size;
-    m->dev = st.st_dev;
-    m->ino = st.st_ino;
-    return EI_OK;
-fail:
-    if (base) munmap(base, (size_t)st.st_size);
-    close(fd);
-    return rc;
-}
-
-static inline int ei__frame_check_cb(const void *base, uint64_t size, const char *name, void *l, ei_error *err) {
-    return ei_frame_ring_check(base, size, name, (ei_frame_layout *)l, err);
-}
-
-/* Opens, checks ownership, maps and validates a frame ring, and takes the
- * consumer lock. On success the caller owns m->fd and m->base (munmap/close). */
-static inline int ei_frame_consumer_open(ei_frame_consumer *c, ei_mapped *m, const char *dir, const char *name,
-                                         const uint32_t *allowed_uids, size_t n_allowed, ei_error *err) {
+/* Starts consuming a ring already checked (ei_ring_fd_check) and mapped
+ * read-write (ei_ring_map): validates the header into a private layout, makes
+ * the slots read-only to us, and drops whatever a previous consumer (a daemon
+ * that died) left in the consumer's line. */
+static inline int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name,
+                                         ei_error *err) {
     memset(c, 0, sizeof *c);
-    int rc = ei__map_existing(m, dir, name, allowed_uids, n_allowed, ei__frame_check_cb, &c->layout, err);
+    int rc = ei_frame_ring_check(base, size, name, &c->layout, err);
     if (rc) return rc;
-    if (ei_lock_byte(m->fd, EI_LOCK_CONSUMER) != 0) {
-        rc = (errno == EAGAIN || errno == EACCES)
-                 ? ei_fail(err, EI_ERR_CONSUMER_BUSY, 0, "%s: another consumer is attached", name)
-                 : ei_fail(err, EI_ERR_SYS, errno, "%s: lock: %s", name, strerror(errno));
-        munmap(m->base, m->size);
-        close(m->fd);
-        m->base = NULL;
-        m->fd = -1;
-        return rc;
-    }
-    c->base = m->base;
-    c->hdr = (ei_frame_ring_header *)m->base;
+    /* Frames are read-only to the consumer: a stray write faults instead of corrupting them. */
+    if (mprotect(base + EI_HEADER_SIZE, (size_t)size - EI_HEADER_SIZE, PROT_READ) != 0)
+        return ei_fail(err, EI_ERR_SYS, errno, "%s: mprotect: %s", name, strerror(errno));
+    c->base = base;
+    c->hdr = (ei_frame_ring_header *)base;
     c->held = EI_NO_SLOT;
-    /* A dead consumer's claim is ours to drop. */
     atomic_store(&c->hdr->claimed, EI_NO_SLOT);
+    atomic_store(&c->hdr->waiters, 0);
     atomic_store(&c->hdr->consumer_pid, (uint32_t)getpid());
     return EI_OK;
 }
 
-/* Something new for the caller: a frame newer than the last acquired, or a flag change. */
+/* Something new for the caller: a `latest` word not consumed yet, or a flag change. */
 static inline int ei_frame_consumer_ready(const ei_frame_consumer *c) {
-    return (atomic_load_explicit(&c->hdr->latest, memory_order_acquire) >> 8) > c->last_seq ||
+    uint64_t latest = atomic_load_explicit(&c->hdr->latest, memory_order_acquire);
+    return (latest != 0 && latest != c->seen_latest) ||
            atomic_load_explicit(&c->hdr->flags, memory_order_acquire) != c->seen_flags;
 }
 
-/* Claims the newest complete frame if it is newer than the last one acquired.
+/* Records the daemon's own arrival time of news (for deadlines that a
+ * producer's clock cannot buy): the first time news is seen since the last
+ * acquire. Returns the pending-since time, 0 if nothing is pending. */
+static inline uint64_t ei_frame_consumer_note(ei_frame_consumer *c, uint64_t now_ns) {
+    uint64_t latest = atomic_load_explicit(&c->hdr->latest, memory_order_acquire);
+    if (latest == 0 || latest == c->seen_latest) return 0;
+    if (!c->pending_since_ns) c->pending_since_ns = now_ns;
+    return c->pending_since_ns;
+}
+
+/* Claims the newest complete frame if `latest` changed since the last look.
  * Returns 1 (claimed, *out filled), 0 (nothing new), EI_ERR_STATE (already
- * holding one) or EI_ERR_CORRUPT (the producer wrote an out-of-bounds value). */
+ * holding one), EI_ERR_SHORT (the frame's payload_len is short: skipped, with
+ * *out filled except for the slot) or EI_ERR_CORRUPT (the producer wrote a
+ * `latest` that names no published frame: skipped). A bad word is consumed
+ * once: it is never retried, and it never stops the frames after it. */
 static inline int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info *out) {
     if (c->held != EI_NO_SLOT) return EI_ERR_STATE;
     ei_frame_ring_header *h = c->hdr;
+    uint64_t latest = atomic_load(&h->latest);
     for (int tries = 0;; tries++) {
-        uint64_t latest = atomic_load(&h->latest);
+        if (latest == 0 || latest == c->seen_latest) return 0;
+        c->seen_latest = latest;
+        out->pending_since_ns = c->pending_since_ns;
+        c->pending_since_ns = 0;
         uint64_t seq = latest >> 8;
         uint32_t slot = (uint32_t)(latest & 0xff);
-        if (seq <= c->last_seq) return 0;
-        if (slot >= c->layout.slot_count) {
-            c->last_seq = seq; /* skip it: retrying would spin on the same bad word */
+        /* `published` is stored before `latest`: a seq beyond it was never published. */
+        if (slot >= c->layout.slot_count || seq > atomic_load(&h->published)) return EI_ERR_CORRUPT;
+        if (seq <= c->last_seq) {
+            /* Backwards: never honest. Resynchronise so that the frames after it are served. */
+            c->last_seq = seq;
             return EI_ERR_CORRUPT;
         }
         /* Dekker: announce the claim, then check the slot still holds `seq` (both seq_cst). */
@@ -868,11 +791,6 @@ static inline int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info 
         ei_frame_slot_header *sh = ei_frame_slot(c->base, &c->layout, slot);
         if (atomic_load(&sh->word) == (seq << 8 | EI_SLOT_READY)) {
             uint64_t len = sh->payload_len;
-            if (len > c->layout.payload_capacity) {
-                atomic_store(&h->claimed, EI_NO_SLOT);
-                c->last_seq = seq;
-                return EI_ERR_CORRUPT;
-            }
             out->seq = seq;
             out->capture_mono_ns = sh->capture_mono_ns;
             out->capture_real_ns = sh->capture_real_ns;
@@ -880,21 +798,27 @@ static inline int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info 
             out->payload_len = len;
             out->slot = slot;
             out->generation = atomic_load_explicit(&h->generation, memory_order_relaxed);
-            c->held = slot;
             c->last_seq = seq;
+            if (len > c->layout.payload_capacity) {
+                atomic_store(&h->claimed, EI_NO_SLOT);
+                return EI_ERR_CORRUPT;
+            }
+            if (len < ei_frame_bytes(&c->layout)) {
+                atomic_store(&h->claimed, EI_NO_SLOT);
+                return EI_ERR_SHORT;
+            }
+            c->held = slot;
             atomic_fetch_add_explicit(&h->claims, 1, memory_order_relaxed);
             return 1;
         }
-        /* The producer overwrote it between our two loads: a newer frame is in `latest`.
-         * An honest producer cannot win this race a thousand times in a row (it
-         * would have to publish a thousand frames during our few loads); a
-         * `latest` pointing at a slot that never matches is corrupt: skip it. */
+        /* The slot no longer holds `seq`. An honest producer only rewrites it after publishing a newer
+         * frame, so `latest` has moved on (seq_cst: its store precedes the WRITING store we saw): take
+         * that one. A `latest` that did not move names a frame that is not there: a lie. */
+        atomic_store(&h->claimed, EI_NO_SLOT);
         atomic_fetch_add_explicit(&h->claim_retries, 1, memory_order_relaxed);
-        if (tries >= 1000) {
-            atomic_store(&h->claimed, EI_NO_SLOT);
-            c->last_seq = seq;
-            return EI_ERR_CORRUPT;
-        }
+        uint64_t again = atomic_load(&h->latest);
+        if (again == latest || tries >= 1000) return EI_ERR_CORRUPT;
+        latest = again;
     }
 }
 
@@ -902,13 +826,6 @@ static inline void ei_frame_consumer_release(ei_frame_consumer *c) {
     if (c->held == EI_NO_SLOT) return;
     atomic_store(&c->hdr->claimed, EI_NO_SLOT);
     c->held = EI_NO_SLOT;
-}
-
-/* Releases any held frame and the consumer lock (fd: the segment's fd), so
- * another consumer can attach while this mapping still exists. */
-static inline void ei_frame_consumer_detach(ei_frame_consumer *c, int fd) {
-    ei_frame_consumer_release(c);
-    if (fd >= 0) ei_unlock_byte(fd, EI_LOCK_CONSUMER);
 }
 
 /* ------------------------------------------------------------------ */
@@ -924,10 +841,10 @@ struct ei_futex_waitv { /* the kernel's struct futex_waitv (Linux >= 5.16) */
 
 /* Anything whose readiness can be waited for: a doorbell, a waiter counter and a predicate. */
 typedef struct ei_waitable {
-    _Atomic uint32_t *doorbell; /* borrowed: futex word in a shared header */
-    _Atomic uint32_t *waiters;  /* borrowed: waiter counter in the same header */
-    int (*ready)(const void *); /* true when the caller has something to do */
-    const void *obj;            /* borrowed: argument of ready() */
+    const _Atomic uint32_t *doorbell; /* borrowed: futex word (shared, or private to the process) */
+    _Atomic uint32_t *waiters;        /* borrowed: waiter counter next to it, or NULL (a read-only ring) */
+    int (*ready)(const void *);       /* true when the caller has something to do */
+    const void *obj;                  /* borrowed: argument of ready() */
 } ei_waitable;
 
 static inline int ei__frame_ready_cb(const void *c) { return ei_frame_consumer_ready((const ei_frame_consumer *)c); }
@@ -967,8 +884,10 @@ static inline uint64_t ei_wait_any(const ei_waitable *w, uint32_t n, uint64_t ti
     struct ei_futex_waitv fw[EI_MAX_WAIT];
     uint32_t bell[EI_MAX_WAIT];
     for (;;) {
-        /* Dekker with the producer: count ourselves as waiting, read the bells, re-check. */
-        for (uint32_t i = 0; i < n; i++) atomic_fetch_add(w[i].waiters, 1);
+        /* Dekker with the producer: count ourselves as waiting, read the bells, re-check. (A read-only
+         * ring has no counter: its writer wakes on every commit while readers are connected.) */
+        for (uint32_t i = 0; i < n; i++)
+            if (w[i].waiters) atomic_fetch_add(w[i].waiters, 1);
         for (uint32_t i = 0; i < n; i++) bell[i] = atomic_load(w[i].doorbell);
         mask = ei__ready_mask(w, n);
         now = ei_now_ns(CLOCK_MONOTONIC);
@@ -992,7 +911,8 @@ static inline uint64_t ei_wait_any(const ei_waitable *w, uint32_t n, uint64_t ti
                     ei_futex_wait(w[i].doorbell, bell[i], slice);
             }
         }
-        for (uint32_t i = 0; i < n; i++) atomic_fetch_sub(w[i].waiters, 1);
+        for (uint32_t i = 0; i < n; i++)
+            if (w[i].waiters) atomic_fetch_sub(w[i].waiters, 1);
         if (mask) return mask;
         mask = ei__ready_mask(w, n);
         if (mask || ei_now_ns(CLOCK_MONOTONIC) >= deadline) return mask;
@@ -1000,7 +920,7 @@ static inline uint64_t ei_wait_any(const ei_waitable *w, uint32_t n, uint64_t ti
 }
 
 /* ------------------------------------------------------------------ */
-/* Result ring: one writer, any number of readers (seqlock per record) */
+/* Result ring: one writer, any number of read-only readers (seqlock)  */
 /* ------------------------------------------------------------------ */
 
 typedef struct ei_result_layout {
@@ -1025,11 +945,11 @@ static inline int ei_result_layout_make(uint32_t record_count, uint64_t payload_
     return EI_OK;
 }
 
-static inline int ei_result_ring_check(const void *base, uint64_t file_size, const char *name,
+static inline int ei_result_ring_check(const void *base, uint64_t ring_size, const char *name,
                                        ei_result_layout *out, ei_error *err) {
-    if (file_size < EI_HEADER_SIZE)
+    if (ring_size < EI_HEADER_SIZE)
         return ei_fail(err, EI_ERR_TRUNCATED, 0, "%s: %llu bytes, smaller than the %u-byte header", name,
-                       (unsigned long long)file_size, EI_HEADER_SIZE);
+                       (unsigned long long)ring_size, EI_HEADER_SIZE);
     ei_result_ring_header h;
     memcpy(&h, base, offsetof(ei_result_ring_header, head));
     if (memcmp(h.magic, EI_RESULT_MAGIC, 8) != 0) {
@@ -1047,9 +967,9 @@ static inline int ei_result_ring_check(const void *base, uint64_t file_size, con
         out->total_size != h.total_size)
         return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: inconsistent result ring geometry (%u records of %llu bytes)",
                        name, h.record_count, (unsigned long long)h.record_stride);
-    if (file_size < out->total_size)
-        return ei_fail(err, EI_ERR_TRUNCATED, 0, "%s: file is %llu bytes, its geometry needs %llu", name,
-                       (unsigned long long)file_size, (unsigned long long)out->total_size);
+    if (ring_size < out->total_size)
+        return ei_fail(err, EI_ERR_TRUNCATED, 0, "%s: ring is %llu bytes, its geometry needs %llu", name,
+                       (unsigned long long)ring_size, (unsigned long long)out->total_size);
     return EI_OK;
 }
 
@@ -1058,27 +978,29 @@ static inline ei_result_record_header *ei_result_record(uint8_t *base, const ei_
 }
 
 typedef struct ei_result_writer {
-    int fd;                     /* owns: segment fd, holding the writer lock */
-    uint8_t *base;              /* owns: read-write mapping */
+    int fd;                     /* owns: the sealed memfd; readers get copies of it */
+    uint8_t *base;              /* owns: the one read-write mapping (made before sealing) */
     ei_result_ring_header *hdr; /* borrowed: == base */
     ei_result_layout layout;    /* what we created */
     uint64_t head;              /* number of our last record; private, never read back */
-    char path[PATH_MAX];
+    _Atomic int wake;           /* FUTEX_WAKE on every commit: set while any reader is connected */
 } ei_result_writer;
 
-static inline int ei_result_writer_open(ei_result_writer *wr, const char *dir, const char *name,
-                                        uint32_t record_count, uint64_t payload_capacity, unsigned mode, long gid,
-                                        ei_error *err) {
+/* Creates a result ring as a memfd, maps it read-write, initialises it and
+ * then seals it: no mapping made from now on can write it (F_SEAL_FUTURE_WRITE),
+ * and its size is fixed. Hand readers copies of wr->fd. */
+static inline int ei_result_writer_create(ei_result_writer *wr, const char *label, uint32_t record_count,
+                                          uint64_t payload_capacity, uint32_t generation, ei_error *err) {
     memset(wr, 0, sizeof *wr);
     wr->fd = -1;
     ei_result_layout l;
-    int rc = ei_result_layout_make(record_count, payload_capacity, &l, name, err);
+    int rc = ei_result_layout_make(record_count, payload_capacity, &l, label, err);
     if (rc) return rc;
-    if (mode & S_IWOTH) return ei_fail(err, EI_ERR_ARG, 0, "%s: refusing a world-writable mode %04o", name, mode);
-    ei_new_segment s;
-    rc = ei__segment_begin(&s, dir, name, l.total_size, mode, gid, offsetof(ei_result_ring_header, generation), err);
+    uint8_t *base;
+    int fd;
+    rc = ei__memfd_ring(label, l.total_size, &fd, &base, err);
     if (rc) return rc;
-    ei_result_ring_header *h = (ei_result_ring_header *)s.base;
+    ei_result_ring_header *h = (ei_result_ring_header *)base;
     memcpy(h->magic, EI_RESULT_MAGIC, 8);
     h->abi_version = EI_ABI_VERSION;
     h->header_size = EI_HEADER_SIZE;
@@ -1088,15 +1010,20 @@ static inline int ei_result_writer_open(ei_result_writer *wr, const char *dir, c
     h->record_stride = l.record_stride;
     h->payload_capacity = l.payload_capacity;
     atomic_store(&h->writer_pid, (uint32_t)getpid());
-    atomic_store(&h->generation, s.generation);
-    rc = ei__segment_commit(&s, name, offsetof(ei_result_ring_header, flags), offsetof(ei_result_ring_header, doorbell),
-                            err);
-    if (rc) return rc;
-    wr->fd = s.fd;
-    wr->base = s.base;
+    atomic_store(&h->generation, generation);
+    rc = ei__seal(fd, EI_RESULT_SEALS, label, err);
+    /* Owner-read only: reopening it through /proc/PID/fd gives another user nothing (the seals already
+     * forbid every write; this is defence in depth). */
+    if (rc == EI_OK && fchmod(fd, 0400) != 0) rc = ei_fail(err, EI_ERR_SYS, errno, "%s: fchmod: %s", label, strerror(errno));
+    if (rc) {
+        munmap(base, l.total_size);
+        close(fd);
+        return rc;
+    }
+    wr->fd = fd;
+    wr->base = base;
     wr->hdr = h;
     wr->layout = l;
-    memcpy(wr->path, s.path, sizeof wr->path);
     return EI_OK;
 }
 
@@ -1118,48 +1045,39 @@ static inline uint64_t ei_result_writer_commit(ei_result_writer *wr, ei_result_r
     atomic_store_explicit(&r->seqlock, n << 1, memory_order_release);
     atomic_store(&wr->hdr->head, n);
     atomic_fetch_add(&wr->hdr->doorbell, 1);
-    if (atomic_load(&wr->hdr->waiters)) ei_futex_wake(&wr->hdr->doorbell);
+    /* Readers cannot count themselves (they never write): wake whenever anyone may be listening. */
+    if (atomic_load_explicit(&wr->wake, memory_order_relaxed)) ei_futex_wake(&wr->hdr->doorbell);
     return n;
 }
 
-static inline void ei_result_writer_retire(ei_result_writer *wr, int unlink_name) {
-    if (wr->base) ei__segment_retire(wr->fd, wr->path, &wr->hdr->flags, &wr->hdr->doorbell, unlink_name);
-}
-
-static inline void ei_result_writer_close(ei_result_writer *wr, int unlink_name) {
+/* Marks the ring closed and wakes its readers. Does not unmap or close. */
+static inline void ei_result_writer_retire(ei_result_writer *wr) {
     if (!wr->base) return;
-    ei_result_writer_retire(wr, unlink_name);
-    munmap(wr->base, wr->layout.total_size);
-    close(wr->fd);
-    wr->base = NULL;
-    wr->hdr = NULL;
-    wr->fd = -1;
+    atomic_fetch_or(&wr->hdr->flags, EI_RING_CLOSED);
+    atomic_fetch_add(&wr->hdr->doorbell, 1);
+    ei_futex_wake(&wr->hdr->doorbell);
 }
 
 typedef struct ei_result_reader {
-    uint8_t *base;              /* borrowed: mapping owned by the caller (header RW, records read-only) */
-    ei_result_ring_header *hdr; /* borrowed: == base */
-    ei_result_layout layout;    /* private validated copy */
-    uint64_t next;              /* number of the next record to read */
-    uint64_t missed;            /* records overwritten before we read them, in total */
-    uint32_t seen_flags;        /* ring flags already reported */
+    const uint8_t *base;              /* borrowed: read-only mapping owned by the caller */
+    const ei_result_ring_header *hdr; /* borrowed: == base */
+    ei_result_layout layout;          /* private validated copy */
+    uint64_t next;                    /* number of the next record to read */
+    uint64_t missed;                  /* records overwritten before we read them, in total */
+    uint32_t seen_flags;              /* ring flags already reported */
 } ei_result_reader;
 
-static inline int ei__result_check_cb(const void *base, uint64_t size, const char *name, void *l, ei_error *err) {
-    return ei_result_ring_check(base, size, name, (ei_result_layout *)l, err);
-}
-
-/* Opens, checks ownership, maps and validates a result ring. from_oldest: start
- * at the oldest record still held, else at the next one written. On success
- * the caller owns m->fd and m->base (munmap/close). */
-static inline int ei_result_reader_open(ei_result_reader *rd, ei_mapped *m, const char *dir, const char *name,
-                                        const uint32_t *allowed_uids, size_t n_allowed, int from_oldest,
-                                        ei_error *err) {
+/* Starts reading a result ring already checked (ei_ring_fd_check with
+ * EI_RESULT_SEALS: nobody but the daemon's own mapping can write it) and
+ * mapped read-only. from_oldest: start at the oldest record still held, else
+ * at the next one written. */
+static inline int ei_result_reader_init(ei_result_reader *rd, const uint8_t *base, uint64_t size, const char *name,
+                                        int from_oldest, ei_error *err) {
     memset(rd, 0, sizeof *rd);
-    int rc = ei__map_existing(m, dir, name, allowed_uids, n_allowed, ei__result_check_cb, &rd->layout, err);
+    int rc = ei_result_ring_check(base, size, name, &rd->layout, err);
     if (rc) return rc;
-    rd->base = m->base;
-    rd->hdr = (ei_result_ring_header *)m->base;
+    rd->base = base;
+    rd->hdr = (const ei_result_ring_header *)base;
     uint64_t head = atomic_load(&rd->hdr->head);
     uint64_t oldest = head > rd->layout.record_count ? head - rd->layout.record_count + 1 : 1;
     rd->next = from_oldest ? oldest : head + 1;
@@ -1174,7 +1092,7 @@ static inline int ei_result_reader_ready(const ei_result_reader *rd) {
 static inline int ei__result_ready_cb(const void *r) { return ei_result_reader_ready((const ei_result_reader *)r); }
 
 static inline ei_waitable ei_result_waitable(ei_result_reader *rd) {
-    ei_waitable w = {&rd->hdr->doorbell, &rd->hdr->waiters, ei__result_ready_cb, rd};
+    ei_waitable w = {&rd->hdr->doorbell, NULL, ei__result_ready_cb, rd}; /* no waiter count: read-only */
     return w;
 }
 
@@ -1184,15 +1102,16 @@ static inline ei_waitable ei_result_waitable(ei_result_reader *rd) {
 /* Copies the next record (header + payload_len bytes of payload) into hdr_out
  * and payload_out (payload_cap bytes). Returns 1 when a record was copied, 0
  * when none is available yet (or the writer overwrote every candidate while we
- * looked: call again), -1 when `head` is corrupt. *missed_out gets how many
- * records were overwritten before this one could be read (also added to
- * rd->missed). Bounded: a writer can make it return 0, never spin forever. */
+ * looked: call again), -1 when `head` is corrupt (beyond EI_MAX_RECORD_NUMBER,
+ * or behind what was already read). *missed_out gets how many records were
+ * overwritten before this one could be read (also added to rd->missed).
+ * Bounded: a writer can make it return 0, never spin forever. */
 static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_header *hdr_out, uint8_t *payload_out,
                                         uint64_t payload_cap, uint64_t *missed_out) {
     *missed_out = 0;
     for (uint64_t tries = 0; tries <= (uint64_t)rd->layout.record_count + 2; tries++) {
         uint64_t head = atomic_load_explicit(&rd->hdr->head, memory_order_acquire);
-        if (head > EI_MAX_RECORD_NUMBER) return -1;
+        if (head > EI_MAX_RECORD_NUMBER || head + 1 < rd->next) return -1;
         if (head < rd->next) return 0;
         /* Records older than head - count + 2 may be mid-overwrite: skip ahead. */
         if (head - rd->next + 1 >= rd->layout.record_count) {
@@ -1202,7 +1121,8 @@ static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_h
             rd->next = skip_to;
         }
         uint64_t n = rd->next;
-        ei_result_record_header *r = ei_result_record(rd->base, &rd->layout, n);
+        const ei_result_record_header *r =
+            ei_result_record((uint8_t *)(uintptr_t)rd->base, &rd->layout, n); /* read-only despite the cast */
         uint64_t s1 = atomic_load_explicit(&r->seqlock, memory_order_acquire);
         if (s1 != n << 1) {
             /* Head says n is complete, so a different word means a newer lap overwrote it. */
@@ -1215,7 +1135,7 @@ static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_h
         uint64_t len = hdr_out->payload_len;
         if (len > rd->layout.payload_capacity) len = rd->layout.payload_capacity;
         if (len > payload_cap) len = payload_cap;
-        memcpy(payload_out, ei_result_payload(r), len);
+        memcpy(payload_out, (const uint8_t *)r + EI_RECORD_HEADER_SIZE, len);
         atomic_thread_fence(memory_order_acquire); /* copies complete before the re-check */
         uint64_t s2 = atomic_load_explicit(&r->seqlock, memory_order_relaxed);
         if (s2 != s1) continue; /* overwritten while copying: retry, the lap check counts it */
@@ -1224,6 +1144,408 @@ static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_h
         return 1;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The handshake: Unix SOCK_SEQPACKET, one message each way, fds by    */
+/* SCM_RIGHTS, identity by SO_PEERCRED                                 */
+/* ------------------------------------------------------------------ */
+
+/* A non-blocking, close-on-exec SEQPACKET connection to `path`. Returns the fd
+ * or an ei_status: EI_ERR_NOT_FOUND (no socket / no daemon listening), EI_ERR_DENIED
+ * (no permission on the socket), EI_ERR_AGAIN (its backlog is full). */
+static inline int ei_sock_connect(const char *path, ei_error *err) {
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof sa.sun_path) return ei_fail(err, EI_ERR_ARG, 0, "socket path too long: %s", path);
+    strcpy(sa.sun_path, path);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) return ei_fail(err, EI_ERR_SYS, errno, "socket: %s", strerror(errno));
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) == 0) return s;
+    int e = errno;
+    close(s);
+    if (e == ENOENT || e == ECONNREFUSED)
+        return ei_fail(err, EI_ERR_NOT_FOUND, e, "no edgeinferd listens on %s (%s)", path, strerror(e));
+    if (e == EACCES || e == EPERM)
+        return ei_fail(err, EI_ERR_DENIED, e, "%s: permission denied (the socket is for group edgeinfer)", path);
+    if (e == EAGAIN) return ei_fail(err, EI_ERR_AGAIN, e, "%s: the daemon's backlog is full", path);
+    return ei_fail(err, EI_ERR_SYS, e, "connect %s: %s", path, strerror(e));
+}
+
+/* Sends one message, with `fd` attached by SCM_RIGHTS when fd >= 0. Never
+ * blocks and never raises SIGPIPE. */
+static inline int ei_sock_send(int sock, const void *msg, size_t len, int fd, ei_error *err) {
+    struct iovec iov = {(void *)(uintptr_t)msg, len};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    if (fd >= 0) {
+        memset(&ctl, 0, sizeof ctl);
+        mh.msg_control = ctl.buf;
+        mh.msg_controllen = sizeof ctl.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == (ssize_t)len) return EI_OK;
+    if (n >= 0) return ei_fail(err, EI_ERR_PROTOCOL, 0, "short send (%zd of %zu bytes)", n, len);
+    if (errno == EAGAIN) return ei_fail(err, EI_ERR_AGAIN, EAGAIN, "the peer's socket buffer is full");
+    if (errno == EPIPE || errno == ECONNRESET) return ei_fail(err, EI_ERR_CLOSED, errno, "the peer closed the connection");
+    return ei_fail(err, EI_ERR_SYS, errno, "sendmsg: %s", strerror(errno));
+}
+
+/* Receives one message of exactly `len` bytes without blocking, and at most
+ * one fd (*fd_out, -1 if none; pass fd_out NULL to accept none). Every fd
+ * beyond what is accepted is closed here, never leaked. Returns EI_OK,
+ * EI_ERR_AGAIN (nothing yet), EI_ERR_CLOSED (the peer closed), or
+ * EI_ERR_PROTOCOL (wrong size, truncated, too many fds). */
+static inline int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_error *err) {
+    if (fd_out) *fd_out = -1;
+    char over[1];
+    struct iovec iov[2] = {{msg, len}, {over, sizeof over}};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 2;
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(8 * sizeof(int))]; /* room to see (and close) a few extra fds */
+    } ctl;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    ssize_t n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+        if (errno == EAGAIN) return ei_fail(err, EI_ERR_AGAIN, EAGAIN, "no message yet");
+        if (errno == ECONNRESET) return ei_fail(err, EI_ERR_CLOSED, errno, "the peer closed the connection");
+        return ei_fail(err, EI_ERR_SYS, errno, "recvmsg: %s", strerror(errno));
+    }
+    int got = -1, extra = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int f;
+            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
+            if (got < 0 && fd_out) got = f;
+            else { close(f); extra++; }
+        }
+    }
+    if (n == 0 && got < 0) return ei_fail(err, EI_ERR_CLOSED, 0, "the peer closed the connection");
+    const char *why = (mh.msg_flags & MSG_CTRUNC) ? "more fds than one" : extra ? "more fds than one"
+                    : (size_t)n != len || (mh.msg_flags & MSG_TRUNC) ? "wrong message size" : NULL;
+    if (why) {
+        if (got >= 0) close(got);
+        return ei_fail(err, EI_ERR_PROTOCOL, 0, "malformed message (%s: %zd bytes, %s)", why, n,
+                       (mh.msg_flags & MSG_CTRUNC) ? "control data truncated" : "control data whole");
+    }
+    if (fd_out) *fd_out = got;
+    return EI_OK;
+}
+
+/* Fills a hello for `stream`. */
+static inline int ei_hello_make(ei_hello *h, uint32_t role, const char *stream, ei_error *err) {
+    size_t len = strlen(stream);
+    if (!ei_stream_name_ok(stream, len))
+        return ei_fail(err, EI_ERR_ARG, 0, "invalid stream name '%.80s': 1-%u of letters, digits, '_' or '-', "
+                       "starting with a letter or digit", stream, EI_STREAM_NAME_MAX);
+    memset(h, 0, sizeof *h);
+    memcpy(h->magic, EI_HELLO_MAGIC, 8);
+    h->abi_version = EI_ABI_VERSION;
+    h->role = role;
+    memcpy(h->stream, stream, len);
+    return EI_OK;
+}
+
+/* The daemon's side: checks a received hello. Fills stream_out (NUL-terminated). */
+static inline int ei_hello_check(const ei_hello *h, char stream_out[EI_STREAM_NAME_MAX + 1], ei_error *err) {
+    if (memcmp(h->magic, EI_HELLO_MAGIC, 8) != 0)
+        return ei_fail(err, EI_ERR_PROTOCOL, 0, "not an edgeinfer hello (bad magic)");
+    if (h->abi_version != EI_ABI_VERSION)
+        return ei_fail(err, EI_ERR_ABI, 0, "client speaks ABI %u, this daemon ABI %u", h->abi_version, EI_ABI_VERSION);
+    if (h->role != EI_ROLE_PRODUCER && h->role != EI_ROLE_READER)
+        return ei_fail(err, EI_ERR_PROTOCOL, 0, "unknown role %u", h->role);
+    size_t len = strnlen(h->stream, EI_STREAM_NAME_MAX);
+    for (size_t i = len; i < EI_STREAM_NAME_MAX; i++)
+        if (h->stream[i]) return ei_fail(err, EI_ERR_PROTOCOL, 0, "stream name not NUL-padded");
+    if (!ei_stream_name_ok(h->stream, len))
+        return ei_fail(err, EI_ERR_ARG, 0, "invalid stream name (1-%u of letters, digits, '_' or '-')",
+                       EI_STREAM_NAME_MAX);
+    memcpy(stream_out, h->stream, len);
+    stream_out[len] = 0;
+    return EI_OK;
+}
+
+/* The daemon's side: one reply (with fd attached when fd >= 0). */
+static inline int ei_reply_send(int sock, int status, const char *msg, int fd, ei_error *err) {
+    ei_reply r;
+    memset(&r, 0, sizeof r);
+    memcpy(r.magic, EI_REPLY_MAGIC, 8);
+    r.abi_version = EI_ABI_VERSION;
+    r.status = status;
+    snprintf(r.msg, sizeof r.msg, "%s", msg ? msg : "");
+    return ei_sock_send(sock, &r, sizeof r, fd, err);
+}
+
+/* A client's side: receives one reply (and its fd, when fd_out != NULL).
+ * EI_OK when the daemon accepted; its refusal's status and words otherwise. */
+static inline int ei_reply_recv(int sock, int *fd_out, ei_error *err) {
+    ei_reply r;
+    int rc = ei_sock_recv(sock, &r, sizeof r, fd_out, err);
+    if (rc) return rc;
+    if (memcmp(r.magic, EI_REPLY_MAGIC, 8) != 0 || r.abi_version != EI_ABI_VERSION) {
+        if (fd_out && *fd_out >= 0) { close(*fd_out); *fd_out = -1; }
+        return ei_fail(err, EI_ERR_PROTOCOL, 0, "not an edgeinfer ABI %u reply", EI_ABI_VERSION);
+    }
+    r.msg[EI_MSG_LEN - 1] = 0;
+    if (r.status == EI_OK) return EI_OK;
+    if (fd_out && *fd_out >= 0) { close(*fd_out); *fd_out = -1; }
+    return ei_fail(err, r.status < 0 ? r.status : EI_ERR_REFUSED, 0, "edgeinferd: %s", r.msg);
+}
+
+/* 1 while the peer keeps the connection open, 0 once it closed (or said
+ * goodbye: a message is pending). Never blocks. */
+static inline int ei_sock_alive(int sock) {
+    struct pollfd p = {sock, POLLIN | POLLRDHUP, 0};
+    int n = poll(&p, 1, 0);
+    return n == 0 || (n < 0 && errno == EINTR);
+}
+
+/* The credentials of the peer of a connected Unix socket, as the kernel
+ * recorded them at connect() (SO_PEERCRED). */
+static inline int ei_peer_cred(int sock, uint32_t *uid, uint32_t *gid, int32_t *pid, ei_error *err) {
+    struct ucred uc;
+    socklen_t len = sizeof uc;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &uc, &len) != 0)
+        return ei_fail(err, EI_ERR_SYS, errno, "SO_PEERCRED: %s", strerror(errno));
+    *uid = uc.uid;
+    *gid = uc.gid;
+    *pid = uc.pid;
+    return EI_OK;
+}
+
+/* Waits (poll) until `sock` is readable or `timeout_ns` passes. */
+static inline int ei__wait_readable(int sock, uint64_t timeout_ns) {
+    struct pollfd p = {sock, POLLIN, 0};
+    int ms = (int)((timeout_ns + 999999) / 1000000);
+    int n = poll(&p, 1, ms < 0 ? 0 : ms);
+    return n > 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* A producer's connection: hand the ring over, keep the connection,   */
+/* reconnect with backoff. Never blocks.                               */
+/* ------------------------------------------------------------------ */
+
+enum ei_ingress_state {
+    EI_INGRESS_DISCONNECTED = 0, /* no connection; the next attempt is due at retry_at_ns */
+    EI_INGRESS_HANDSHAKE = 1,    /* hello sent with the ring; waiting for the reply */
+    EI_INGRESS_CONNECTED = 2,    /* the daemon accepted the ring and holds the connection */
+};
+
+#define EI_BACKOFF_MIN_NS 50000000ull      /* first retry after 50 ms */
+#define EI_BACKOFF_MAX_NS 5000000000ull    /* then doubling up to 5 s */
+#define EI_HANDSHAKE_TIMEOUT_NS 30000000000ull /* the daemon may build and warm a model session meanwhile */
+#define EI_ALIVE_CHECK_NS 100000000ull     /* liveness check every 100 ms while connected */
+
+typedef struct ei_ingress {
+    int sock;                  /* owns: the connection to the daemon, -1 while disconnected */
+    int ring_fd;               /* borrowed: the ring handed over at each (re)connection */
+    int state;                 /* enum ei_ingress_state */
+    int last_status;           /* ei_status of the last failure or refusal; EI_OK after an acceptance */
+    uint64_t retry_at_ns;      /* CLOCK_MONOTONIC: when to try to connect next */
+    uint64_t backoff_ns;       /* the current backoff; doubles per failure, reset on acceptance */
+    uint64_t sent_at_ns;       /* when the hello went out (handshake timeout) */
+    uint64_t check_at_ns;      /* next liveness check while connected */
+    uint32_t accepted;         /* handshakes the daemon accepted so far */
+    uint32_t attempts;         /* connection attempts so far */
+    ei_hello hello;            /* what is sent on every (re)connection */
+    char path[108];            /* the daemon's ingress socket */
+    char last_msg[320];        /* why the last attempt failed (the daemon's words for a refusal) */
+} ei_ingress;
+
+static inline int ei_ingress_init(ei_ingress *in, const char *path, const char *stream, int ring_fd, ei_error *err) {
+    memset(in, 0, sizeof *in);
+    in->sock = -1;
+    in->ring_fd = ring_fd;
+    in->backoff_ns = EI_BACKOFF_MIN_NS;
+    int rc = ei_hello_make(&in->hello, EI_ROLE_PRODUCER, stream, err);
+    if (rc) return rc;
+    if (strlen(path) >= sizeof in->path) return ei_fail(err, EI_ERR_ARG, 0, "socket path too long: %s", path);
+    strcpy(in->path, path);
+    return EI_OK;
+}
+
+static inline void ei__ingress_drop(ei_ingress *in, uint64_t now_ns, const ei_error *why) {
+    if (in->sock >= 0) close(in->sock);
+    in->sock = -1;
+    in->state = EI_INGRESS_DISCONNECTED;
+    in->retry_at_ns = now_ns + in->backoff_ns;
+    in->backoff_ns = in->backoff_ns * 2 > EI_BACKOFF_MAX_NS ? EI_BACKOFF_MAX_NS : in->backoff_ns * 2;
+    if (why) {
+        in->last_status = why->code;
+        snprintf(in->last_msg, sizeof in->last_msg, "%s", why->msg);
+    }
+}
+
+/* Advances the connection by whatever can be done now, never blocking:
+ * connect and send the ring when a retry is due, take the reply, notice a
+ * closed connection (then retry after a backoff). Cheap when nothing is due:
+ * call it once per frame. Returns the state. */
+static inline int ei_ingress_step(ei_ingress *in, uint64_t now_ns) {
+    ei_error e;
+    switch (in->state) {
+    case EI_INGRESS_DISCONNECTED: {
+        if (now_ns < in->retry_at_ns) return in->state;
+        in->attempts++;
+        int s = ei_sock_connect(in->path, &e);
+        if (s < 0) { ei__ingress_drop(in, now_ns, &e); return in->state; }
+        in->sock = s;
+        if (ei_sock_send(s, &in->hello, sizeof in->hello, in->ring_fd, &e) != EI_OK) {
+            ei__ingress_drop(in, now_ns, &e);
+            return in->state;
+        }
+        in->state = EI_INGRESS_HANDSHAKE;
+        in->sent_at_ns = now_ns;
+        return in->state;
+    }
+    case EI_INGRESS_HANDSHAKE: {
+        int rc = ei_reply_recv(in->sock, NULL, &e);
+        if (rc == EI_ERR_AGAIN) {
+            if (now_ns - in->sent_at_ns > EI_HANDSHAKE_TIMEOUT_NS) {
+                ei_fail(&e, EI_ERR_TIMEOUT, 0, "%s: no reply to the handshake within %llu s", in->path,
+                        EI_HANDSHAKE_TIMEOUT_NS / 1000000000ull);
+                ei__ingress_drop(in, now_ns, &e);
+            }
+            return in->state;
+        }
+        if (rc != EI_OK) { ei__ingress_drop(in, now_ns, &e); return in->state; }
+        in->state = EI_INGRESS_CONNECTED;
+        in->accepted++;
+        in->last_status = EI_OK;
+        in->last_msg[0] = 0;
+        in->backoff_ns = EI_BACKOFF_MIN_NS;
+        in->check_at_ns = now_ns + EI_ALIVE_CHECK_NS;
+        return in->state;
+    }
+    default: /* connected */
+        if (now_ns < in->check_at_ns) return in->state;
+        in->check_at_ns = now_ns + EI_ALIVE_CHECK_NS;
+        if (ei_sock_alive(in->sock)) return in->state;
+        /* Closed, or a goodbye (a reply saying why the daemon dropped the stream) before the close. */
+        if (ei_reply_recv(in->sock, NULL, &e) == EI_OK || e.code == EI_ERR_AGAIN)
+            ei_fail(&e, EI_ERR_CLOSED, 0, "the daemon closed the connection");
+        ei__ingress_drop(in, now_ns, &e);
+        return in->state;
+    }
+}
+
+/* 1 for a failure that can pass by itself (no daemon yet, the stream's old
+ * producer not yet gone, a saturated or restarting daemon): retry. 0 for a
+ * refusal that stays until someone changes the configuration or the camera. */
+static inline int ei_status_transient(int status) {
+    return status == EI_ERR_NOT_FOUND || status == EI_ERR_BUSY || status == EI_ERR_AGAIN || status == EI_ERR_CLOSED ||
+           status == EI_ERR_TIMEOUT || status == EI_ERR_SYS;
+}
+
+/* Blocks up to timeout_ns for the first acceptance (for a producer starting
+ * up: nothing is being published yet). EI_OK once connected; else the last
+ * failure: the daemon's refusal, EI_ERR_NOT_FOUND (no daemon) or EI_ERR_TIMEOUT.
+ * A refusal that cannot pass by waiting (EI_ERR_DENIED, EI_ERR_ARG, geometry,
+ * a ring the daemon rejects) returns at once. */
+static inline int ei_ingress_wait(ei_ingress *in, uint64_t timeout_ns, ei_error *err) {
+    uint64_t deadline = ei_now_ns(CLOCK_MONOTONIC) + timeout_ns;
+    for (;;) {
+        uint64_t now = ei_now_ns(CLOCK_MONOTONIC);
+        int st = ei_ingress_step(in, now);
+        if (st == EI_INGRESS_CONNECTED) return EI_OK;
+        int s = in->last_status;
+        if (st == EI_INGRESS_DISCONNECTED && s && !ei_status_transient(s)) return ei_fail(err, s, 0, "%s", in->last_msg);
+        if (now >= deadline)
+            return ei_fail(err, s ? s : EI_ERR_TIMEOUT, 0, "%s", s ? in->last_msg : "no connection in time");
+        if (st == EI_INGRESS_HANDSHAKE) {
+            ei__wait_readable(in->sock, deadline - now < 100000000ull ? deadline - now : 100000000ull);
+        } else {
+            uint64_t until = in->retry_at_ns < deadline ? in->retry_at_ns : deadline;
+            if (until > now) {
+                struct timespec ts = {(time_t)((until - now) / 1000000000ull), (long)((until - now) % 1000000000ull)};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+}
+
+static inline void ei_ingress_close(ei_ingress *in) {
+    if (in->sock >= 0) close(in->sock);
+    in->sock = -1;
+    in->state = EI_INGRESS_DISCONNECTED;
+}
+
+/* ------------------------------------------------------------------ */
+/* A reader's connection: ask for a stream's result ring               */
+/* ------------------------------------------------------------------ */
+
+/* Connects to the results socket, asks for `stream`, and waits up to
+ * timeout_ns for the answer. On success *sock_out is the connection (keep it:
+ * when it closes, the daemon is gone and the ring will not move again) and
+ * *ring_fd_out the result ring (map it read-only). The caller owns both. */
+static inline int ei_results_connect(const char *path, const char *stream, uint64_t timeout_ns, int *sock_out,
+                                     int *ring_fd_out, ei_error *err) {
+    *sock_out = *ring_fd_out = -1;
+    ei_hello h;
+    int rc = ei_hello_make(&h, EI_ROLE_READER, stream, err);
+    if (rc) return rc;
+    int s = ei_sock_connect(path, err);
+    if (s < 0) return s;
+    rc = ei_sock_send(s, &h, sizeof h, -1, err);
+    uint64_t deadline = ei_now_ns(CLOCK_MONOTONIC) + timeout_ns;
+    while (rc == EI_OK) {
+        rc = ei_reply_recv(s, ring_fd_out, err);
+        if (rc != EI_ERR_AGAIN) break;
+        uint64_t now = ei_now_ns(CLOCK_MONOTONIC);
+        if (now >= deadline) {
+            rc = ei_fail(err, EI_ERR_TIMEOUT, 0, "%s: no reply within the timeout", path);
+            break;
+        }
+        ei__wait_readable(s, deadline - now);
+    }
+    if (rc == EI_OK && *ring_fd_out < 0) rc = ei_fail(err, EI_ERR_PROTOCOL, 0, "%s: accepted, but no ring came", path);
+    if (rc) {
+        close(s);
+        return rc;
+    }
+    *sock_out = s;
+    return EI_OK;
+}
+
+/* Checks, maps (read-only) and starts reading a result ring fd from the
+ * daemon. On success the caller owns *base_out (munmap(*base_out, *size_out));
+ * the fd stays the caller's. */
+static inline int ei_result_reader_attach(ei_result_reader *rd, int ring_fd, const char *name, int from_oldest,
+                                          const uint8_t **base_out, uint64_t *size_out, ei_error *err) {
+    uint64_t size = 0;
+    int rc = ei_ring_fd_check(ring_fd, name, EI_RESULT_SEALS, 0, 0, (uint64_t)EI_MAX_RECORDS * (EI_MAX_PAYLOAD + 4096),
+                              &size, err);
+    if (rc) return rc;
+    uint8_t *base;
+    rc = ei_ring_map(ring_fd, size, 0, name, &base, err);
+    if (rc) return rc;
+    rc = ei_result_reader_init(rd, base, size, name, from_oldest, err);
+    if (rc) {
+        munmap(base, size);
+        return rc;
+    }
+    *base_out = base;
+    *size_out = size;
+    return EI_OK;
 }
 
 #endif /* EDGEINFER_RING_H */

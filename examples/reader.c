@@ -1,0 +1,125 @@
+/*
+ * A result reader in plain C, using only <edgeinfer/ring.h> (ABI 2).
+ *
+ *   cc -std=gnu11 -O2 -I native/include examples/reader.c -o reader
+ *   ./reader cam0 --count 10
+ *
+ * It asks edgeinferd for stream `cam0`'s result ring over the results socket
+ * (the daemon checks who we are against the stream's `readers`), maps the
+ * ring read-only and prints one line per result. It writes no shared memory.
+ * When the daemon goes away (the connection closes) it reconnects with
+ * backoff and reads the new ring from its start.
+ *
+ * Options:
+ *   --socket P      the daemon's results socket (default /run/edgeinfer/results.sock)
+ *   --count N       stop after N results (default: never)
+ *   --timeout S     stop after S seconds without a result (default: never)
+ *   --from-oldest   start with the oldest record the ring still holds
+ * Output per result: "RESULT n=<number> seq=<frame seq> id=<frame id> status=<s> kind=<k> items=<i>
+ * model=<name> version=<v> latency_us=<capture to done> missed=<m>". Exit status 1 if the daemon
+ * refuses (the reason on stderr), 3 if --timeout passed.
+ */
+#include <edgeinfer/ring.h>
+
+#include <signal.h>
+#include <stdlib.h>
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s STREAM [--socket P] [--count N] [--timeout S] [--from-oldest]\n", argv[0]);
+        return 2;
+    }
+    const char *stream = argv[1];
+    const char *socket_path = EI_RESULTS_SOCKET;
+    long long count = -1;
+    double timeout_s = 0;
+    int from_oldest = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--from-oldest") == 0) { from_oldest = 1; continue; }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { fprintf(stderr, "%s needs a value\n", a); return 2; }
+        if (strcmp(a, "--socket") == 0) socket_path = v;
+        else if (strcmp(a, "--count") == 0) count = atoll(v);
+        else if (strcmp(a, "--timeout") == 0) timeout_s = atof(v);
+        else { fprintf(stderr, "unknown option %s\n", a); return 2; }
+        i++;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    static uint8_t payload[1 << 20];
+    long long n = 0;
+    int first = 1;
+    uint64_t backoff_ns = EI_BACKOFF_MIN_NS;
+    uint64_t last_result = ei_now_ns(CLOCK_MONOTONIC);
+    while (!stop_requested && (count < 0 || n < count)) {
+        int sock, ring_fd;
+        ei_error err;
+        int rc = ei_results_connect(socket_path, stream, 10000000000ull, &sock, &ring_fd, &err);
+        if (rc != EI_OK) {
+            if (!ei_status_transient(rc)) { /* a refusal: this reader may not read this stream */
+                fprintf(stderr, "reader: %s\n", err.msg);
+                return 1;
+            }
+            struct timespec ts = {(time_t)(backoff_ns / 1000000000ull), (long)(backoff_ns % 1000000000ull)};
+            nanosleep(&ts, NULL);
+            backoff_ns = backoff_ns * 2 > EI_BACKOFF_MAX_NS ? EI_BACKOFF_MAX_NS : backoff_ns * 2;
+        } else {
+            backoff_ns = EI_BACKOFF_MIN_NS;
+            ei_result_reader rd;
+            const uint8_t *base;
+            uint64_t size;
+            /* A ring met after the first one is new since we started: read it from its start. */
+            if (ei_result_reader_attach(&rd, ring_fd, stream, from_oldest || !first, &base, &size, &err) != EI_OK) {
+                fprintf(stderr, "reader: %s\n", err.msg);
+                return 1;
+            }
+            first = 0;
+            printf("ATTACHED generation=%u\n", (unsigned)atomic_load(&rd.hdr->generation));
+            fflush(stdout);
+            ei_waitable w = ei_result_waitable(&rd);
+            while (!stop_requested && (count < 0 || n < count)) {
+                ei_result_record_header h;
+                uint64_t missed;
+                int got = ei_result_reader_next(&rd, &h, payload, sizeof payload, &missed);
+                if (got < 0) {
+                    fprintf(stderr, "reader: %s: result ring head is corrupt; reconnecting\n", stream);
+                    break;
+                }
+                if (got) {
+                    printf("RESULT n=%llu seq=%llu id=%llu status=%u kind=%u items=%u model=%.32s version=%.16s "
+                           "latency_us=%llu missed=%llu\n", (unsigned long long)(rd.next - 1),
+                           (unsigned long long)h.frame_seq, (unsigned long long)h.frame_id, h.status, h.payload_kind,
+                           h.item_count, h.model_name, h.model_version,
+                           (unsigned long long)((h.done_mono_ns - h.capture_mono_ns) / 1000),
+                           (unsigned long long)missed);
+                    fflush(stdout);
+                    n++;
+                    last_result = ei_now_ns(CLOCK_MONOTONIC);
+                    continue;
+                }
+                if (timeout_s > 0 && ei_now_ns(CLOCK_MONOTONIC) - last_result > (uint64_t)(timeout_s * 1e9)) {
+                    stop_requested = 2;
+                    break;
+                }
+                /* The connection is the daemon's liveness: closed means this ring will not move again. */
+                if ((atomic_load(&rd.hdr->flags) & EI_RING_CLOSED) || !ei_sock_alive(sock)) break;
+                ei_wait_any(&w, 1, 100000000ull, 0, 1); /* 100 ms slices, to look at the connection */
+            }
+            munmap((void *)(uintptr_t)base, size);
+            close(ring_fd);
+            close(sock);
+        }
+        if (timeout_s > 0 && ei_now_ns(CLOCK_MONOTONIC) - last_result > (uint64_t)(timeout_s * 1e9)) {
+            stop_requested = 2;
+        }
+    }
+    return stop_requested == 2 ? 3 : 0;
+}
