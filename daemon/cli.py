@@ -47,9 +47,10 @@ def setup_logging(level: str) -> None:
 def _print_status(st: dict) -> None:
     for name, s in st["streams"].items():
         e2e = s.get("e2e_ms") or {}
+        from edgeinfer.stats import OUTCOMES
+        drops = "  ".join(f"{o} {s[o]}" for o in OUTCOMES)
         print(f"{name}: {s['fps']:5.1f} fps  e2e p50 {e2e.get('p50', 0):6.2f} ms  p99 {e2e.get('p99', 0):6.2f} ms  "
-              f"processed {s['processed']}  stale {s['stale']}  overload {s['overload']}  torn {s['torn']}  "
-              f"error {s['error']}  bad_timestamp {s['bad_timestamp']}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
+              f"{drops}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
 
 
 def edgeinferd_main(argv=None) -> int:
@@ -76,7 +77,9 @@ def edgeinferd_main(argv=None) -> int:
         print(f"edgeinferd: {e}", file=sys.stderr)
         return 2
     if args.check_config:
-        print(f"{args.config}: OK")
+        for w in cfg.warnings:
+            print(f"edgeinferd: warning: {w}", file=sys.stderr)
+        print(f"{args.config}: OK" + (f" ({len(cfg.warnings)} warnings)" if cfg.warnings else ""))
         return 0
     daemon = Daemon(cfg)
     if args.verify_only:
@@ -111,12 +114,15 @@ def edgeinferd_main(argv=None) -> int:
 
 # ------------------------------------------------------------------ edgeinferctl
 
+# ring.h's defaults, without importing the native core for --help.
+_INGRESS_SOCKET = "/run/edgeinfer/ingress.sock"
+_RESULTS_SOCKET = "/run/edgeinfer/results.sock"
+
 def _cmd_results(args) -> int:
     import numpy as np
 
     from edgeinfer import ring
-    name = args.stream if args.stream.endswith(".results") else ring.result_segment_name(args.stream)
-    reader = ring.ResultReader.attach(name, from_oldest=args.from_oldest, shm_dir=args.shm_dir)
+    reader = ring.ResultReader.connect(args.stream, socket=args.socket, from_oldest=args.from_oldest)
     n = 0
     try:
         for rec in reader.follow(timeout=args.timeout):
@@ -145,17 +151,15 @@ def _stop_flag():
 
 
 def _cmd_feed(args) -> int:
-    from edgeinfer import ring
-    segment = ring.frame_segment_name(args.stream)
     stop = _stop_flag()
     if args.synthetic:
         from edgeinfer.producers import synthetic
-        n = synthetic.run(segment, args.width, args.height, args.fps, args.frames, shm_dir=args.shm_dir,
-                          group=args.group, seed=args.seed, stop=stop)
+        n = synthetic.run(args.stream, args.width, args.height, args.fps, args.frames, socket=args.socket,
+                          wait=args.wait, seed=args.seed, stop=stop)
     else:
         from edgeinfer.producers import ffmpeg
-        n = ffmpeg.run(args.ffmpeg, segment, args.width, args.height, fps=args.fps or None, loop=args.loop,
-                       shm_dir=args.shm_dir, group=args.group, stop=stop)
+        n = ffmpeg.run(args.ffmpeg, args.stream, args.width, args.height, fps=args.fps or None, loop=args.loop,
+                       socket=args.socket, wait=args.wait, stop=stop)
     print(f"published {n} frames", file=sys.stderr)
     return 0
 
@@ -214,11 +218,11 @@ def edgeinferctl_main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("results", help="follow a stream's result ring, one JSON line per result")
-    p.add_argument("stream", help="stream name (or the result segment's name)")
+    p.add_argument("stream", help="stream name")
     p.add_argument("--from-oldest", action="store_true", help="start with the oldest record still held")
     p.add_argument("--count", type=int, default=0, help="stop after N records")
     p.add_argument("--timeout", type=float, default=None, help="stop after N seconds without a record")
-    p.add_argument("--shm-dir", default="/dev/shm")
+    p.add_argument("--socket", default=_RESULTS_SOCKET, help="the daemon's results socket")
     p.set_defaults(func=_cmd_results)
 
     p = sub.add_parser("feed", help="run a reference camera producer")
@@ -232,8 +236,10 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--loop", action="store_true", help="ffmpeg: loop a file")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--group", default=None, help="group of the segment (normally edgeinfer)")
-    p.add_argument("--shm-dir", default="/dev/shm")
+    p.add_argument("--socket", default=_INGRESS_SOCKET, help="the daemon's ingress socket")
+    p.add_argument("--wait", type=float, default=10.0,
+                   help="seconds to wait for the daemon at start (a refusal ends the feed at once; no daemon does "
+                        "not: frames go into the ring and the feed connects when the daemon comes)")
     p.set_defaults(func=_cmd_feed)
 
     p = sub.add_parser("model", help="model bundles")

@@ -1,7 +1,9 @@
 """The daemon's configuration (/etc/edgeinfer/edgeinferd.yaml): schema and loading.
 
 Every key is documented in etc/edgeinfer/edgeinferd.yaml with its default.
-Unknown keys are errors; every error names the key and its line.
+Unknown keys are errors; every error names the key and its line. Keys of ABI 1
+that a 0.1 configuration may still carry are accepted with a warning (also
+with its line), so an upgraded host starts; see `Config.warnings`.
 """
 from __future__ import annotations
 
@@ -9,11 +11,24 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from edgeinfer import ring
+from edgeinfer.identity import Acl, Identity, group_id
 from edgeinfer.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
 
-_STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# ABI 1 segment names (deprecated key): a plain file name, never a path.
+_SEGMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+SUN_PATH_MAX = 107  # a Unix socket path, without its NUL
+
+
+def _clean_path(v: str, what: str) -> str:
+    """No control characters (a newline in a path is never what an operator meant)."""
+    if not v or any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError(f"{what} must be a non-empty path without control characters (newline, tab, NUL)")
+    if len(v.encode()) > 4095:
+        raise ValueError(f"{what} is longer than PATH_MAX")
+    return v
 
 
 class _Strict(BaseModel):
@@ -27,10 +42,19 @@ class ModelConfig(_Strict):
     state_dir: str = "/var/lib/edgeinfer"     # anti-rollback record (highest accepted version per model)
     watch_interval_s: float = Field(1.0, ge=0)  # reload when the bundle path's target changes (0: off)
 
+    @field_validator("bundle", "trust_dir", "state_dir")
+    @classmethod
+    def _paths(cls, v: str, info) -> str:
+        return _clean_path(v, f"model.{info.field_name}")
+
 
 class StreamConfig(_Strict):
     name: str
-    segment: str | None = None  # default: edgeinfer.<name>
+    # Who may produce this stream: the peer credentials (SO_PEERCRED) of the camera's connection.
+    producer: Identity | None = None
+    # Who may read its results (any of these users or groups).
+    readers: Acl = Acl(groups=["edgeinfer"])
+    segment: str | None = None  # ABI 1 (deprecated): ignored, with a warning
     max_age_ms: float = Field(200.0, gt=0)
     priority: int = Field(0, ge=0, le=99)
     pixel_format: Literal["gray8", "rgb24", "bgr24", "rgba32", "bgra32"] = "bgr24"
@@ -40,8 +64,24 @@ class StreamConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _STREAM_NAME.match(v):
-            raise ValueError("stream names are 1-64 letters, digits, '_' or '-'")
+        if not ring.stream_name_ok(v):  # ring.h's rule, so the daemon and every client agree
+            raise ValueError(f"stream names are 1-{ring.STREAM_NAME_MAX} letters, digits, '_' or '-', starting with "
+                             f"a letter or digit (nothing else: no path characters, no newline)")
+        return v
+
+    @field_validator("producer", "readers")
+    @classmethod
+    def _names_exist(cls, v):
+        if v is not None:
+            v.resolve()  # a user or group that does not exist is an error here, with its line
+        return v
+
+    @field_validator("segment")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        if v is not None and not _SEGMENT_NAME.fullmatch(v):
+            raise ValueError("a segment is a plain name (letters, digits, '.', '_', '-'; no '/', no leading '.', "
+                             "at most 200): and since ABI 2 it is ignored")
         return v
 
     @model_validator(mode="after")
@@ -49,14 +89,6 @@ class StreamConfig(_Strict):
         if (self.width is None) != (self.height is None):
             raise ValueError("give both width and height, or neither")
         return self
-
-    @property
-    def segment_name(self) -> str:
-        return self.segment or f"edgeinfer.{self.name}"
-
-    @property
-    def results_name(self) -> str:
-        return f"edgeinfer.{self.name}.results"
 
 
 class RuntimeConfig(_Strict):
@@ -71,6 +103,10 @@ class RuntimeConfig(_Strict):
     status_interval_s: float = Field(5.0, gt=0)   # how often STATUS= is sent to systemd
     fault_injection: bool = False  # test-only hooks (SIGUSR1 stalls the loop); never enable in production
     idle_timeout_ms: int = Field(100, ge=1, le=10000)
+    max_sessions: int = Field(8, ge=1, le=256)        # model sessions (one per frame geometry) kept, LRU
+    geometry_changes: int = Field(4, ge=1, le=1000)   # geometry changes a stream may make per window...
+    geometry_window_s: float = Field(60.0, gt=0)      # ...before it is refused for geometry_cooldown_s
+    geometry_cooldown_s: float = Field(60.0, ge=0)
 
     @field_validator("loop_cpus", "ort_cpus")
     @classmethod
@@ -88,11 +124,37 @@ class RuntimeConfig(_Strict):
         return self
 
 
+class IngressConfig(_Strict):
+    socket: str = ring.INGRESS_SOCKET           # where cameras hand over their rings
+    results_socket: str = ring.RESULTS_SOCKET   # where readers ask for result rings
+    socket_group: str | int | None = None       # group of sockets the daemon binds itself (default: its own)
+    handshake_timeout_ms: int = Field(1000, ge=10, le=60000)  # a client silent this long after connecting is dropped
+    max_pending: int = Field(16, ge=1, le=1024)   # connections still in their handshake; more are refused
+    max_readers: int = Field(256, ge=1, le=4096)  # reader connections held at once; more are refused
+    max_readers_per_user: int = Field(32, ge=1, le=4096)  # ...and by one user
+    max_ring_mib: int = Field(1024, ge=1, le=65536)  # largest frame ring accepted
+
+    @field_validator("socket", "results_socket")
+    @classmethod
+    def _socket(cls, v: str, info) -> str:
+        _clean_path(v, f"ingress.{info.field_name}")
+        if not v.startswith("/") or len(v.encode()) > SUN_PATH_MAX:
+            raise ValueError(f"an absolute path of at most {SUN_PATH_MAX} bytes (a Unix socket)")
+        return v
+
+    @field_validator("socket_group")
+    @classmethod
+    def _group(cls, v):
+        if v is not None:
+            group_id(v)  # exists
+        return v
+
+
 class ShmConfig(_Strict):
-    dir: str = "/dev/shm"
-    allowed_uids: list[int] = Field(default_factory=list)  # empty: any owner
-    result_records: int = Field(64, ge=2, le=65536)
-    result_group: str | None = None                         # group of the result rings (default: ours)
+    result_records: int = Field(64, ge=2, le=65536)  # records kept per result ring
+    dir: str | None = None                # ABI 1 (deprecated): ignored, rings are memfds
+    allowed_uids: list[int] | None = None  # ABI 1 (deprecated): producer uids of streams that name no producer
+    result_group: str | None = None       # ABI 1 (deprecated): ignored, readers are per stream (streams[].readers)
 
 
 class MetricsConfig(_Strict):
@@ -110,12 +172,19 @@ class MetricsConfig(_Strict):
         return v
 
 
+# A stream that names no producer (a configuration written for 0.1) accepts any member of this group:
+# the trust of ABI 1, kept so that an upgraded host serves its cameras, and warned about at every start.
+LEGACY_PRODUCER_GROUP = "edgeinfer"
+
+
 class Config(_Strict):
     model: ModelConfig
     streams: list[StreamConfig] = Field(min_length=1, max_length=64)
     runtime: RuntimeConfig = RuntimeConfig()
+    ingress: IngressConfig = IngressConfig()
     shm: ShmConfig = ShmConfig()
     metrics: MetricsConfig = MetricsConfig()
+    _warnings: list[str] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _unique(self):
@@ -123,7 +192,44 @@ class Config(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"stream names must be unique; repeated: {dup}")
+        declared = {(s.pixel_format, s.height, s.width) for s in self.streams if s.width is not None}
+        if len(declared) > self.runtime.max_sessions:
+            raise ValueError(f"{len(declared)} different frame geometries are declared, more than runtime."
+                             f"max_sessions ({self.runtime.max_sessions}) sessions can hold")
         return self
+
+    def producer_of(self, stream: StreamConfig) -> Identity:
+        """Who may produce `stream`: its `producer`, else the 0.1 default (shm.allowed_uids, or group edgeinfer)."""
+        if stream.producer is not None:
+            return stream.producer
+        if self.shm.allowed_uids:
+            return Identity.of_uids(self.shm.allowed_uids)
+        return Identity(group=LEGACY_PRODUCER_GROUP)
+
+    def deprecations(self) -> list[tuple[tuple, str]]:
+        """(key path, message) of every key kept only for configurations written for ABI 1."""
+        out = []
+        for i, s in enumerate(self.streams):
+            if s.producer is None:
+                who = (f"one of shm.allowed_uids {self.shm.allowed_uids}" if self.shm.allowed_uids
+                       else f"any member of group {LEGACY_PRODUCER_GROUP}")
+                out.append((("streams", i, "name"), f"stream {s.name} names no producer: {who} may produce it (the "
+                            f"trust of 0.1). Name the camera's user: producer: {{user: CAMERA-USER}}"))
+            if s.segment is not None:
+                out.append((("streams", i, "segment"), "ignored since ABI 2 (rings are handed over by fd)"))
+        for key in ("dir", "result_group"):
+            if getattr(self.shm, key) is not None:
+                out.append((("shm", key), "ignored since ABI 2 (rings are memfds; readers are per stream: "
+                            "streams[].readers)"))
+        if self.shm.allowed_uids is not None:
+            out.append((("shm", "allowed_uids"), "deprecated since ABI 2: it only sets the producers of streams "
+                        "that name none (streams[].producer)"))
+        return out
+
+    @property
+    def warnings(self) -> list[str]:
+        """Deprecation warnings, each as 'file:line: key: message' (set by the loader)."""
+        return list(self._warnings)
 
 
 def load_config(path: str) -> Config:

@@ -1,36 +1,39 @@
-"""edgeinferd wiring: load → open streams → start the RT loop → serve → stop.
+"""edgeinferd wiring: load → result rings → sockets → restored producers → RT loop → serve → stop.
 
-The main thread owns everything but the loop: configuration, the model,
-signals (handlers only set flags; the main loop acts on them), status output
-and logging of the loop's events. Shutdown order: stop the loop (it finishes
-its frame), then close the result rings (readers see CLOSED) and the readers.
+The main thread is the control plane: configuration, the model, the ingress
+and results sockets (ingress.py, admission.py), signals (handlers only set
+flags; the main loop acts on them), status output and logging of the loop's
+events. Shutdown order: stop the loop (it finishes its frame), then close the
+result rings (readers see CLOSED), the connections and the sockets.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import resource
 import signal
+import socket
 import tempfile
 import time
 
 from edgeinfer import ring
+from edgeinfer.admission import Admission
 from edgeinfer.bundle import BundleError
 from edgeinfer.config import Config
 from edgeinfer.engine import Engine, Stream
+from edgeinfer.ingress import Ingress, bind_listener
 from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import ModelRuntime, ThreadPlan
 from edgeinfer.rollback import RollbackRefused, RollbackState, StateWriteError
 from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
-from edgeinfer.systemd import Notifier, Watchdog
+from edgeinfer.systemd import Notifier, Watchdog, listen_fds
 from edgeinfer.telemetry import Health, MetricsServer
 
 log = logging.getLogger("edgeinferd")
 
 STATE_RETRY_S = 10.0  # seconds between attempts to write an anti-rollback record that failed
 TRIM_DELAY_S = 3.0    # after a reload, when to return the old model's freed memory to the kernel
-SHRANK = ("the producer shrank its segment (ftruncate) while it was mapped: the fault was absorbed, nothing read "
-          "from the lost pages was published, and the stream waits for a whole segment under its name")
 
 
 class Stopped(Exception):
@@ -62,6 +65,9 @@ class Daemon:
         self.metrics: MetricsServer | None = None
         self.notifier = Notifier()  # no-op without NOTIFY_SOCKET
         self.watchdog: Watchdog | None = None
+        self.ingress: Ingress | None = None
+        self.admission: Admission | None = None
+        self.restored = 0  # producers served on from systemd's fd store at start
 
     # ---------------------------------------------------------------- signals
 
@@ -100,7 +106,7 @@ class Daemon:
         # Warm-up gets more time than a served frame (first runs allocate), but not forever: a model
         # that hangs on a plain grey frame is refused, not waited for.
         model = ModelRuntime(bundle, ThreadPlan(rt.ort_threads, tuple(rt.ort_cpus)), cfg.model.warmup_runs,
-                             warmup_deadline_s=max(5.0, 10 * rt.run_deadline_ms / 1e3))
+                             warmup_deadline_s=max(5.0, 10 * rt.run_deadline_ms / 1e3), max_sessions=rt.max_sessions)
         for fmt, h, w in geometries:  # built and warmed before the model is declared ready
             model.session_for(fmt, h, w)
             self._check_stop()
@@ -118,6 +124,9 @@ class Daemon:
     def start(self) -> None:
         cfg = self.cfg
         rt = cfg.runtime
+        _raise_fd_limit()
+        for w in cfg.warnings:
+            log.warning("%s", w)
         if cfg.metrics.enabled:
             # Up before the model loads: /readyz says "not yet" while it does.
             self.metrics = MetricsServer(self, cfg.metrics.listen)
@@ -126,30 +135,69 @@ class Daemon:
             print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
         if rt.fault_injection:
             log.warning("fault injection is enabled (runtime.fault_injection): test use only")
-        log.info("loading model bundle %s", cfg.model.bundle)
-        self.model = self.load_model(self.declared_geometries())
-        self._accept(self.model)
-        log.info("model %s %s ready (sha256 %s…, signed by %s)", self.model.name, self.model.version,
-                 self.model.bundle.sha256[:16], os.path.basename(self.model.signer.key_file))
+        listeners, stored = self._passed_fds()
         try:
+            log.info("loading model bundle %s", cfg.model.bundle)
+            self.model = self.load_model(self.declared_geometries())
+            self._accept(self.model)
+            log.info("model %s %s ready (sha256 %s…, signed by %s)", self.model.name, self.model.version,
+                     self.model.bundle.sha256[:16], os.path.basename(self.model.signer.key_file))
             for s in cfg.streams:
-                writer = ring.ResultWriter.create(s.results_name, self.model.decoder.payload_capacity,
-                                                  records=cfg.shm.result_records, group=cfg.shm.result_group,
-                                                  shm_dir=cfg.shm.dir)
-                reader = ring.FrameReader.watch(s.segment_name, shm_dir=cfg.shm.dir,
-                                                allowed_uids=cfg.shm.allowed_uids or None)
-                self.streams.append(Stream(s.name, reader, writer, s.max_age_ms, s.priority))
+                writer = ring.ResultWriter.create(self.model.decoder.payload_capacity, records=cfg.shm.result_records,
+                                                  label=f"edgeinfer-results:{s.name}")
+                self.streams.append(Stream(s.name, writer, s.max_age_ms, s.priority))
             self._check_stop()
             self.engine = Engine(self.model, self.streams, loop_cpus=rt.loop_cpus, scheduling=rt.scheduling,
                                  priority=rt.priority, duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us,
                                  idle_timeout_ms=rt.idle_timeout_ms)
+            self.admission = Admission(cfg, self.streams, self)
+            owned = []
+            for kind, path in (("ingress", cfg.ingress.socket), ("results", cfg.ingress.results_socket)):
+                if kind not in listeners:  # no socket unit: bind it ourselves
+                    listeners[kind] = bind_listener(path, cfg.ingress.socket_group)
+                    owned.append(path)
+            self.ingress = Ingress(cfg, self.admission, listeners, owned)
+            self.admission.ingress = self.ingress
+            log.info("cameras connect to %s, readers to %s%s", cfg.ingress.socket, cfg.ingress.results_socket,
+                     " (from systemd's socket unit)" if not owned else "")
+            self.restored = self.admission.restore(stored)
+            if stored or self.restored:
+                log.info("fd store: %d producer(s) served on without reconnecting", self.restored)
+            self._check_stop()
             self.engine.start()
             self._keep_off_loop_cpus(rt.loop_cpus)
             self.health.model_ready = True
             self.watchdog = Watchdog(self.notifier, self.engine, rt.run_deadline_ms / 1e3)
         except BaseException:
+            for fds in stored.values():
+                for fd in fds:
+                    _close_quietly(fd)
+            for sock in listeners.values():
+                if self.ingress is None:
+                    sock.close()
             self.close()
             raise
+
+    def _passed_fds(self) -> tuple[dict, dict]:
+        """What systemd passed us: the socket unit's listeners (matched by their path) and the fd
+        store's content by name ({"ring.cam0": [fd], "conn.cam0": [fd], ...})."""
+        paths = {self.cfg.ingress.socket: "ingress", self.cfg.ingress.results_socket: "results"}
+        listeners, stored = {}, {}
+        for fd, name in listen_fds():
+            kind = None
+            try:
+                sock = socket.socket(fileno=fd)
+                kind = paths.get(sock.getsockname()) if sock.type == socket.SOCK_SEQPACKET else None
+                if kind is None or kind in listeners:
+                    sock.detach()  # not a listener of ours: a stored fd (or junk), handled below
+                    kind = None
+                else:
+                    listeners[kind] = sock
+            except OSError:
+                pass  # not a socket: a stored ring
+            if kind is None:
+                stored.setdefault(name, []).append(fd)
+        return listeners, stored
 
     @staticmethod
     def _keep_off_loop_cpus(loop_cpus) -> None:
@@ -198,13 +246,11 @@ class Daemon:
         """Verify → load → warm the configured bundle next to the serving one,
         then swap between two frames. On any failure the old model keeps serving."""
         old = self.model
-        geometries = set(self.declared_geometries())
-        for s in self.streams:
-            if s.reader.connected:
-                lay = s.reader.layout
-                geometries.add((ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], lay["height"], lay["width"]))
+        attached = [s for s in self.streams if s.connected]
+        geometries = set(self.declared_geometries()) | {s.geometry_key for s in attached}
         try:
-            new = self.load_model(sorted(geometries))
+            new = self.load_model(sorted(geometries)[-self.cfg.runtime.max_sessions:])
+            sessions = {s: new.session_for(*s.geometry_key) for s in attached}
         except Stopped:
             raise
         except (BundleError, OSError) as e:
@@ -214,7 +260,7 @@ class Daemon:
             self.last_reload_error = str(e)
             log.error("reload refused, still serving %s %s: %s", old.name, old.version, e)
             return False
-        self.engine.swap_model(new)
+        self.engine.swap_model(new, sessions)
         self.model = new
         self._accept(new)
         self.reloads += 1
@@ -233,36 +279,25 @@ class Daemon:
 
     # ---------------------------------------------------------------- run
 
-    def _report_streams(self) -> None:
-        """Logs each change of a stream's segment: refused (with the reason), attached."""
-        for s in self.streams:
-            if s.reader.truncations != s.reported_truncations:  # a counter: the refusal text moves on too fast
-                s.reported_truncations = s.reader.truncations
-                log.warning("stream %s: %s (%d times so far)", s.name, SHRANK, s.reader.truncations)
-            err = s.reader.last_error
-            said = str(err) if err else None
-            if said != s.reported_error:
-                if said:
-                    log.warning("stream %s: segment refused: %s", s.name, said)
-                s.reported_error = said
-            if s.reader.attach_count != s.reported_attach and s.reader.connected:
-                s.reported_attach = s.reader.attach_count
-                lay = s.reader.layout
-                log.info("stream %s: attached %s (%dx%d %s, generation %d)", s.name, s.reader.name, lay["width"],
-                         lay["height"], ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], s.reader.generation)
-
     def drain_events(self) -> None:
         ev = self.engine.events if self.engine else []
         while ev:
             level, msg = ev.pop(0)
             getattr(log, level)(msg)
+        dropped = self.engine.dropped if self.engine else []
+        while dropped:  # rings the loop gave up on: end their producers, with the reason
+            s, reader, why = dropped.pop(0)
+            if s.conn is not None and s.ring is reader:
+                self.ingress.drop(s.conn, why, goodbye=f"stream {s.name}: {why}")
 
     def status(self) -> dict:
         now = ring.monotonic_ns()
         e = self.engine
+        refusals = self.ingress.refuse_count() if self.ingress else {}
         return {
-            "model": {"name": self.model.name, "version": self.model.version,
-                      "sha256": self.model.bundle.sha256} if self.model else None,
+            "model": {"name": self.model.name, "version": self.model.version, "sha256": self.model.bundle.sha256,
+                      "sessions": len(self.model.geometries), "session_evictions": self.model.evictions}
+            if self.model else None,
             "metrics_address": self.metrics.address if self.metrics else None,
             "reloads": self.reloads,
             "reload_failures": dict(self.reload_failures),
@@ -274,10 +309,14 @@ class Daemon:
             "loop_alive": bool(e and e.alive),
             "loop_tid": e.native_tid if e else 0,
             "uptime_s": (now - self.started_ns) / 1e9,
-            "streams": {s.name: {**s.stats.snapshot(now), "connected": s.reader.connected,
-                                 "producer_alive": s.reader.producer_alive,
-                                 "truncations": s.reader.truncations,
-                                 "refused": str(s.reader.last_error) if s.reader.last_error else None}
+            "restored_producers": self.restored,
+            "refusals": {f"{st}/{role}/{reason}": n for (st, role, reason), n in sorted(refusals.items())},
+            "streams": {s.name: {**s.stats.snapshot(now), "connected": s.connected,
+                                 "producer": str(s.conn.peer) if s.conn else None,
+                                 "geometry": list(s.geometry_key) if s.geometry_key else None,
+                                 "attaches": s.attach_count, "readers": s.reader_count,
+                                 "refused": {f"{role}/{reason}": n for (st, role, reason), n in refusals.items()
+                                             if st == s.name}}
                         for s in self.streams},
         }
 
@@ -309,8 +348,8 @@ class Daemon:
         next_state_retry = 0.0
         stats_error = None
         while not self.stop_requested:
-            time.sleep(0.05)
             try:
+                self.ingress.poll(0.05)  # sockets first: a camera waits for nothing but this
                 if self._trim_at is not None and time.monotonic() >= self._trim_at:
                     self._trim_at = None
                     release_freed_memory()
@@ -318,7 +357,6 @@ class Daemon:
                 if self.watchdog:
                     self.watchdog.tick()
                 self.drain_events()
-                self._report_streams()
                 if self._unrecorded and time.monotonic() >= next_state_retry:
                     next_state_retry = time.monotonic() + STATE_RETRY_S
                     self._record_accepted()
@@ -387,12 +425,32 @@ class Daemon:
                 log.error("the real-time loop did not stop within 5 s")
             self.drain_events()
         for s in self.streams:
-            s.writer.close()
-            s.reader.close()
+            s.writer.close()  # readers see CLOSED at once
+        if self.ingress is not None:
+            self.ingress.close()
+            self.ingress = None
         self.streams = []
         if self.metrics is not None:
             self.metrics.stop()
             self.metrics = None
+
+
+def _raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: every connection costs an fd, and select() is not used
+    (the caps in ingress.py keep the count bounded)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def write_json_atomically(path: str, data: dict) -> None:

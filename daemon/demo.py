@@ -23,15 +23,19 @@ import numpy as np
 
 from edgeinfer import ring
 from edgeinfer.signing import throwaway_signed_copy
+from edgeinfer.stats import OUTCOMES
 
 LABELS = ["0", "90", "180", "270"]
 
 
-def _config(bundle: str, trust: str, state: str, streams: list[str], shm_dir: str) -> str:
+def _config(bundle: str, trust: str, state: str, streams: list[str], work: str) -> str:
+    uid = os.getuid()  # the demo's cameras and reader are this user: the only producer and reader it allows
     lines = [f"model:\n  bundle: {os.path.abspath(bundle)}\n  trust_dir: {trust}\n  state_dir: {state}\nstreams:"]
     for s in streams:
-        lines.append(f"  - name: {s}\n    max_age_ms: 500\n    width: 480\n    height: 480")
-    lines.append(f"runtime:\n  scheduling: fifo\nshm:\n  dir: {shm_dir}\nmetrics:\n  listen: 127.0.0.1:0")
+        lines.append(f"  - name: {s}\n    producer: {{user: {uid}}}\n    readers: {{users: [{uid}]}}\n"
+                     f"    max_age_ms: 500\n    width: 480\n    height: 480")
+    lines.append(f"runtime:\n  scheduling: fifo\ningress:\n  socket: {work}/ingress.sock\n"
+                 f"  results_socket: {work}/results.sock\nmetrics:\n  listen: 127.0.0.1:0")
     return "\n".join(lines) + "\n"
 
 
@@ -47,7 +51,7 @@ def run_demo(bundle: str, seconds: float) -> int:
     # The daemon refuses unsigned models: the demo signs a copy with a key of its own and trusts only that.
     signed, trust = throwaway_signed_copy(bundle, work, "demo")
     with open(cfg_path, "w") as f:
-        f.write(_config(signed, trust, os.path.join(work, "state"), streams, ring.SHM_DIR))
+        f.write(_config(signed, trust, os.path.join(work, "state"), streams, work))
     py = sys.executable
     procs: list[subprocess.Popen] = []
     stopping = []
@@ -61,8 +65,9 @@ def run_demo(bundle: str, seconds: float) -> int:
         for i, s in enumerate(streams):
             procs.append(subprocess.Popen([py, "-m", "edgeinfer.cli", "feed", "--synthetic", "--stream", s,
                                            "--width", "480", "--height", "480", "--fps", str(15 + 10 * i),
-                                           "--seed", str(i + 1)], start_new_session=True))
-        readers = {s: ring.ResultReader.watch(ring.result_segment_name(s)) for s in streams}
+                                           "--seed", str(i + 1), "--socket", f"{work}/ingress.sock",
+                                           "--wait", "60"], start_new_session=True))
+        readers = {s: ring.ResultReader.watch(s, socket=f"{work}/results.sock") for s in streams}
         seen = {s: {"n": 0, "correct": 0, "lat": [], "last": None} for s in streams}
         t0 = time.monotonic()
         next_print = t0 + 1.0
@@ -86,7 +91,7 @@ def run_demo(bundle: str, seconds: float) -> int:
                 for s in streams:
                     _print_line(s, seen[s], stats.get("streams", {}).get(s, {}))
                     seen[s]["lat"] = []
-            ring.wait_any(list(readers.values()), 0.05)
+            time.sleep(0.02)
         return 0
     finally:
         for p in procs:
@@ -115,6 +120,6 @@ def _print_line(name: str, d: dict, st: dict) -> None:
     last = d["last"]
     pred = f"{LABELS[last[0]]:>3}° vs truth {LABELS[last[1]]:>3}°" if last and last[0] >= 0 else "no result yet"
     acc = 100.0 * d["correct"] / d["n"] if d["n"] else 0.0
-    print(f"{name}: {len(lat):3d} fps  e2e p50 {p50:6.2f} ms p99 {p99:6.2f} ms  "
-          f"drops stale {st.get('stale', 0)} overload {st.get('overload', 0)} torn {st.get('torn', 0)} "
-          f"error {st.get('error', 0)} bad_timestamp {st.get('bad_timestamp', 0)}  last {pred}  accuracy {acc:5.1f}% of {d['n']}", flush=True)
+    drops = " ".join(f"{o} {st.get(o, 0)}" for o in OUTCOMES if o != "processed")
+    print(f"{name}: {len(lat):3d} fps  e2e p50 {p50:6.2f} ms p99 {p99:6.2f} ms  drops {drops}  last {pred}  "
+          f"accuracy {acc:5.1f}% of {d['n']}", flush=True)

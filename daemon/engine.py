@@ -1,10 +1,18 @@
-"""The real-time loop: newest frame of every stream → model → result ring.
+"""The real-time loop: newest frame of every attached stream → model → result ring.
 
 One thread, created after the first ONNX Runtime sessions exist (so ORT's
 threads never inherit SCHED_FIFO), pinned and real-time as configured. Per
-iteration: sleep on every stream's doorbell at once, pick the ready stream
-whose frame is oldest (earliest deadline), drop it if stale, run the fused
-model on the slot view in place, release the slot, decode, publish, record.
+iteration: apply the control plane's news (streams attached or detached, a
+model swapped: a mailbox plus a doorbell the loop sleeps on), sleep on every
+attached ring's doorbell at once, pick the ready stream with the earliest
+deadline, drop its frame if stale, run the fused model on the slot view in
+place, release the slot, decode, publish, record.
+
+Deadlines come from the loop's own clock: the moment it first saw a stream's
+news, plus the stream's max_age. A producer's capture stamp decides staleness
+and latency only, so back-dating frames buys no priority. A stream passed over
+as many times as there are other ready streams is served next: under overload
+every stream gets at least its share.
 
 The loop never logs and shares no lock with other threads: what the main
 thread must hear about goes into `events` (list.append is atomic), counters
@@ -15,6 +23,7 @@ arrive meanwhile are superseded and counted as overload.
 """
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -23,7 +32,6 @@ import time
 import onnxruntime as ort
 
 from edgeinfer import ring
-from edgeinfer.bundle import BundleError
 from edgeinfer.model import FusedSession, ModelRuntime
 from edgeinfer.stats import StreamStats
 
@@ -32,23 +40,36 @@ STATUS_OK = 0
 
 
 class Stream:
-    """One configured camera stream as the loop sees it."""
+    """One configured camera stream. The loop owns `reader`, `session`, `geometry`,
+    `passed_over` and `stats`; the control plane (admission.py) owns the rest."""
 
-    def __init__(self, name: str, reader: ring.FrameReader, writer: ring.ResultWriter, max_age_ms: float,
-                 priority: int = 0):
+    def __init__(self, name: str, writer: ring.ResultWriter, max_age_ms: float, priority: int = 0):
         self.name = name
-        self.reader = reader
         self.writer = writer
         self.max_age_ns = int(max_age_ms * 1e6)
         self.priority = priority
         self.stats = StreamStats(name)
+        # loop-owned
+        self.reader: ring.FrameReader | None = None
         self.session: FusedSession | None = None
-        self.attach_seen = -1  # reader.attach_count the session was chosen for
-        self.model_seen = None  # the model the session belongs to
         self.geometry = (0, 0)  # (width, height) of the attached ring
-        self.reported_error: str | None = None  # main thread: the refusal last logged
-        self.reported_attach = 0                # main thread: the attach last logged
-        self.reported_truncations = 0           # main thread: shrunk segments already logged
+        self.passed_over = 0    # picks that went to other streams while this one was ready
+        self.deadline = 0       # of the pending frame, set while picking
+        # control-plane-owned
+        self.conn = None                # the admitted producer's connection (ingress.Client)
+        self.ring: ring.FrameReader | None = None  # the ring handed to the loop for it
+        self.geometry_key = None        # (pixel format, height, width) being served
+        self.last_geometry = None       # of the previous producer (geometry churn)
+        self.geometry_changes: collections.deque = collections.deque()  # monotonic times of recent changes
+        self.cooldown_until = 0.0       # producers refused until then (changed geometry too often)
+        self.attach_count = 0           # producers admitted so far
+        self.reader_count = 0           # reader connections held
+        self.producer_desc = self.readers_desc = ""  # who may produce / read it, in words
+
+    @property
+    def connected(self) -> bool:
+        """A producer is connected (its connection is the liveness)."""
+        return self.conn is not None
 
 
 class Engine:
@@ -63,11 +84,17 @@ class Engine:
         self.spin = spin_us / 1e6
         self.idle_timeout = idle_timeout_ms / 1e3
         self.events: list[tuple[str, str]] = []  # (level, message) for the main thread to log
+        self.dropped: list[tuple[Stream, ring.FrameReader, str]] = []  # rings the loop gave up on, for the main thread
         self.realtime_active = False
         self.progress = 0       # bumped every iteration (the watchdog's evidence of life)
         self.native_tid = 0
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._mailbox: collections.deque = collections.deque()  # control plane → loop (append/popleft are atomic)
+        self._bell = ring.Doorbell()
+        self._waitset = ring.WaitSet()
+        self._attached: list[Stream] = []      # loop-owned: streams with a ring, in wait-set order
+        self._natives: list = []               # their native consumers (the wait set)
         self._waited = 0          # ns the loop slept before the frame being served
         self._fault_stall = 0.0   # seconds; set by the fault hook only
         self._run_options = ort.RunOptions()  # one object, reused: terminate cancels the current run
@@ -80,12 +107,14 @@ class Engine:
         # The loop needs the GIL back the moment ORT returns; a long switch
         # interval lets another thread keep it for up to 5 ms.
         sys.setswitchinterval(0.0005)
+        self._apply_mail()  # what was posted before the start (restored streams)
         self._thread = threading.Thread(target=self._run, name="edgeinfer-rt", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Asks the loop to finish its current frame and exit; True if it did."""
         self._stop = True
+        self._bell.ring()
         if self._thread is not None:
             self._thread.join(timeout)
             return not self._thread.is_alive()
@@ -94,6 +123,27 @@ class Engine:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    # ---------------------------------------------------------------- the control plane's side
+
+    def attach(self, stream: Stream, reader: ring.FrameReader, session: FusedSession) -> None:
+        """Control plane: serve `reader` as `stream` from the next iteration on."""
+        self._post(("attach", stream, reader, session))
+
+    def detach(self, stream: Stream, reader: ring.FrameReader) -> None:
+        """Control plane: stop serving `reader` (if it is still the stream's ring)."""
+        self._post(("detach", stream, reader, None))
+
+    def swap_model(self, model: ModelRuntime, sessions: dict) -> None:
+        """Control plane: serve `model` from the next frame on, with `sessions` ({stream: FusedSession}
+        for every attached stream). A frame never mixes two models: the loop applies it between frames."""
+        self._post(("model", model, sessions, None))
+
+    def _post(self, msg) -> None:
+        self._mailbox.append(msg)
+        self._bell.ring()
+
+    # ---------------------------------------------------------------- thread set-up
 
     def _setup_thread(self) -> None:
         self.native_tid = threading.get_native_id()
@@ -114,34 +164,51 @@ class Engine:
 
     # ---------------------------------------------------------------- the loop
 
+    def _apply_mail(self) -> None:
+        """Applies the control plane's news, in order (loop thread, or before it starts)."""
+        changed = False
+        while self._mailbox:
+            kind, a, b, c = self._mailbox.popleft()
+            if kind == "attach":
+                a.reader, a.session = b, c
+                lay = b.layout
+                a.geometry = (lay["width"], lay["height"])
+                a.passed_over = 0
+                changed = True
+            elif kind == "detach":
+                if a.reader is b:
+                    a.reader, a.session = None, None
+                    changed = True
+            else:  # model
+                self.model = a
+                for s, session in b.items():
+                    s.session = session
+        if changed:
+            self._attached = [s for s in self.streams if s.reader is not None]
+            self._natives = [s.reader.native for s in self._attached]
+
     def _run(self) -> None:
         self._setup_thread()
-        readers = [s.reader for s in self.streams]
-        by_reader = {id(s.reader): s for s in self.streams}
+        bell = self._bell
         resume_at = 0
         try:
             while not self._stop:
                 self.progress += 1
+                if bell.take():
+                    self._apply_mail()
                 now = ring.monotonic_ns()
                 if now < resume_at:  # duty ceiling: stay off the CPU
                     time.sleep((resume_at - now) / 1e9)
                 waited_from = ring.monotonic_ns()
-                ready = ring.wait_any(readers, self.idle_timeout, self.spin)
+                mask = self._waitset.wait(self._natives, self.idle_timeout, self.spin, True, bell)
                 if self._fault_stall:  # test-only fault hook (runtime.fault_injection), off in production
                     stall, self._fault_stall = self._fault_stall, 0.0
                     time.sleep(stall)
-                if not ready:
+                mask &= (1 << len(self._natives)) - 1  # the bell's bit: handled at the top
+                if not mask:
                     continue
                 self._waited = ring.monotonic_ns() - waited_from
-                stream = by_reader[id(ready[0])]
-                if len(ready) > 1:
-                    # Earliest deadline first: the oldest frame relative to its stream's max age.
-                    best = None
-                    for r in ready:
-                        s = by_reader[id(r)]
-                        deadline = r.peek_capture_ns() + s.max_age_ns
-                        if best is None or deadline < best:
-                            best, stream = deadline, s
+                stream = self._pick(mask)
                 started = ring.monotonic_ns()
                 self._serve(stream)
                 busy = ring.monotonic_ns() - started
@@ -150,9 +217,30 @@ class Engine:
             self.events.append(("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
             raise
 
+    def _pick(self, mask: int) -> Stream:
+        """Earliest deadline first (the loop's own arrival time + max_age), except that a stream passed
+        over as many times as there are other ready streams goes first: nobody starves."""
+        attached = self._attached
+        ready = [attached[i] for i in range(len(attached)) if mask >> i & 1]
+        if len(ready) == 1:
+            return ready[0]
+        now = ring.monotonic_ns()
+        best = None
+        for s in ready:
+            since = s.reader.native.pending_since_ns or now
+            s.deadline = since + s.max_age_ns
+            if best is None or (s.passed_over, -s.deadline) > (best.passed_over, -best.deadline):
+                best = s
+        if best.passed_over < len(ready) - 1:  # nobody is owed a turn: plain earliest deadline
+            best = min(ready, key=lambda s: s.deadline)
+        for s in ready:
+            s.passed_over = 0 if s is best else s.passed_over + 1
+        return best
+
     def inject_stall(self, seconds: float) -> None:
         """Test fault hook: the loop stops making progress for `seconds` once."""
         self._fault_stall = seconds
+        self._bell.ring()
 
     def cancel_overdue_run(self, deadline_s: float) -> bool:
         """Main thread: cancels a run that has taken longer than deadline_s (once)."""
@@ -162,47 +250,27 @@ class Engine:
             return True
         return False
 
-    def swap_model(self, model: ModelRuntime) -> None:
-        """Serves `model` from the next frame on (one attribute store: the loop
-        reads self.model once per frame, so a frame never mixes two models)."""
-        self.model = model
-
-    def _session_for(self, stream: Stream, model: ModelRuntime) -> FusedSession | None:
-        if stream.reader.attach_count != stream.attach_seen or stream.model_seen is not model:
-            # A new segment (first attach, restarted producer) or a new model: choose the session once.
-            stream.attach_seen = stream.reader.attach_count
-            stream.model_seen = model
-            layout = stream.reader.layout
-            fmt = ring.PIXEL_FORMAT_NAMES[layout["pixel_format"]]
-            stream.geometry = (layout["width"], layout["height"])
-            try:
-                stream.session = model.session_for(fmt, layout["height"], layout["width"])
-            except BundleError as e:
-                stream.session = None
-                self.events.append(("error", f"stream {stream.name}: cannot serve {layout['width']}x"
-                                             f"{layout['height']} {fmt} frames: {e}"))
-        return stream.session
-
-    @staticmethod
-    def _detach_if_truncated(s: Stream) -> None:
-        """Detaches a ring whose producer shrank it under our mapping (its lost pages read as zeros,
-        native/sigbus_guard.h); the reason is the stream's last_error, which the main thread logs."""
-        if s.reader.truncated:
-            try:
-                s.reader.refresh()
-            except ring.RingError as e:
-                s.reader.last_error = e
+    def _give_up(self, s: Stream, why: str) -> None:
+        """Stops serving a ring that cannot be trusted any more; the main thread drops its producer."""
+        self.dropped.append((s, s.reader, why))
+        s.reader, s.session = None, None
+        self._attached = [x for x in self._attached if x is not s]
+        self._natives = [x.reader.native for x in self._attached]
 
     def _serve(self, s: Stream) -> None:
         st = s.stats
         model = self.model  # one model for the whole frame, even if a reload swaps it meanwhile
-        try:
-            frame = s.reader.acquire_latest()
-        except ring.CorruptFrame:
-            st.torn += 1
-            self._detach_if_truncated(s)
-            return
+        reader = s.reader
+        frame = reader.take()
         if frame is None:
+            status = reader.status
+            if status == ring.TAKE_SHORT:
+                st.short += 1
+                st.overload += reader.native.skipped
+            elif status == ring.TAKE_CORRUPT:
+                st.torn += 1
+            else:
+                reader.native.acknowledge_flags()  # woken by a flag (the producer closed the ring): seen
             return
         st.overload += frame.skipped
         start = ring.monotonic_ns()
@@ -217,14 +285,10 @@ class Engine:
             frame.release()
             st.stale += 1
             return
-        session = self._session_for(s, model)
-        if session is None:
-            frame.release()
-            st.error += 1
-            return
+        session = s.session
         self._run_options.terminate = False
-        # The run's own start, not the frame's `start`: picking a session (or waiting for the GIL) in between
-        # must not count against run_deadline_ms, or a slow pick gets a healthy run cancelled.
+        # The run's own start, not the frame's `start`: waiting for the GIL in between must not count
+        # against run_deadline_ms, or a slow pick gets a healthy run cancelled.
         self._run_started = ring.monotonic_ns()
         try:
             outputs = session.run(frame.batch, self._run_options)  # the slot itself, read in place
@@ -240,9 +304,9 @@ class Engine:
             return
         self._run_started = 0
         frame.release()  # the slot goes back to the camera before we decode
-        if s.reader.truncated:  # the producer shrank the ring mid-run: ORT read zero pages, not its frame
+        if reader.truncated:  # defence in depth: a sealed ring cannot lose pages; if it did, ORT read zeros
             st.torn += 1
-            self._detach_if_truncated(s)
+            self._give_up(s, "the ring lost pages while mapped (SIGBUS absorbed)")
             return
         inferred = ring.monotonic_ns()
         payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])

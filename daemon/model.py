@@ -2,10 +2,14 @@
 
 One session per stream geometry (pixel format, height, width): each is the
 model with that geometry's preprocessing fused in front (fusion.py), built
-from the bundle's bytes in memory, and warmed up before use.
+from the bundle's bytes in memory, and warmed up before use. At most
+`max_sessions` are kept (least recently used first out), never evicting one a
+stream is being served with: a camera that cycles frame sizes cannot grow the
+daemon without bound.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -85,12 +89,17 @@ class FusedSession:
         return took
 
 
+class SessionCapReached(BundleError):
+    """Every session slot holds a geometry some stream is being served with."""
+
+
 class ModelRuntime:
-    """A loaded bundle: metadata, decoder, and fused sessions by geometry."""
+    """A loaded bundle: metadata, decoder, and fused sessions by geometry (LRU, capped)."""
 
     def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
-                 warmup_deadline_s: float = 30.0):
+                 warmup_deadline_s: float = 30.0, max_sessions: int = 8):
         self.bundle = bundle
+        self.max_sessions = max_sessions
         self.warmup_deadline_s = warmup_deadline_s
         self.meta = bundle.meta
         self.threads = threads
@@ -116,7 +125,8 @@ class ModelRuntime:
                                                  spec.width, spec.height, out_shapes)
         except DecoderError as e:
             raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
-        self._sessions: dict[tuple[str, int, int], FusedSession] = {}
+        self._sessions: collections.OrderedDict[tuple[str, int, int], FusedSession] = collections.OrderedDict()
+        self.evictions = 0  # sessions dropped to stay within max_sessions
         self.signer = None  # who signed the bundle (set by the verified loader's caller)
         self.target = None  # the bundle directory the configured path resolved to
 
@@ -128,18 +138,35 @@ class ModelRuntime:
     def version(self) -> str:
         return self.meta.version
 
-    def session_for(self, pixel_format: str, height: int, width: int) -> FusedSession:
-        """The fused, warmed-up session for a stream geometry (built on first use)."""
+    @property
+    def geometries(self) -> list[tuple[str, int, int]]:
+        """(pixel format, height, width) of the sessions held, least recently used first."""
+        return list(self._sessions)
+
+    def session_for(self, pixel_format: str, height: int, width: int, pinned=()) -> FusedSession:
+        """The fused, warmed-up session for a stream geometry (built on first use). To make room, the
+        least recently used session whose geometry is not in `pinned` (in use) is dropped; if every
+        one is in use, SessionCapReached. One thread only (the control plane)."""
         key = (pixel_format, height, width)
         s = self._sessions.get(key)
-        if s is None:
-            fused = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess)
-            try:
-                sess = ort.InferenceSession(fused.SerializeToString(), sess_options=self.threads.session_options(),
-                                            providers=["CPUExecutionProvider"])
-            except Exception as e:
-                raise BundleError(f"{self.bundle.path}/model.onnx: ONNX Runtime refused the model: {e}") from None
-            s = FusedSession(sess, pixel_format, height, width)
-            s.warm_up(self.warmup_runs, self.warmup_deadline_s, f"{self.bundle.path}/model.onnx")
-            self._sessions[key] = s
+        if s is not None:
+            self._sessions.move_to_end(key)
+            return s
+        if len(self._sessions) >= self.max_sessions:
+            victim = next((k for k in self._sessions if k not in pinned), None)
+            if victim is None:
+                raise SessionCapReached(f"{self.bundle.path}: all {self.max_sessions} model sessions (runtime."
+                                        f"max_sessions) serve other frame geometries in use; cannot add {width}x"
+                                        f"{height} {pixel_format}")
+            del self._sessions[victim]
+            self.evictions += 1
+        fused = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess)
+        try:
+            sess = ort.InferenceSession(fused.SerializeToString(), sess_options=self.threads.session_options(),
+                                        providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise BundleError(f"{self.bundle.path}/model.onnx: ONNX Runtime refused the model: {e}") from None
+        s = FusedSession(sess, pixel_format, height, width)
+        s.warm_up(self.warmup_runs, self.warmup_deadline_s, f"{self.bundle.path}/model.onnx")
+        self._sessions[key] = s
         return s

@@ -138,7 +138,12 @@ class FrameWriter:
 
     @property
     def connected(self) -> bool:
-        return self._p.connection["state"] == "connected"
+        return self._p.connection_state == "connected"
+
+    @property
+    def connection_state(self) -> str:
+        """disconnected | handshake | connected."""
+        return self._p.connection_state
 
     def step(self) -> str:
         """Advances the connection by whatever is due (publish() does it too); never blocks."""

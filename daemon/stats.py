@@ -12,7 +12,7 @@ import numpy.ma  # noqa: F401  np.percentile imports it lazily: at the fd limit 
 
 from edgeinfer._hist import StageHistograms
 
-OUTCOMES = ("processed", "stale", "overload", "torn", "error", "bad_timestamp")
+OUTCOMES = ("processed", "stale", "overload", "torn", "short", "error", "bad_timestamp")
 WINDOW = 4096  # recent frames kept for quantiles
 
 
@@ -22,7 +22,8 @@ class StreamStats:
         self.processed = 0
         self.stale = 0      # acquired, but older than max_age_ms: dropped
         self.overload = 0   # published, never acquired: newer frames won while we were busy or shedding
-        self.torn = 0       # refused by the ring's bounds checks (CorruptFrame)
+        self.torn = 0       # refused by the ring's checks: `latest` naming no published frame, bad slot or length
+        self.short = 0      # payload_len shorter than the frame: the producer says it did not write it all
         self.error = 0      # inference or decoding failed
         self.bad_timestamp = 0  # capture time zero or later than the moment it was served: cannot be scheduled
         self.e2e_ns = np.zeros(WINDOW, np.int64)     # capture → result published
@@ -43,7 +44,7 @@ class StreamStats:
 
     @property
     def offered(self) -> int:
-        return self.processed + self.stale + self.overload + self.torn + self.error + self.bad_timestamp
+        return sum(getattr(self, o) for o in OUTCOMES)
 
     def rolling_quantiles_ms(self) -> dict:
         """Exact p50/p95/p99 of the recent e2e window (ms)."""

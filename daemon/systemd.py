@@ -1,4 +1,5 @@
-"""systemd integration at the edge of the daemon: sd_notify and an honest watchdog.
+"""systemd integration at the edge of the daemon: sd_notify, an honest watchdog,
+socket activation (sd_listen_fds) and the fd store.
 
 No-op without NOTIFY_SOCKET (a foreground `edgeinferd` on a laptop). We speak
 the datagram protocol ourselves (a few lines of the standard library) rather
@@ -52,6 +53,35 @@ class Notifier:
     def send(self, *fields: str) -> None:
         if self.sock is not None:
             self.sock.send("\n".join(fields).encode())
+
+    def store_fds(self, name: str, fds: list[int]) -> bool:
+        """Keeps copies of `fds` in systemd's fd store under `name` (FDSTORE=1): a restarted daemon gets
+        them back (LISTEN_FDS). Needs FileDescriptorStoreMax= in the unit. False without systemd."""
+        if self.sock is None:
+            return False
+        socket.send_fds(self.sock, [f"FDSTORE=1\nFDNAME={name}".encode()], fds)
+        return True
+
+    def remove_fds(self, name: str) -> None:
+        """Drops every fd stored under `name` (FDSTOREREMOVE=1)."""
+        self.send("FDSTOREREMOVE=1", f"FDNAME={name}")
+
+
+def listen_fds(env=os.environ) -> list[tuple[int, str]]:
+    """The fds systemd passed us (sockets of the .socket unit, and the fd store's content), as
+    [(fd, name)], made close-on-exec; the LISTEN_* variables are consumed. [] when not ours."""
+    n, pid = env.get("LISTEN_FDS"), env.get("LISTEN_PID")
+    if not n or not pid or not pid.isdigit() or int(pid) != os.getpid():
+        return []
+    names = env.get("LISTEN_FDNAMES", "").split(":")
+    out = []
+    for i in range(int(n)):
+        fd = 3 + i  # SD_LISTEN_FDS_START
+        os.set_inheritable(fd, False)
+        out.append((fd, names[i] if i < len(names) else "unknown"))
+    for k in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        env.pop(k, None)
+    return out
 
 
 class Watchdog:

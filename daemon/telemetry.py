@@ -55,8 +55,9 @@ class DaemonCollector:
         rolling = Metric("edgeinfer_e2e_latency_recent_seconds",
                          "Exact quantiles of end-to-end latency over the last 4096 frames.", "summary")
         connected = GaugeMetricFamily("edgeinfer_stream_connected",
-                                      "1 while the stream's producer segment is attached and live.",
+                                      "1 while the stream's producer is connected (its connection is the liveness).",
                                       labels=["stream"])
+        readers = GaugeMetricFamily("edgeinfer_stream_readers", "Result reader connections held.", labels=["stream"])
         for s in streams:
             for i, name in enumerate(STAGES):
                 if name == "e2e":
@@ -70,8 +71,25 @@ class DaemonCollector:
                 rolling.add_sample(rolling.name, {"stream": s.name, "quantile": q}, v)
             rolling.add_sample(rolling.name + "_count", {"stream": s.name}, n)
             rolling.add_sample(rolling.name + "_sum", {"stream": s.name}, total_s)
-            connected.add_metric([s.name], 1.0 if s.reader.connected and s.reader.producer_alive else 0.0)
-        yield from (stage, e2e, frames, rolling, connected)
+            connected.add_metric([s.name], 1.0 if s.connected else 0.0)
+            readers.add_metric([s.name], float(s.reader_count))
+        yield from (stage, e2e, frames, rolling, connected, readers)
+
+        refused = CounterMetricFamily("edgeinfer_ingress_refusals",
+                                      "Connections refused, by stream ((unknown) for names not configured), role "
+                                      "(producer, reader) and reason.", labels=["stream", "role", "reason"])
+        if d.ingress is not None:
+            for (st, role, reason), n in sorted(d.ingress.refuse_count().items()):
+                refused.add_metric([st, role, reason], n)
+        yield refused
+        yield CounterMetricFamily("edgeinfer_producers_restored",
+                                  "Producers served on from systemd's fd store when this daemon started.",
+                                  value=d.restored)
+        if d.model is not None:
+            yield GaugeMetricFamily("edgeinfer_model_sessions", "Model sessions held (one per frame geometry; "
+                                    "runtime.max_sessions caps them).", value=float(len(d.model.geometries)))
+            yield CounterMetricFamily("edgeinfer_model_session_evictions",
+                                      "Sessions dropped to stay within runtime.max_sessions.", value=d.model.evictions)
 
         reloads = CounterMetricFamily("edgeinfer_model_reload_failures", "Reloads refused, by reason.",
                                       labels=["reason"])
@@ -83,8 +101,9 @@ class DaemonCollector:
                                   "Failed writes of the anti-rollback state (full or read-only state directory).",
                                   value=d.state_write_failures)
         yield CounterMetricFamily("edgeinfer_segment_truncations",
-                                  "Reads of frame-ring pages a producer had truncated away (absorbed; the stream "
-                                  "was detached).", value=ring.sigbus_absorbed())
+                                  "Reads of frame-ring pages that were gone (absorbed; the stream was dropped). A "
+                                  "sealed ring cannot shrink, so this stays 0: defence in depth.",
+                                  value=ring.sigbus_absorbed())
         if d.model is not None:
             info = GaugeMetricFamily("edgeinfer_model_info", "The model being served (value 1).",
                                      labels=["name", "version", "sha256"])
@@ -131,7 +150,7 @@ class Health:
     def ready(self) -> bool:
         if not (self.model_ready and self.healthy()):
             return False
-        return not self.requires_stream or any(s.reader.connected for s in self.daemon.streams)
+        return not self.requires_stream or any(s.connected for s in self.daemon.streams)
 
 
 class MetricsServer:

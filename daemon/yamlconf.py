@@ -68,21 +68,30 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
         raise ConfigError(source, [f"{source}:{line}: {_dotted(k)}: repeated key (first given at line {first})"
                                    for k, line, first in repeated])
     try:
-        return model.model_validate(data)
+        obj = model.model_validate(data)
     except pydantic.ValidationError as e:
         problems = []
         for err in e.errors():
             loc = tuple(err["loc"])
-            line = None
-            for n in range(len(loc), -1, -1):  # the deepest key that exists in the file
-                if loc[:n] in lines:
-                    line = lines[loc[:n]]
-                    break
+            line = _line_of(lines, loc)
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             problems.append(f"{source}:{line or '?'}: {_dotted(loc)}: {msg}")
         raise ConfigError(source, problems) from None
+    # Keys accepted only for compatibility: warnings with their lines, kept on the model.
+    deprecations = getattr(obj, "deprecations", None)
+    if deprecations is not None:
+        obj._warnings = [f"{source}:{_line_of(lines, loc) or '?'}: {_dotted(loc)}: {msg}" for loc, msg in deprecations()]
+    return obj
+
+
+def _line_of(lines: dict, loc: tuple) -> int | None:
+    """The line of the deepest key of `loc` that exists in the file."""
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
 
 
 def load_yaml_file(model: type[M], path: str) -> M:

@@ -378,6 +378,11 @@ cdef class FrameProducer:
             _raise(&err)
 
     @property
+    def connection_state(self):
+        """disconnected | handshake | connected (cheap: no dict)."""
+        return INGRESS_STATES[self.inc.state] if self.connecting else "disconnected"
+
+    @property
     def connection(self):
         """state, last_status, last_error (the daemon's words), accepted, attempts."""
         return dict(state=INGRESS_STATES[self.inc.state] if self.connecting else "disconnected",

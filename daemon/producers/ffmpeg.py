@@ -7,10 +7,11 @@ import shutil
 import subprocess
 
 from edgeinfer import ring
+from edgeinfer.producers.connection import ConnectionReporter
 
 
-def run(source: str, segment: str, width: int, height: int, *, fps: float | None = None, loop: bool = False,
-        shm_dir: str = ring.SHM_DIR, group: str | None = None, stop=lambda: False) -> int:
+def run(source: str, stream: str, width: int, height: int, *, fps: float | None = None, loop: bool = False,
+        socket: str = ring.INGRESS_SOCKET, wait: float = 10.0, stop=lambda: False) -> int:
     ffmpeg = shutil.which("ffmpeg")
     if ffmpeg is None:
         raise FileNotFoundError("ffmpeg is not installed (Debian: apt install ffmpeg)")
@@ -23,7 +24,8 @@ def run(source: str, segment: str, width: int, height: int, *, fps: float | None
     if fps:
         args += ["-r", str(fps)]
     args += ["-f", "rawvideo", "-pix_fmt", "bgr24", "-"]
-    writer = ring.FrameWriter.create(segment, width, height, "bgr24", group=group, shm_dir=shm_dir)
+    writer = ring.FrameWriter.connect(stream, width, height, "bgr24", socket=socket, wait=wait)
+    report = ConnectionReporter(writer)
     frame_bytes = width * height * 3
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, bufsize=0)
     n = 0
@@ -37,6 +39,7 @@ def run(source: str, segment: str, width: int, height: int, *, fps: float | None
                     return n  # end of stream
                 got += k
             writer.publish()
+            report()
             n += 1
     finally:
         proc.kill()

@@ -13,6 +13,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from edgeinfer import ring
+from edgeinfer.producers.connection import ConnectionReporter
 
 WORDS = ("edge inference camera frame shared memory latency model signed stream result orientation "
          "document page text rotate newest wins zero copy kernel futex deadline sample").split()
@@ -47,12 +48,14 @@ def make_frames(width: int, height: int, pages: int = 6, seed: int = 1) -> list[
     return out
 
 
-def run(segment: str, width: int, height: int, fps: float, frames: int | None = None, *,
-        shm_dir: str = ring.SHM_DIR, group: str | None = None, seed: int = 1, stop=lambda: False) -> int:
-    """Publishes frames at `fps` (0: as fast as possible) until `frames` or stop(); returns the count."""
+def run(stream: str, width: int, height: int, fps: float, frames: int | None = None, *,
+        socket: str = ring.INGRESS_SOCKET, wait: float = 10.0, seed: int = 1, stop=lambda: False) -> int:
+    """Hands a ring to the daemon as `stream` and publishes frames at `fps` (0: as fast as possible)
+    until `frames` or stop(); returns the count. The daemon's refusal is raised."""
     pool = make_frames(width, height, seed=seed)
     rng = random.Random(seed)
-    writer = ring.FrameWriter.create(segment, width, height, "bgr24", group=group, shm_dir=shm_dir)
+    writer = ring.FrameWriter.connect(stream, width, height, "bgr24", socket=socket, wait=wait)
+    report = ConnectionReporter(writer)
     period = 1.0 / fps if fps > 0 else 0.0
     next_t = time.monotonic()
     n = 0
@@ -61,6 +64,7 @@ def run(segment: str, width: int, height: int, fps: float, frames: int | None = 
             frame, truth = pool[rng.randrange(len(pool))]
             np.copyto(writer.begin(), frame)
             writer.publish(frame_id=n * 4 + truth)
+            report()
             n += 1
             if period:
                 next_t += period

@@ -1516,6 +1516,7 @@ static inline int ei_results_connect(const char *path, const char *stream, uint6
             break;
         }
         ei__wait_readable(s, deadline - now);
+        rc = EI_OK; /* nothing yet: look again */
     }
     if (rc == EI_OK && *ring_fd_out < 0) rc = ei_fail(err, EI_ERR_PROTOCOL, 0, "%s: accepted, but no ring came", path);
     if (rc) {

@@ -1,0 +1,230 @@
+"""What it takes for a client to be served, stream by stream.
+
+A producer is admitted when it is the stream's configured producer (kernel
+credentials), the stream has no live producer, its ring passes every check
+(a sealed memfd of the declared size), the stream is not cooling down from
+changing geometry too often, and the model can serve its geometry (a session
+built and warmed here, on the control plane, before the loop ever sees the
+ring). A reader is admitted when the stream's `readers` list names it; it
+gets the stream's result ring, sealed read-only.
+
+Admitted producers' rings and connections go into systemd's fd store (when
+there is one), so a restarted daemon serves on with no camera reconnecting.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import time
+
+from edgeinfer import ring
+from edgeinfer.bundle import BundleError
+from edgeinfer.identity import Ids
+from edgeinfer.ingress import Client, Refusal, peer_of
+
+log = logging.getLogger("edgeinferd")
+
+MIB = 1 << 20
+
+
+@dataclasses.dataclass
+class Ticket:
+    """A producer that passed every check, not yet attached (its answer is on its way)."""
+
+    stream: object
+    client: Client
+    reader: ring.FrameReader
+    session: object
+    geometry: tuple  # (pixel format, height, width)
+
+
+class Admission:
+    """Policy and bookkeeping for every stream's producer and readers (control plane only)."""
+
+    def __init__(self, cfg, streams: list, daemon):
+        self.cfg = cfg
+        self.daemon = daemon  # its .engine, .model and .notifier are read when needed
+        self.streams = {s.name: s for s in streams}
+        self.ingress = None  # set once the listeners exist (to end a producer found dead)
+        self.producer_ids: dict[str, Ids] = {}
+        self.reader_ids: dict[str, Ids] = {}
+        by_name = {s.name: s for s in cfg.streams}
+        for s in streams:
+            sc = by_name[s.name]
+            self.producer_ids[s.name] = cfg.producer_of(sc).resolve()
+            self.reader_ids[s.name] = sc.readers.resolve(strict=False)  # the default group may not exist
+            s.producer_desc = str(cfg.producer_of(sc))
+            s.readers_desc = str(sc.readers)
+        self.rt = cfg.runtime
+        self.max_ring = cfg.ingress.max_ring_mib * MIB
+
+    def knows(self, name: str) -> bool:
+        return name in self.streams
+
+    def _stream(self, name: str):
+        s = self.streams.get(name)
+        if s is None:
+            shown = ", ".join(sorted(self.streams)[:8]) + (" …" if len(self.streams) > 8 else "")
+            raise Refusal("arg", "unknown_stream", f"no stream {name!r} is configured here (streams: {shown})")
+        return s
+
+    def pinned(self) -> set:
+        """Geometries some attached stream is served with (their sessions are never evicted)."""
+        return {s.geometry_key for s in self.streams.values() if s.conn is not None}
+
+    # ---------------------------------------------------------------- producers
+
+    def check_producer(self, name: str, client: Client, fd: int) -> Ticket:
+        s = self._stream(name)
+        if not self.producer_ids[name].allows(client.peer):
+            raise Refusal("denied", "identity", f"{client.peer} may not produce stream {name} (its producer is "
+                          f"{s.producer_desc})")
+        if s.conn is not None:
+            if ring.sock_alive(s.conn.fileno()):
+                raise Refusal("busy", "busy", f"stream {name} already has its producer ({s.conn.peer}); a second "
+                              f"one is refused")
+            self.ingress.drop(s.conn, "disconnected")  # gone, but its hang-up is not handled yet
+        now = time.monotonic()
+        if now < s.cooldown_until:
+            raise Refusal("again", "geometry_churn", f"stream {name} changed its frame geometry more than "
+                          f"{self.rt.geometry_changes} times in {self.rt.geometry_window_s:g} s: refused for "
+                          f"another {s.cooldown_until - now:.0f} s (runtime.geometry_changes)")
+        try:
+            reader = ring.FrameReader(fd, f"stream {name}", self.max_ring)
+        except ring.RingError as e:
+            status = next((k for k, v in ring.STATUS.items() if v == e.code), "refused")
+            raise Refusal(status, "bad_ring", f"{client.peer}: {e}") from None
+        except OSError as e:
+            raise Refusal("refused", "bad_ring", f"{client.peer}: stream {name}: {e}") from None
+        lay = reader.layout
+        geometry = (ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], lay["height"], lay["width"])
+        try:
+            self._count_geometry_change(s, geometry, now)
+            session = self.daemon.model.session_for(*geometry, pinned=self.pinned())
+        except Refusal:
+            reader.close()
+            raise
+        except BundleError as e:
+            reader.close()
+            raise Refusal("refused", "model", f"stream {name}: cannot serve {geometry[2]}x{geometry[1]} "
+                          f"{geometry[0]} frames: {e}") from None
+        return Ticket(s, client, reader, session, geometry)
+
+    def _count_geometry_change(self, s, geometry: tuple, now: float) -> None:
+        if s.last_geometry is None or geometry == s.last_geometry:
+            return
+        changes = s.geometry_changes
+        changes.append(now)
+        while changes and changes[0] < now - self.rt.geometry_window_s:
+            changes.popleft()
+        if len(changes) > self.rt.geometry_changes:
+            s.cooldown_until = now + self.rt.geometry_cooldown_s
+            changes.clear()
+            raise Refusal("again", "geometry_churn", f"stream {s.name} changed its frame geometry more than "
+                          f"{self.rt.geometry_changes} times in {self.rt.geometry_window_s:g} s: refused for "
+                          f"{self.rt.geometry_cooldown_s:g} s (runtime.geometry_changes)")
+
+    def discard(self, ticket: Ticket) -> None:
+        ticket.reader.close()
+
+    def attach_producer(self, t: Ticket, restored: bool = False) -> None:
+        s = t.stream
+        s.conn, s.ring, s.geometry_key = t.client, t.reader, t.geometry
+        s.last_geometry = t.geometry
+        s.attach_count += 1
+        t.client.stream = s
+        self.daemon.engine.attach(s, t.reader, t.session)
+        if not restored:  # a restored pair is in the store already
+            notifier = self.daemon.notifier
+            notifier.store_fds(f"ring.{s.name}", [t.reader.fd])
+            notifier.store_fds(f"conn.{s.name}", [t.client.fileno()])
+        fmt, h, w = t.geometry
+        log.info("stream %s: producer %s %s (%dx%d %s)", s.name, t.client.peer,
+                 "restored from the fd store" if restored else "attached", w, h, fmt)
+
+    def producer_gone(self, client: Client, why: str) -> None:
+        s = client.stream
+        if s is None or s.conn is not client:
+            return
+        self.daemon.engine.detach(s, s.ring)  # the loop drops it between frames; the mapping lives on until then
+        s.conn = s.ring = None
+        self.daemon.notifier.remove_fds(f"ring.{s.name}")
+        self.daemon.notifier.remove_fds(f"conn.{s.name}")
+        log.info("stream %s: producer %s %s", s.name, client.peer, why)
+
+    # ---------------------------------------------------------------- readers
+
+    def check_reader(self, name: str, client: Client) -> int:
+        s = self._stream(name)
+        if not self.reader_ids[name].allows(client.peer):
+            raise Refusal("denied", "identity", f"{client.peer} may not read stream {name} (its readers: "
+                          f"{s.readers_desc})")
+        client.stream = s
+        return s.writer.fd
+
+    def readers_changed(self, s, delta: int) -> None:
+        s.reader_count += delta
+        s.writer.set_wake(s.reader_count > 0)  # readers cannot say they sleep: wake while any may
+
+    # ---------------------------------------------------------------- a restarted daemon
+
+    def restore(self, stored: dict[str, list[int]]) -> int:
+        """Serves on the producers a previous daemon kept in systemd's fd store: every one is checked as
+        if it had just connected (the configuration may have changed). Returns how many were restored."""
+        restored = 0
+        for name, s in self.streams.items():
+            ring_fds, conn_fds = stored.pop(f"ring.{name}", []), stored.pop(f"conn.{name}", [])
+            if len(ring_fds) == 1 and len(conn_fds) == 1:
+                restored += self._restore_one(s, ring_fds[0], conn_fds[0])
+            else:
+                for fd in ring_fds + conn_fds:
+                    _close(fd)
+                if ring_fds or conn_fds:
+                    self._forget_stored(name, "its connection or ring was missing from the store")
+        for key, fds in stored.items():  # streams no longer configured, or names not ours
+            for fd in fds:
+                _close(fd)
+            self.daemon.notifier.remove_fds(key)
+            log.info("fd store: dropped %s (no such stream configured now)", key)
+        return restored
+
+    def _restore_one(self, s, ring_fd: int, conn_fd: int) -> int:
+        sock = socket.socket(fileno=conn_fd)
+        try:
+            sock.setblocking(False)
+            if sock.type != socket.SOCK_SEQPACKET or not ring.sock_alive(sock.fileno()):
+                raise Refusal("closed", "closed", "its producer left while the daemon was down")
+            client = Client(sock, "ingress", peer_of(sock))
+            ticket = self.check_producer(s.name, client, ring_fd)
+        except Refusal as r:
+            try:
+                ring.send_reply(sock.fileno(), ring.STATUS[r.status], str(r))
+            except (ring.RingError, OSError):
+                pass
+            sock.close()
+            self._forget_stored(s.name, str(r))
+            return 0
+        except OSError as e:
+            sock.close()
+            self._forget_stored(s.name, f"cannot use it: {e}")
+            return 0
+        finally:
+            _close(ring_fd)
+        self.ingress.adopt_producer(client)
+        self.attach_producer(ticket, restored=True)
+        return 1
+
+    def _forget_stored(self, name: str, why: str) -> None:
+        self.daemon.notifier.remove_fds(f"ring.{name}")
+        self.daemon.notifier.remove_fds(f"conn.{name}")
+        log.info("stream %s: stored producer not restored: %s", name, why)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
