@@ -1,19 +1,22 @@
-"""Shared fixtures: unique segment names cleaned up after each test, the C
-producer example compiled once, and child processes that never outlive a test."""
+"""Shared fixtures: unique stream names, the C examples compiled once, real
+unprivileged users, and child processes that never outlive a test."""
 from __future__ import annotations
 
+import dataclasses
+import grp
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHM = "/dev/shm"
 IN_CI = os.environ.get("CI") == "true"
 
 
@@ -29,21 +32,67 @@ def require_tool(name: str) -> str:
     return path
 
 
-def _remove_segments(prefix: str) -> None:
-    for entry in os.listdir(SHM):
-        if entry.startswith(prefix) or entry.startswith("." + prefix):
-            try:
-                os.unlink(os.path.join(SHM, entry))
-            except FileNotFoundError:
-                pass
+def require_root(why: str) -> None:
+    """Skips (fails in CI, which runs as root) a test that needs root."""
+    if os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail(f"needs root: {why}")
+        pytest.skip(f"needs root: {why}")
 
 
 @pytest.fixture
-def shm_name():
-    """A fresh segment name; every segment starting with it is removed afterwards."""
-    name = f"edgeinfer.test-{uuid.uuid4().hex[:12]}"
-    yield name
-    _remove_segments(name)
+def stream():
+    """A fresh stream name (rings are memfds: nothing to clean up on disk)."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """A directory every test user can enter (0755; a fresh clone may sit in a 0700 temp dir): the C
+    examples and the sockets of daemons that other users must reach live here. Removed at the end."""
+    d = tempfile.mkdtemp(prefix="edgeinfer-test-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class UserSet:
+    """Real, unprivileged users for the isolation tests (created for this run, deleted after it)."""
+
+    group: str          # the sockets' group: every user below but `outsider` is in it
+    gid: int
+    cam_a: str          # the producer of one stream
+    cam_b: str          # the producer of another (an honest neighbour, or an attacker)
+    reader: str         # allowed to read results
+    outsider: str       # not in the group: reaches no socket
+    uids: dict          # name → uid
+
+    def run_as(self, user: str) -> list[str]:
+        """The command prefix that runs a program as `user` with its groups (setpriv)."""
+        return ["setpriv", f"--reuid={self.uids[user]}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups"]
+
+
+@pytest.fixture(scope="session")
+def users():
+    require_root("creating users and running processes as them")
+    tag = uuid.uuid4().hex[:6]
+    group = f"eit{tag}"
+    names = {k: f"eit{tag}{k}" for k in ("a", "b", "r", "o")}
+    created = []
+    try:
+        subprocess.run(["groupadd", group], check=True, capture_output=True)
+        for k, name in names.items():
+            extra = [] if k == "o" else ["-G", group]
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", *extra, name], check=True,
+                           capture_output=True)
+            created.append(name)
+        yield UserSet(group, grp.getgrnam(group).gr_gid, names["a"], names["b"], names["r"], names["o"],
+                        {n: pwd.getpwnam(n).pw_uid for n in names.values()})
+    finally:
+        for name in created:
+            subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", group], capture_output=True)
 
 
 class Children:
@@ -83,14 +132,26 @@ def children():
     c.cleanup()
 
 
-@pytest.fixture(scope="session")
-def c_producer(tmp_path_factory) -> str:
-    """examples/producer.c compiled with the system C compiler, against ring.h only."""
+def _compile(tool: str, sandbox: Path) -> str:
     cc = require_tool("cc")
-    out = tmp_path_factory.mktemp("cbuild") / "producer"
-    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "native/include"),
-                    str(ROOT / "examples/producer.c"), "-o", str(out)], check=True)
+    out = sandbox / tool
+    if not out.exists():
+        subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "native/include"),
+                        str(ROOT / f"examples/{tool}.c"), "-o", str(out)], check=True)
+        os.chmod(out, 0o755)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def c_producer(sandbox) -> str:
+    """examples/producer.c compiled with the system C compiler, against ring.h only (any user may run it)."""
+    return _compile("producer", sandbox)
+
+
+@pytest.fixture(scope="session")
+def c_reader(sandbox) -> str:
+    """examples/reader.c, likewise."""
+    return _compile("reader", sandbox)
 
 
 def read_line(proc: subprocess.Popen, timeout: float = 10.0) -> str:

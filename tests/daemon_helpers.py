@@ -37,21 +37,37 @@ def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
 
 def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None,
                  trust_dir: str | None = None, metrics: dict | None = None, shm: dict | None = None,
-                 state_dir: str | None = None) -> str:
+                 state_dir: str | None = None, ingress: dict | None = None) -> str:
+    """An edgeinferd.yaml for a test. Streams name their producer and readers (default: this process's
+    user); the sockets live in `tmp_path` unless `ingress` says otherwise (a value None leaves a key out)."""
+    uid = os.getuid()
     lines = [f"model:\n  bundle: {bundle_path}\n  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n"
              f"  state_dir: {state_dir or tmp_path / 'state'}\nstreams:"]
     for s in streams:
-        lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items()))
+        s = {"producer": f"{{user: {uid}}}", "readers": f"{{users: [{uid}]}}", **s}
+        lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items() if v is not None))
     rt = {"scheduling": "fifo", **(runtime or {})}
     lines.append("runtime:\n" + "\n".join(f"  {k}: {v}" for k, v in rt.items()))
     # metrics={"listen": None}: the key left out (the default applies).
     m = {k: v for k, v in {"listen": "127.0.0.1:0", "enabled": "true", **(metrics or {})}.items() if v is not None}
     lines.append("metrics:\n" + "\n".join(f"  {k}: {v}" for k, v in m.items()))
+    ing = {k: v for k, v in {"socket": tmp_path / "ingress.sock", "results_socket": tmp_path / "results.sock",
+                             **(ingress or {})}.items() if v is not None}
+    lines.append("ingress:\n" + "\n".join(f"  {k}: {v}" for k, v in ing.items()))
     if shm:
         lines.append("shm:\n" + "\n".join(f"  {k}: {v}" for k, v in shm.items()))
     path = tmp_path / "edgeinferd.yaml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def sockets(config: str) -> tuple[str, str]:
+    """(ingress socket, results socket) of a config file."""
+    import yaml
+    with open(config) as f:
+        ing = (yaml.safe_load(f) or {}).get("ingress") or {}
+    from edgeinfer import ring
+    return ing.get("socket", ring.INGRESS_SOCKET), ing.get("results_socket", ring.RESULTS_SOCKET)
 
 
 def edgeinferd_args(config: str, *extra: str) -> list[str]:
@@ -71,6 +87,7 @@ def start_daemon(children, config: str, stats_file: str | None = None, wait_read
         proc = children.spawn(edgeinferd_args(config, *extra))
     proc.log_file = log_file
     proc.metrics_url = None
+    proc.ingress, proc.results = sockets(config)
     if wait_ready:
         while True:
             line = read_line(proc, timeout=60)
@@ -121,5 +138,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
     return value
 
 
-def segments_with(prefix: str) -> list[str]:
-    return [e for e in os.listdir("/dev/shm") if prefix in e]
+def camera(proc, stream: str, width: int, height: int, pixel_format: str = "bgr24", **kw):
+    """A FrameWriter handed to the daemon `proc` as `stream` (waits for the acceptance; raises a refusal)."""
+    from edgeinfer import ring
+    return ring.FrameWriter.connect(stream, width, height, pixel_format, socket=proc.ingress, **kw)
+
+
+def results(proc, stream: str, **kw):
+    """A ResultReader of `stream` on the daemon `proc` (follows it across restarts)."""
+    from edgeinfer import ring
+    return ring.ResultReader.watch(stream, socket=proc.results, **kw)
