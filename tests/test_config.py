@@ -1,44 +1,80 @@
-"""Configuration: validation errors name the key and the YAML line; the CLI check."""
+"""Configuration: validation errors name the key and the YAML line; the CLI check; a 0.1 file still
+starts (with warnings); the shipped file documents every key of the schema."""
 from __future__ import annotations
 
+import grp
+import re
 import subprocess
+import typing
+import uuid
 
 import pytest
+from pydantic import BaseModel
 
-from edgeinfer.config import ConfigError, load_config
+from conftest import ROOT
 from daemon_helpers import edgeinferd_args
+from edgeinfer import cli, config, ring
+from edgeinfer.config import ConfigError, load_config
+
+SHIPPED = ROOT / "etc/edgeinfer/edgeinferd.yaml"
 
 GOOD = """\
 model:
   bundle: /tmp/bundle
 streams:
   - name: cam0
+    producer: {user: 0}
     max_age_ms: 100
 runtime:
   scheduling: fifo
 """
 
 
-def write(tmp_path, text):
-    p = tmp_path / "c.yaml"
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
     p.write_text(text)
     return str(p)
+
+
+def check_config(path: str) -> subprocess.CompletedProcess:
+    """`edgeinferd --check-config --config PATH`, as an operator runs it."""
+    return subprocess.run(edgeinferd_args(path, "--check-config"), capture_output=True, text=True, timeout=60)
+
+
+def refused(tmp_path, text: str, where: str) -> str:
+    """The file is refused by load_config and by --check-config (exit 2), both naming `where`
+    (':LINE: key'); returns load_config's message."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"{path}{where}" in str(info.value), str(info.value)
+    r = check_config(path)
+    assert r.returncode == 2 and f"{path}{where}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    return str(info.value)
 
 
 def test_good_config_loads_with_defaults(tmp_path):
     cfg = load_config(write(tmp_path, GOOD))
     s = cfg.streams[0]
-    assert (s.segment_name, s.results_name, s.max_age_ms) == ("edgeinfer.cam0", "edgeinfer.cam0.results", 100)
+    assert (s.name, s.max_age_ms, s.segment) == ("cam0", 100, None)
+    assert cfg.warnings == []  # names its producer, uses no ABI 1 key
+    assert cfg.producer_of(s).resolve().uids == {0}
+    assert s.readers.groups == ["edgeinfer"] and s.readers.users == []
+    assert (cfg.ingress.socket, cfg.ingress.results_socket) == (ring.INGRESS_SOCKET, ring.RESULTS_SOCKET)
     assert cfg.runtime.duty_ceiling == 0.9 and cfg.metrics.listen == "127.0.0.1:9464"
+    rt = cfg.runtime
+    assert (rt.max_sessions, rt.geometry_changes, rt.geometry_window_s, rt.geometry_cooldown_s) == (8, 4, 60, 60)
+    assert cfg.shm.result_records == 64
 
 
 @pytest.mark.parametrize("text, expect", [
-    (GOOD.replace("    max_age_ms: 100", "    max_age_ms: 100\n    colour: red"), ":6: streams[0].colour: unknown key"),
-    (GOOD.replace("max_age_ms: 100", "max_age_ms: -1"), ":5: streams[0].max_age_ms: Input should be greater than 0"),
-    (GOOD.replace("scheduling: fifo", "scheduling: fast"), ":7: runtime.scheduling: Input should be 'fifo'"),
+    (GOOD.replace("    max_age_ms: 100", "    max_age_ms: 100\n    colour: red"), ":7: streams[0].colour: unknown key"),
+    (GOOD.replace("max_age_ms: 100", "max_age_ms: -1"), ":6: streams[0].max_age_ms: Input should be greater than 0"),
+    (GOOD.replace("scheduling: fifo", "scheduling: fast"), ":8: runtime.scheduling: Input should be 'fifo'"),
     (GOOD.replace("  bundle: /tmp/bundle", "  warmup_runs: 3"), ":1: model.bundle: Field required"),
     (GOOD.replace("name: cam0", "name: 'bad name!'"), ":4: streams[0].name: Value error"),
-    (GOOD + "  loop_cpus: [99]\n", ":8: runtime.loop_cpus: Value error, CPUs [99] are not available"),
+    (GOOD + "  loop_cpus: [99]\n", ":9: runtime.loop_cpus: Value error, CPUs [99] are not available"),
+    (GOOD + "ingress:\n  max_pending: 0\n", ":10: ingress.max_pending: Input should be greater than or equal to 1"),
     (GOOD.replace("streams:", "streams: [").replace("runtime:", "runtime:"), "not valid YAML"),
 ])
 def test_each_error_names_the_key_and_line(tmp_path, text, expect):
@@ -54,19 +90,169 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert len(info.value.problems) == 2
 
 
-def test_shipped_default_config_is_valid():
-    from conftest import ROOT
-    cfg = load_config(str(ROOT / "etc/edgeinfer/edgeinferd.yaml"))
-    assert cfg.streams and cfg.model.bundle
+@pytest.mark.parametrize("name", [
+    '"cam0\\n"',        # a trailing newline (quoted)
+    "|\n      cam0",    # a trailing newline (a block scalar: what a template easily produces)
+    "../cam0",
+    "cam/0",
+    "/dev/shm/cam0",
+    ".cam0",
+    '"cam0\\0x"',
+    "c" * (ring.STREAM_NAME_MAX + 1),
+])
+def test_stream_names_that_are_not_plain_names_are_refused_with_key_and_line(tmp_path, name):
+    """A stream name goes into log lines, metric labels and the handshake: ring.h's rule, checked here
+    so that no name the daemon serves could be refused by every client (or split a log line)."""
+    msg = refused(tmp_path, GOOD.replace("name: cam0", f"name: {name}"), ":4: streams[0].name: Value error")
+    assert "no path characters, no newline" in msg
+
+
+def test_longest_stream_name_is_accepted(tmp_path):
+    name = "c" * ring.STREAM_NAME_MAX
+    assert load_config(write(tmp_path, GOOD.replace("name: cam0", f"name: {name}"))).streams[0].name == name
+
+
+def test_a_segment_that_is_a_path_is_refused_although_ignored(tmp_path):
+    """streams[].segment (ABI 1) is ignored, but a path in it is still an error, not silently accepted."""
+    msg = refused(tmp_path, GOOD.replace("    max_age_ms", "    segment: ../../x\n    max_age_ms"),
+                  ":6: streams[0].segment: Value error")
+    assert "a segment is a plain name" in msg
+
+
+@pytest.mark.parametrize("key, value, line", [
+    ("socket", "run/edgeinfer/ingress.sock", 10),                 # relative
+    ("results_socket", "results.sock", 10),
+    ("socket", "/" + "s" * 107, 10),                               # 108 bytes: sun_path holds 107 and a NUL
+    ("results_socket", "/run/" + "é" * 52, 10),                    # 57 characters, 109 bytes
+])
+def test_socket_paths_relative_or_too_long_are_refused(tmp_path, key, value, line):
+    msg = refused(tmp_path, GOOD + f"ingress:\n  {key}: {value}\n", f":{line}: ingress.{key}: Value error")
+    assert "an absolute path of at most 107 bytes" in msg
+
+
+def test_socket_path_of_107_bytes_is_accepted(tmp_path):
+    path = "/" + "s" * 106
+    cfg = load_config(write(tmp_path, GOOD + f"ingress:\n  socket: {path}\n"))
+    assert cfg.ingress.socket == path and len(path.encode()) == config.SUN_PATH_MAX == 107
+
+
+@pytest.mark.parametrize("key, value, expect", [
+    ("producer", "{user: %s}", "no such user: '%s'"),
+    ("producer", "{group: %s}", "no such group: '%s'"),
+    ("readers", "{users: [%s]}", "no such user: '%s'"),
+    ("readers", "{groups: [root, %s]}", "no such group: '%s'"),
+])
+def test_unknown_users_and_groups_are_refused_with_their_line(tmp_path, key, value, expect):
+    """Names are resolved when the file is loaded: a typo is an error with its line, not a stream that
+    refuses its own camera at run time."""
+    nobody = f"eit-nobody-{uuid.uuid4().hex[:6]}"
+    text = GOOD.replace("    producer: {user: 0}\n", f"    {key}: {value % nobody}\n")
+    msg = refused(tmp_path, text, f":5: streams[0].{key}: Value error")
+    assert expect % nobody in msg
+
+
+CONFIG_0_1 = """\
+model:
+  bundle: /var/lib/edgeinfer/models/current
+  warmup_runs: 3
+streams:
+  - name: cam0
+    segment: edgeinfer.cam0
+    max_age_ms: 200
+  - name: cam1
+    producer: {user: 0}
+shm:
+  dir: /dev/shm
+  allowed_uids: [1001, 1002]
+  result_records: 64
+  result_group: video
+metrics:
+  listen: 127.0.0.1:9464
+"""
+
+
+def test_a_0_1_config_starts_with_one_warning_per_deprecated_key(tmp_path):
+    """An upgraded host keeps its 0.1 file: it loads, each ABI 1 key gives one warning with its line,
+    and the stream that names no producer gets the producers shm.allowed_uids named."""
+    path = write(tmp_path, CONFIG_0_1)
+    cfg = load_config(path)
+    expected = {(5, "streams[0].name"), (6, "streams[0].segment"), (11, "shm.dir"), (12, "shm.allowed_uids"),
+                (14, "shm.result_group")}
+    got = [re.match(rf"{re.escape(path)}:(\d+): (\S+): ", w) for w in cfg.warnings]
+    assert all(got), cfg.warnings
+    assert sorted((int(m[1]), m[2]) for m in got) == sorted(expected)  # exactly one each, nothing else
+    assert "names no producer: one of shm.allowed_uids [1001, 1002] may produce it" in cfg.warnings[0]
+    assert cfg.producer_of(cfg.streams[0]).resolve().uids == {1001, 1002}
+    assert cfg.producer_of(cfg.streams[1]).resolve().uids == {0}  # named: no legacy trust
+
+    r = check_config(path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{path}: OK (5 warnings)"
+    lines = r.stderr.splitlines()
+    assert lines == [f"edgeinferd: warning: {w}" for w in cfg.warnings], r.stderr
+
+
+# /etc/edgeinfer/edgeinferd.yaml as 0.1 shipped it: an upgraded host that never edited it must start.
+SHIPPED_0_1 = """\
+# /etc/edgeinfer/edgeinferd.yaml — edgeinferd configuration.
+# Every key is shown with its default. Unknown keys are errors.
+# Check a file with: edgeinferd --check-config --config FILE
+
+model:
+  # Directory of the model bundle: model.onnx + model.yaml (+ model.sig once signing lands).
+  bundle: /var/lib/edgeinfer/models/current
+  # Synthetic frames run through each session before it serves (and before READY).
+  warmup_runs: 3
+
+# One entry per camera (at most 64).
+streams:
+  - name: cam0                 # letters, digits, '_' or '-'; results go to /dev/shm/edgeinfer.<name>.results
+    # segment: edgeinfer.cam0  # the frame ring the producer creates (default edgeinfer.<name>)
+    max_age_ms: 200            # frames older than this when their turn comes are dropped (counted "stale")
+    priority: 0                # reserved for weighted scheduling; deadline order is used today
+    pixel_format: bgr24        # gray8 | rgb24 | bgr24 | rgba32 | bgra32: with width/height, the session
+    # width: 640               #   for this geometry is built and warmed at start (else on first frame)
+    # height: 480
+
+runtime:
+  loop_cpus: []        # CPUs for the real-time loop thread (empty: the unit's / process's CPUs)
+  ort_threads: 1       # ONNX Runtime intra-op threads, the loop thread included
+  ort_cpus: []         # CPUs for the extra ORT threads (ort_threads - 1 of them), 0-based
+  scheduling: fifo     # fifo | rr | other; falls back to other, loudly, when refused
+  priority: 50         # 1..99 for fifo/rr
+  duty_ceiling: 0.9    # the loop never keeps a CPU busier than this (avoids the kernel's RT throttle)
+  spin_us: 0           # spin this long before sleeping on the doorbells (lower latency, burns CPU)
+  idle_timeout_ms: 100 # longest sleep without frames (how often stream presence is rechecked)
+
+shm:
+  dir: /dev/shm
+  allowed_uids: []     # producer uids whose segments are accepted (empty: any owner; mode checks apply)
+  result_records: 64   # records kept per result ring
+  result_group: null   # group of the result rings (default: the daemon's)
+
+metrics:
+  listen: 127.0.0.1:9464   # Prometheus /metrics and health (observability issue)
+"""
+
+
+def test_the_0_1_shipped_file_starts_with_warnings(tmp_path):
+    path = write(tmp_path, SHIPPED_0_1)
+    r = check_config(path)
+    assert r.returncode == 0, r.stderr
+    warned = [re.match(rf"edgeinferd: warning: {re.escape(path)}:(\d+): (\S+): ", x) for x in r.stderr.splitlines()]
+    assert all(warned), r.stderr
+    assert sorted((int(m[1]), m[2]) for m in warned) == [(13, "streams[0].name"), (32, "shm.dir"),
+                                                         (33, "shm.allowed_uids")]
+    assert "any member of group edgeinfer may produce it" in r.stderr  # allowed_uids [] names nobody
+    cfg = load_config(path)
+    assert cfg.producer_of(cfg.streams[0]).group == config.LEGACY_PRODUCER_GROUP
 
 
 def test_check_config_cli(tmp_path):
-    ok = subprocess.run(edgeinferd_args(write(tmp_path, GOOD), "--check-config"), capture_output=True, text=True,
-                        timeout=60)
-    assert ok.returncode == 0 and "OK" in ok.stdout
-    bad = subprocess.run(edgeinferd_args(write(tmp_path, GOOD.replace("fifo", "fast")), "--check-config"),
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "runtime.scheduling" in bad.stderr and ":7:" in bad.stderr
+    ok = check_config(write(tmp_path, GOOD))
+    assert ok.returncode == 0 and ok.stdout.strip().endswith(": OK") and ok.stderr == ""
+    bad = check_config(write(tmp_path, GOOD.replace("fifo", "fast")))
+    assert bad.returncode == 2 and "runtime.scheduling" in bad.stderr and ":8:" in bad.stderr
 
 
 def test_repeated_key_is_an_error_with_both_lines(tmp_path):
@@ -76,3 +262,117 @@ def test_repeated_key_is_an_error_with_both_lines(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_yaml_model(Config, text, "c.yaml")
     assert e.value.problems == ["c.yaml:4: model.warmup_runs: repeated key (first given at line 3)"]
+
+
+def test_cli_default_sockets_are_ring_h_defaults():
+    """edgeinferctl hard-codes the defaults (so that --help needs no native module): they must be ring.h's."""
+    assert cli._INGRESS_SOCKET == ring.INGRESS_SOCKET
+    assert cli._RESULTS_SOCKET == ring.RESULTS_SOCKET
+
+
+# ------------------------------------------------------------------ the shipped file
+
+
+# Keys the shipped file does not document as keys: the ABI 1 ones (named once, in the comment that says
+# they are accepted with a warning) and one that only the loader itself sets.
+ABI1_KEYS = {("shm", "dir"): "shm.dir", ("shm", "allowed_uids"): "shm.allowed_uids",
+             ("shm", "result_group"): "shm.result_group", ("streams", "segment"): "streams[].segment"}
+INTERNAL_KEYS = {("streams", "producer", "uids")}  # Identity.uids: how shm.allowed_uids becomes a producer
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (X, list[X], X | None, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def schema_keys(model: type[BaseModel] = config.Config, path: tuple = ()) -> list[tuple]:
+    """Every key path of the configuration schema, walked recursively through the models."""
+    out = []
+    for name, field in model.model_fields.items():
+        out.append((*path, name))
+        for sub in dict.fromkeys(_models_in(field.annotation)):
+            out += schema_keys(sub, (*path, name))
+    return list(dict.fromkeys(out))
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Top-level key → its part of the file (from its line to the next top-level key)."""
+    out, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"(\w+):", line)
+        if m:
+            current = m[1]
+            out[current] = ""
+        if current is not None:
+            out[current] += line + "\n"
+    return out
+
+
+def mentioned(key: str, text: str) -> bool:
+    """`key:` appears in `text`, commented or not (not as the end of a longer key)."""
+    return re.search(rf"(?<![\w.-]){re.escape(key)}:(\s|$)", text) is not None
+
+
+def test_the_walk_sees_nested_keys():
+    keys = schema_keys()
+    for k in [("model", "trust_dir"), ("streams", "producer", "user"), ("streams", "readers", "groups"),
+              ("ingress", "max_ring_mib"), ("runtime", "geometry_cooldown_s"), ("metrics", "health_deadline_s")]:
+        assert k in keys
+    assert set(ABI1_KEYS) | INTERNAL_KEYS <= set(keys)  # the exceptions below name keys that exist
+
+
+def test_shipped_config_mentions_every_key_of_the_schema():
+    """The shipped file is the configuration's documentation: every key of daemon/config.py appears in
+    it, in its own section, so that the file cannot fall behind the code again."""
+    text = SHIPPED.read_text()
+    sections = _sections(text)
+    missing = []
+    for key in schema_keys():
+        if key in ABI1_KEYS or key in INTERNAL_KEYS:
+            continue
+        if len(key) == 1:
+            if key[0] not in sections:
+                missing.append(key[0])
+        elif not mentioned(key[-1], sections.get(key[0], "")):
+            missing.append(".".join(key))
+    assert missing == [], f"{SHIPPED} does not mention {missing}"
+    for key, dotted in ABI1_KEYS.items():  # only in the one comment that says they are accepted with a warning
+        assert not mentioned(key[-1], sections[key[0]]), f"{dotted} (ABI 1) is documented as a key"
+        assert dotted in text, f"the upgrade comment does not name {dotted}"
+    assert "signing lands" not in text and "/dev/shm" not in text
+
+
+@pytest.fixture
+def edgeinfer_group(monkeypatch):
+    """The shipped file names group edgeinfer, which the package creates (packaging/debian/edgeinfer.sysusers).
+    Where this host has none, the loader is shown one (in this process only)."""
+    try:
+        grp.getgrnam("edgeinfer")
+        return
+    except KeyError:
+        pass
+    real = grp.getgrnam
+
+    def getgrnam(name):
+        if name == "edgeinfer":
+            return grp.struct_group(("edgeinfer", "x", 64999, []))
+        return real(name)
+    monkeypatch.setattr(grp, "getgrnam", getgrnam)
+
+
+def test_shipped_config_is_valid_and_shows_the_defaults(edgeinfer_group):
+    """It loads without a warning, and every value it shows is the default (it documents defaults; an
+    operator changes them)."""
+    cfg = load_config(str(SHIPPED))
+    assert cfg.warnings == []
+    assert [s.name for s in cfg.streams] == ["cam0"] and cfg.model.bundle == "/var/lib/edgeinfer/models/current"
+    s = cfg.streams[0]
+    assert s.producer.group == "edgeinfer" and s.producer.user is None
+    assert s.readers == config.StreamConfig.model_fields["readers"].default
+    defaults = config.StreamConfig(name="cam0")
+    assert s.model_dump(exclude={"producer"}) == defaults.model_dump(exclude={"producer"})
+    assert cfg.model == config.ModelConfig(bundle=cfg.model.bundle)
+    assert (cfg.runtime, cfg.ingress, cfg.shm, cfg.metrics) == (config.RuntimeConfig(), config.IngressConfig(),
+                                                              config.ShmConfig(), config.MetricsConfig())
