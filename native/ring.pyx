@@ -120,7 +120,7 @@ _ERRORS = {
     EI_ERR_NOSPACE: NoSpaceForRing, EI_ERR_ARG: BadArgument, EI_ERR_NOT_FOUND: DaemonUnavailable,
     EI_ERR_CORRUPT: CorruptFrame, EI_ERR_STATE: RingStateError, EI_ERR_SHORT: CorruptFrame,
     EI_ERR_PROTOCOL: ProtocolError, EI_ERR_CLOSED: ConnectionClosed, EI_ERR_TIMEOUT: HandshakeTimeout,
-    EI_ERR_REFUSED: Refused,
+    EI_ERR_REFUSED: Refused, EI_ERR_WOULDBLOCK: TryAgain,
 }
 for _code, _cls in _ERRORS.items():
     if _cls.__dict__.get("code") is None:
@@ -128,12 +128,8 @@ for _code, _cls in _ERRORS.items():
 
 
 def error_for(int code, str msg):
-    """The exception ring.h's status `code` stands for, carrying `msg`."""
-    cls = _ERRORS.get(code, RingError)
-    if issubclass(cls, OSError):
-        e = cls(0, msg)
-    else:
-        e = cls(msg)
+    """The exception ring.h's status `code` stands for, carrying `msg` (and nothing else: str(e) == msg)."""
+    e = _ERRORS.get(code, RingError)(msg)
     e.code = code
     return e
 
@@ -833,7 +829,7 @@ def recv_hello(int sock):
     cdef int fd = -1
     cdef char stream[EI_STREAM_NAME_MAX + 1]
     cdef int rc = ei_sock_recv(sock, &h, sizeof(h), &fd, &err)
-    if rc == EI_ERR_AGAIN:
+    if rc == EI_ERR_WOULDBLOCK:
         return None
     if rc != EI_OK:
         _raise(&err)

@@ -64,6 +64,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
         EI_ERR_CLOSED
         EI_ERR_TIMEOUT
         EI_ERR_REFUSED
+        EI_ERR_WOULDBLOCK
 
     ctypedef struct ei_error:
         int code          # an ei_status

