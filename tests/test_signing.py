@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from conftest import read_line
-from daemon_helpers import (bundle, edgeinferd_args, read_stats, sign_copy, start_daemon, stop_daemon, wait_for,
-                            write_config)
-from edgeinfer import ring, signing
+from daemon_helpers import (bundle, edgeinferd_args, read_stats, results, sign_copy, start_daemon, stop_daemon,
+                            wait_for, write_config)
+from edgeinfer import signing
 from edgeinfer.bundle import BundleError
 from edgeinfer.rollback import RollbackRefused, RollbackState
 from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
@@ -247,11 +247,11 @@ def test_keys_generate_uses_safe_modes(tmp_path):
 # ------------------------------------------------------------------ hot reload
 
 
-def test_hot_reload_under_a_live_producer(tmp_path, signing_key, bundles, children, shm_name):
+def test_hot_reload_under_a_live_producer(tmp_path, signing_key, bundles, children, stream):
     """A `current` symlink flipped by a deploy tool (and SIGHUP): the next results
     carry the new version, nothing is lost beyond newest-frame-wins skipping; a
-    bad bundle is refused and the old model keeps serving."""
-    stream = shm_name.removeprefix("edgeinfer.")
+    bad bundle is refused and the old model keeps serving. The camera stays
+    connected throughout (a reload swaps the model, not the rings)."""
     key = signing_key[0]
     v1 = sign_copy("orientation", tmp_path / "v1", key)
     v2 = sign_copy("orientation", tmp_path / "v2", key,
@@ -268,8 +268,8 @@ def test_hot_reload_under_a_live_producer(tmp_path, signing_key, bundles, childr
                                                  "max_age_ms": 2000}])
     proc = start_daemon(children, cfg, stats_file=stats)
     feed = children.spawn([sys.executable, "-m", "edgeinfer.cli", "feed", "--synthetic", "--stream", stream,
-                           "--width", "224", "--height", "224", "--fps", "30"])
-    reader = ring.ResultReader.watch(ring.result_segment_name(stream))
+                           "--width", "224", "--height", "224", "--fps", "30", "--socket", proc.ingress])
+    reader = results(proc, stream)
 
     def versions_until(version: str, timeout: float) -> list[str]:
         seen = []
@@ -302,7 +302,9 @@ def test_hot_reload_under_a_live_producer(tmp_path, signing_key, bundles, childr
     more = [reader.read(5.0) for _ in range(10)]
     assert all(r is not None and r.model_version == "0.0.12" for r in more)  # still serving the good model
     s = st["streams"][stream]
-    assert s["error"] == 0 and s["stale"] == 0 and s["torn"] == 0
+    assert s["error"] == 0 and s["stale"] == 0 and s["torn"] == 0 and s["short"] == 0
+    assert s["connected"] and s["attaches"] == 1, s  # never dropped nor reconnected across the reloads
+    assert reader.attach_count == 1  # the reader was never dropped either
     feed.send_signal(signal.SIGTERM)
     feed.wait(10)
     assert stop_daemon(proc) == 0
