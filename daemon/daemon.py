@@ -187,7 +187,11 @@ class Daemon:
             kind = None
             try:
                 sock = socket.socket(fileno=fd)
-                kind = paths.get(sock.getsockname()) if sock.type == socket.SOCK_SEQPACKET else None
+                # Only a listening socket is a listener: a stored producer connection has the same
+                # getsockname() (the path it was accepted on) and must not be taken for one.
+                listening = sock.type == socket.SOCK_SEQPACKET and \
+                    sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                kind = paths.get(sock.getsockname()) if listening else None
                 if kind is None or kind in listeners:
                     sock.detach()  # not a listener of ours: a stored fd (or junk), handled below
                     kind = None
