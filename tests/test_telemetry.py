@@ -16,15 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, read_line, require_tool
-from daemon_helpers import edgeinferd_args, start_daemon, stop_daemon, wait_for, write_config
-from edgeinfer import _hist
+from daemon_helpers import edgeinferd_args, results, start_daemon, stop_daemon, wait_for, write_config
+from edgeinfer import _hist, ring
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
-
-
-@pytest.fixture
-def stream(shm_name):
-    return shm_name.removeprefix("edgeinfer.")
 
 
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -65,7 +60,10 @@ def test_metrics_promtool_and_a_real_prometheus_server(children, tmp_path, strea
     cfg = write_config(tmp_path, bundles("orientation"), [{"name": stream, "width": 224, "height": 224}])
     proc = start_daemon(children, cfg)
     feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "224", "--height", "224",
-                           "--fps", "50"])
+                           "--fps", "50", "--socket", proc.ingress])
+    reader = results(proc, stream)  # one reader connected: edgeinfer_stream_readers 1
+    with pytest.raises(ring.BadArgument):  # a refusal to count: a camera for a stream not configured here
+        ring.FrameWriter.connect("nosuchstream", 224, 224, socket=proc.ingress, wait=5.0)
     base = proc.metrics_url.rsplit("/", 0)[0]
     wait_for(lambda: b'outcome="processed"' in get(base + "/metrics")[1] and
              int(next(s.value for f in text_string_to_metric_families(get(base + "/metrics")[1].decode())
@@ -79,8 +77,18 @@ def test_metrics_promtool_and_a_real_prometheus_server(children, tmp_path, strea
     for name in ("edgeinfer_stage_duration_seconds_bucket", "edgeinfer_e2e_latency_seconds_bucket",
                  "edgeinfer_frames_total", "edgeinfer_model_reload_failures_total", "edgeinfer_model_info",
                  "edgeinfer_realtime_active", "edgeinfer_stream_connected", "edgeinfer_ort_intra_op_threads",
-                 "edgeinfer_e2e_latency_recent_seconds"):
+                 "edgeinfer_e2e_latency_recent_seconds", "edgeinfer_stream_readers", "edgeinfer_model_sessions",
+                 "edgeinfer_model_session_evictions_total", "edgeinfer_producers_restored_total",
+                 "edgeinfer_ingress_refusals_total"):
         assert name in text, name
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("edgeinfer_stream_connected", (("stream", stream),))] == 1
+    assert samples[("edgeinfer_stream_readers", (("stream", stream),))] == 1
+    assert samples[("edgeinfer_model_sessions", ())] == 1  # one geometry: 224x224 bgr24
+    assert samples[("edgeinfer_ingress_refusals_total",
+                    (("reason", "unknown_stream"), ("role", "producer"), ("stream", "(unknown)")))] == 1
+    reader.close()
 
     port = free_port()
     target = base.removeprefix("http://")
@@ -137,7 +145,7 @@ def test_health_goes_bad_when_the_loop_stalls_and_recovers(children, tmp_path, s
     assert get(base + "/healthz")[0] == 200
     assert get(base + "/readyz")[0] == 503  # ready_requires_stream, and no camera yet
     feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "96", "--height", "48",
-                           "--fps", "20"])
+                           "--fps", "20", "--socket", proc.ingress])
     wait_for(lambda: get(base + "/readyz")[0] == 200, 30, "ready once a stream is attached")
     proc.send_signal(__import__("signal").SIGUSR1)  # test-only hook: the loop stalls for 3 s
     wait_for(lambda: get(base + "/healthz")[0] == 503, 3, "/healthz to fail during the stall")
@@ -166,7 +174,7 @@ def test_status_and_top(children, tmp_path, stream, bundles):
     cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream}])
     proc = start_daemon(children, cfg)
     feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "96", "--height", "48",
-                           "--fps", "40"])
+                           "--fps", "40", "--socket", proc.ingress])
     url = proc.metrics_url + "/metrics"
     wait_for(lambda: f'outcome="processed",stream="{stream}"'.encode() in get(url)[1], 30, "frames")
     s = subprocess.run([*CTL, "status", "--url", url], capture_output=True, text=True, timeout=60)
@@ -181,6 +189,12 @@ def test_status_and_top(children, tmp_path, stream, bundles):
     assert down.returncode == 1 and down.stderr.startswith("edgeinferctl:") and "Traceback" not in down.stderr
     feed.terminate()
     feed.wait(10)
+    # The camera's connection is its liveness: gone at once, and the table says so.
+    wait_for(lambda: f'edgeinfer_stream_connected{{stream="{stream}"}} 0.0'.encode() in get(url)[1], 5,
+             "the daemon to show the camera gone")
+    s = subprocess.run([*CTL, "status", "--url", url], capture_output=True, text=True, timeout=60)
+    row = next(x for x in s.stdout.splitlines() if x.startswith(stream))
+    assert row.endswith("absent"), s.stdout
     assert stop_daemon(proc) == 0
 
 
