@@ -18,7 +18,7 @@ hist = Extension(
 
 setup(
     name="edgeinfer",
-    version="0.1.0",
+    version="0.2.0",
     description="Zero-copy, real-time ONNX inference on shared-memory camera frames",
     license="Apache-2.0",
     python_requires=">=3.11",

@@ -1,8 +1,10 @@
 """Model checking of the claim protocol (tests/model/claim.pml) with spin.
 
-The model is checked exhaustively, and so is a mutant without the Dekker
-re-check: spin must find the torn read there, which shows the model (and this
-test) can see the bug the re-check prevents."""
+The model is checked exhaustively, and so are two mutants: one without the
+Dekker re-check (spin must find the torn read) and one whose producer stores
+`latest` before `published` (spin must find the consumer's "ran ahead" check
+firing on an honest producer). Each shows the model can see the bug its rule
+prevents."""
 from __future__ import annotations
 
 import re
@@ -56,3 +58,15 @@ def test_model_catches_a_missing_claim_recheck(tmp_path):
     out = run_spin(mutant, tmp_path, liveness=False)
     assert errors(out) >= 1
     assert "assertion violated ((a==q)&&(b==q))" in out, out
+
+
+def test_model_catches_latest_stored_before_published(tmp_path):
+    """ABI 2's rule: `published` is stored before `latest`, so `seq > published` is never a race."""
+    text = MODEL.read_text()
+    publish = "        published = seq;                               /* store published */\n"
+    latest = "        atomic { latest_seq = seq; latest_slot = s }   /* store latest */\n"
+    assert publish + latest in text
+    mutant = text.replace(publish + latest, latest + publish)
+    out = run_spin(mutant, tmp_path, liveness=False)
+    assert errors(out) >= 1
+    assert "assertion violated (q<=p)" in out, out

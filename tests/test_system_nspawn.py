@@ -1,10 +1,14 @@
 """System tests in a booted systemd: the real .deb installed with apt in a
 debootstrapped Debian 12 container run by systemd-nspawn (PID 1 here is not
 systemd). The checks run inside (tests/system/inside.sh); this test prepares
-the container, boots it, and asserts each check's line.
+the container, boots it, and asserts each check's line: a fresh install, the
+socket unit, real users refused or served, restarts and kills with the fd store
+(the gap a reader sees, in ms), an upgrade to a newer build with a camera
+running, and an upgrade from 0.1.0 built from its commit.
 
-The rootfs is cached as a tarball outside the clone ($EDGEINFER_CACHE or
-~/.cache/edgeinfer), so reruns skip the ~60 s debootstrap.
+The rootfs and the 0.1.0 package are cached outside the clone
+($EDGEINFER_ROOTFS_CACHE or ~/.cache/edgeinfer), so reruns skip the ~60 s
+debootstrap and the ~4 min package build.
 """
 from __future__ import annotations
 
@@ -24,10 +28,12 @@ ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v2.tar")
 # man-db: `systemd-analyze verify` checks the unit's Documentation=man: pages.
 DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db"
 
-CHECKS = ["install", "user_and_group", "no_bundle_no_crash_loop", "verify_unit", "start", "loop_is_fifo",
-          "loop_affinity", "results_from_group_member", "reload", "outsider_refused", "watchdog_restart",
-          "daemon_sigkill_restart", "stop",
-          "purge"]
+CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
+          "loop_is_fifo", "loop_affinity", "results_from_group_member", "impersonation_refused", "outsider_refused",
+          "reader_not_allowed", "reload", "fdstore_restart", "fdstore_kill", "daemon_sigkill_restart",
+          "watchdog_restart", "socket_activation", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
+# The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
+RELEASE_0_1 = ("f68a388", "0.1.0")
 
 
 def rootfs_tarball() -> str:
@@ -45,6 +51,31 @@ def rootfs_tarball() -> str:
     return ROOTFS_TAR
 
 
+def next_version(deb: str, out) -> str:
+    """The same package under a higher version (the upgrade of a running install to a newer build)."""
+    work = out.parent / "repack"
+    subprocess.run(["dpkg-deb", "-R", deb, str(work)], check=True, timeout=300)
+    control = work / "DEBIAN/control"
+    text = control.read_text()
+    version = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Version: "))
+    control.write_text(text.replace(f"Version: {version}", f"Version: {version}+test1"))
+    subprocess.run(["dpkg-deb", "-Zgzip", "-z1", "-b", str(work), str(out)], check=True, timeout=600,
+                   capture_output=True)
+    shutil.rmtree(work)
+    return str(out)
+
+
+def release_deb(commit: str, version: str) -> str | None:
+    """0.1.0's package, built from its commit once (cached). None, with the reason printed, if it cannot be
+    built here (a shallow clone without that commit)."""
+    r = subprocess.run([str(ROOT / "tests/system/release-deb"), commit, version, CACHE], capture_output=True,
+                       text=True, timeout=1800, cwd=ROOT)
+    if r.returncode != 0:
+        print(f"cannot build {version} from {commit}: {r.stderr[-1500:]}")
+        return None
+    return r.stdout.strip()
+
+
 @pytest.fixture(scope="module")
 def system_run(tmp_path_factory, signing_key):
     if os.geteuid() != 0:
@@ -59,28 +90,36 @@ def system_run(tmp_path_factory, signing_key):
         d.mkdir()
     subprocess.run(["tar", "-C", str(root), "-xf", rootfs_tarball()], check=True, timeout=300)
     shutil.copy(debs[-1], test / "edgeinfer.deb")
-    shutil.copy(ROOT / "tests/system/inside.sh", test / "inside.sh")
+    next_version(debs[-1], test / "edgeinfer-next.deb")
+    old = release_deb(*RELEASE_0_1)
+    if old:
+        shutil.copy(old, test / "edgeinfer-0.1.0.deb")
+    for f in ("inside.sh", "gap.py"):
+        shutil.copy(ROOT / "tests/system" / f, test / f)
     key, pub, _ = signing_key
     (test / "trust").mkdir()
     shutil.copy(pub, test / "trust" / "release.pub")
     sign_copy("orientation", test / "v1", key)
     sign_copy("orientation", test / "v2", key, lambda d: (d / "model.yaml").write_text(
         (d / "model.yaml").read_text().replace("version: 0.0.11", "version: 0.0.12")))
+    # Users cam, cam2, reader, outsider are created inside before the daemon starts (names resolve at load).
     (test / "edgeinferd.yaml").write_text(
         "model:\n  bundle: /var/lib/edgeinfer/models/current\n  watch_interval_s: 0\n"
-        "streams:\n  - name: cam0\n    width: 224\n    height: 224\n  - name: cam1\n"
+        "streams:\n  - name: cam0\n    producer: {user: cam}\n    readers: {groups: [edgeinfer]}\n"
+        "    width: 224\n    height: 224\n"
+        "  - name: cam1\n    producer: {user: cam2}\n    readers: {users: [cam2]}\n"
         "runtime:\n  loop_cpus: [1]\n  scheduling: fifo\n  fault_injection: true\n"
         "metrics:\n  ready_requires_stream: false\n")
     unit = root / "etc/systemd/system/edgeinfer-systemtest.service"
     unit.write_text("[Unit]\nDescription=edgeinfer system test\nAfter=basic.target\n\n[Service]\nType=oneshot\n"
-                    "ExecStart=/test/inside.sh\nStandardOutput=journal+console\n")
+                    "ExecStart=/test/inside.sh\nStandardOutput=journal+console\nTimeoutStartSec=1500\n")
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
     os.symlink("/etc/systemd/system/edgeinfer-systemtest.service", wants / "edgeinfer-systemtest.service")
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
     boot = subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
                            "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
-                          capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
     results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
     extra = {name: (out / name).read_text() if (out / name).exists() else "" for name in ("journal.txt",
                                                                                        "security.txt")}
@@ -115,15 +154,29 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
     """The container's fault checks as rows of the reliability matrix."""
     results, _, _ = system_run
     lines = {x.split(" ", 2)[1]: x for x in results.splitlines() if len(x.split(" ", 2)) > 1}
-    rows = [("daemon_sigkill_restart", "daemon", "SIGKILL under load, systemd as supervisor (Restart=on-failure)", 3,
-             "systemd restarts it; results resume; producer untouched; same /dev/shm names"),
+    rows = [("fdstore_restart", "daemon", "`systemctl restart` under load, 3 times (booted systemd, fd store)", 3,
+             "the camera never reconnects; results resume by themselves; the gap a reader sees, in ms"),
+            ("fdstore_kill", "daemon", "SIGKILL under load, 3 times; systemd restarts it (fd store)", 3,
+             "the camera never reconnects; results resume by themselves; the gap a reader sees, in ms"),
+            ("daemon_sigkill_restart", "daemon", "SIGKILL under load, systemd as supervisor (Restart=on-failure)", 3,
+             "systemd restarts it; results resume; producer untouched"),
             ("watchdog_restart", "daemon", "real-time loop hung (fault hook), systemd watchdog", 1,
              "WATCHDOG=1 stops; systemd kills and restarts the daemon"),
-            ("outsider_refused", "access", "producer outside the edgeinfer group (real users, booted systemd)", 1,
-             "its segment cannot be opened by the daemon: no results")]
+            ("socket_activation", "daemon", "`systemctl stop` with a camera running (the socket unit stays)", 1,
+             "the camera reconnects; the socket unit starts the daemon for it; served"),
+            ("upgrade_keeps_cameras", "daemon", "apt upgrade to a newer build with a camera running", 1,
+             "one restart; config and state kept; the camera never reconnects; results resume"),
+            ("upgrade_from_0_1", "daemon", "apt upgrade from 0.1.0 (ABI 1), an edited config kept", 1,
+             "one restart; config and state kept; deprecated keys warned; an ABI 2 camera served"),
+            ("impersonation_refused", "isolation", "a camera user produces another camera's stream (booted systemd)",
+             1, "refused with the reason"),
+            ("outsider_refused", "isolation", "a user outside group edgeinfer (booted systemd, real users)", 1,
+             "permission denied on both sockets: nothing served"),
+            ("reader_not_allowed", "isolation", "a reader outside the stream's readers (booted systemd)", 1,
+             "refused with the reason")]
     ok = True
     for check, area, fault, n, expected in rows:
         line = lines.get(check, f"MISSING {check}")
-        ok &= matrix.record(request, area, fault, n, expected, line.split(" ", 2)[-1][:200] or "-",
+        ok &= matrix.record(request, area, fault, n, expected, line.split(" ", 2)[-1][:300] or "-",
                             line.startswith("PASS"))
     assert ok

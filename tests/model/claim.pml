@@ -7,10 +7,18 @@
  * spin explores every interleaving, which is what seq_cst guarantees in C11.
  * The payload is two bytes written in two steps, so a torn read is visible.
  *
+ * ABI 2 adds `published`, stored before `latest`, so that a consumer can tell a
+ * `latest` that ran ahead of what was published (a lie) from a race: the model
+ * asserts that the check never fires for this honest producer, and that a
+ * slot that no longer holds the seq `latest` named only happens after `latest`
+ * moved on (the consumer's other "corrupt" verdict never fires either).
+ *
  * Checked (tests/test_protocol_model.py):
  *   safety:   no torn read; frames arrive in increasing order; the producer
  *             always finds a free slot and backs off at most twice per frame
- *             (the consumer only ever claims what `latest` named: the newest)
+ *             (the consumer only ever claims what `latest` named: the newest);
+ *             seq <= published whenever the consumer looks; a mismatching slot
+ *             means `latest` has moved
  *   liveness: ltl `newest`: the consumer ends up holding the last frame
  *             (weak fairness: the consumer is not starved by the scheduler)
  */
@@ -29,6 +37,7 @@ byte state[N];             /* slot word, low byte */
 byte sseq[N];              /* slot word, seq part */
 byte data_a[N];            /* payload, first half */
 byte data_b[N];            /* payload, second half */
+byte published = 0;        /* seq of the newest frame published, stored before latest */
 byte delivered = 0;        /* newest seq the consumer acquired */
 
 proctype producer() {
@@ -60,13 +69,14 @@ pick:
         data_a[s] = seq;                               /* fill the payload (two steps) */
         data_b[s] = seq;
         atomic { sseq[s] = seq; state[s] = READY }     /* store word = seq | READY */
+        published = seq;                               /* store published */
         atomic { latest_seq = seq; latest_slot = s }   /* store latest */
         seq++
     od
 }
 
 proctype consumer() {
-    byte q, s, a, b;
+    byte q, s, a, b, p, q2;
     byte last = 0;
     do
     :: last == MAXSEQ -> break
@@ -75,6 +85,8 @@ proctype consumer() {
         if
         :: q <= last -> skip                           /* nothing new yet */
         :: else ->
+            p = published;                             /* load published */
+            assert(q <= p);                            /* the "ran ahead" check never fires */
             claimed = s;                               /* store claimed */
             if
             :: (state[s] == READY && sseq[s] == q) ->  /* load word: still seq q? */
@@ -85,7 +97,10 @@ proctype consumer() {
                 last = q;
                 delivered = q;
                 claimed = NONE                         /* release */
-            :: else -> skip                            /* lost the race: retry */
+            :: else ->                                 /* the slot moved on: so did latest */
+                claimed = NONE;
+                q2 = latest_seq;                       /* load latest again */
+                assert(q2 != q)                        /* "latest names a frame not there" never fires */
             fi
         fi
     od

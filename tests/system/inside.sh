@@ -1,6 +1,8 @@
 #!/bin/bash
 # Runs inside the booted container (a oneshot unit), writes one line per check to
 # /out/results.txt ("PASS name detail" / "FAIL name detail"), then powers off.
+# Phase 1: a fresh install of the new .deb. Phase 2: an upgrade of it to a newer build while a
+# camera runs (the fd store). Phase 3: an upgrade from 0.1.0 (ABI 1), built from its commit.
 set -u
 R=/out/results.txt
 : > $R
@@ -8,14 +10,27 @@ pass() { echo "PASS $1 ${2:-}" >> $R; }
 fail() { echo "FAIL $1 ${2:-}" >> $R; }
 check() { local name=$1; shift; if out=$("$@" 2>&1); then pass "$name" "$(echo "$out" | tail -1)"; else fail "$name" "$(echo "$out" | tail -3 | tr '\n' ' ')"; fi; }
 wait_active() { for _ in $(seq 1 120); do [ "$(systemctl is-active edgeinferd)" = active ] && return 0; sleep 0.5; done; return 1; }
-finish() { journalctl -u edgeinferd --no-pager > /out/journal.txt 2>&1; echo DONE >> $R; systemctl poweroff --no-block; exit 0; }
+invocation() { systemctl show -P InvocationID edgeinferd; }
+starts() { journalctl -u edgeinferd --no-pager -o cat | grep -c '^Started edgeinferd.service\|^Started edgeinfer real-time'; }
+metric() { /opt/venvs/edgeinfer/bin/python -c "import sys, urllib.request; print(next((l.split()[-1] for l in urllib.request.urlopen('http://127.0.0.1:9464/metrics').read().decode().splitlines() if l.startswith(sys.argv[1])), 'none'))" "$1"; }
+finish() { journalctl -u edgeinferd -u edgeinferd.socket --no-pager > /out/journal.txt 2>&1; echo DONE >> $R; systemctl poweroff --no-block; exit 0; }
 trap finish EXIT
 
 export DEBIAN_FRONTEND=noninteractive
+# Programs other users run (the bind-mounted /test is root's only).
+install -m 0755 /test/gap.py /usr/local/bin/edgeinfer-gap
+
+# ------------------------------------------------------------------ phase 1: fresh install
 check install apt-get install -y -q /test/edgeinfer.deb
 check user_and_group getent group edgeinfer
-check no_bundle_no_crash_loop bash -c '[ "$(systemctl is-active edgeinferd)" != failed ] && ! systemctl is-failed -q edgeinferd'
+check units_enabled bash -c '[ "$(systemctl is-enabled edgeinferd.service)" = enabled ] && [ "$(systemctl is-enabled edgeinferd.socket)" = enabled ] && echo "service and socket enabled"'
+check no_bundle_no_crash_loop bash -c '! systemctl is-failed -q edgeinferd && ! systemctl is-failed -q edgeinferd.socket && echo "service $(systemctl is-active edgeinferd), socket $(systemctl is-active edgeinferd.socket) (condition: no bundle)"'
 
+# Users: two cameras, a reader, and an outsider who is in no edgeinfer role.
+useradd -m -G edgeinfer cam
+useradd -m -G edgeinfer cam2
+useradd -m -G edgeinfer reader
+useradd -m outsider
 # A model bundle, its trust key, a config, and a test drop-in: short watchdog, fault hook on.
 mkdir -p /var/lib/edgeinfer/models /etc/edgeinfer/trust /etc/systemd/system/edgeinferd.service.d
 cp -r /test/v1 /test/v2 /var/lib/edgeinfer/models/
@@ -25,37 +40,58 @@ cp /test/edgeinferd.yaml /etc/edgeinfer/edgeinferd.yaml
 chown -R edgeinfer:edgeinfer /var/lib/edgeinfer
 printf '[Service]\nWatchdogSec=3\nCPUAffinity=0 1\n' > /etc/systemd/system/edgeinferd.service.d/test.conf
 systemctl daemon-reload
-check verify_unit systemd-analyze verify /lib/systemd/system/edgeinferd.service
+check verify_unit bash -c 'systemd-analyze verify /lib/systemd/system/edgeinferd.service /lib/systemd/system/edgeinferd.socket && echo clean'
 systemd-analyze security edgeinferd.service > /out/security.txt 2>&1
-check start bash -c 'systemctl start edgeinferd && sleep 1 && systemctl is-active edgeinferd'
+check start bash -c 'systemctl start edgeinferd && sleep 1 && systemctl is-active edgeinferd edgeinferd.socket | tr "\n" " "'
+check sockets bash -c 'for s in ingress results; do stat -c "%n %A %U:%G" /run/edgeinfer/$s.sock; done | tee /dev/stderr | grep -c "srw-rw---- root:edgeinfer" | grep -qx 2 && echo "both sockets 0660 root:edgeinfer"'
 pid=$(systemctl show -P MainPID edgeinferd)
 tid=$(ps -L -o tid=,comm= -p "$pid" | awk '$2=="edgeinfer-rt"{print $1}')
 check loop_is_fifo bash -c "chrt -p $tid | grep -q SCHED_FIFO && chrt -p $tid"
 check loop_affinity bash -c "taskset -cp $tid | grep -q 'list: 1\$' && taskset -cp $tid"
 
-# A producer in group edgeinfer feeds frames; results come back.
-useradd -m -G edgeinfer cam
-useradd -m outsider
-runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 --group edgeinfer &
+# The camera of cam0 feeds frames; a reader gets results.
+runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 2> /tmp/feed.err &
 feeder=$!
-check results_from_group_member runuser -u cam -- edgeinferctl results cam0 --count 5 --timeout 30
-kill $feeder; wait $feeder 2>/dev/null
+check results_from_group_member runuser -u reader -- edgeinferctl results cam0 --count 5 --timeout 30
+
+# Another camera's user, a user outside the group, a reader outside cam1's readers: each refused, with the reason.
+check impersonation_refused bash -c 'out=$(runuser -u cam2 -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --frames 5 2>&1); rc=$?; echo "$out" | tail -1; [ $rc = 1 ] && echo "$out" | grep -q "may not produce stream cam0"'
+check outsider_refused bash -c 'out=$(runuser -u outsider -- edgeinferctl feed --synthetic --stream cam1 --width 64 --height 64 --frames 5 2>&1); rc=$?; r2=$(runuser -u outsider -- edgeinferctl results cam0 --count 1 --timeout 3 2>&1); rc2=$?; echo "feed: $(echo "$out" | tail -1) | results: $(echo "$r2" | tail -1)"; [ $rc = 1 ] && [ $rc2 = 1 ] && echo "$out$r2" | grep -qi "permission denied"'
+check reader_not_allowed bash -c 'out=$(runuser -u reader -- edgeinferctl results cam1 --count 1 --timeout 3 2>&1); rc=$?; echo "$out" | tail -1; [ $rc = 1 ] && echo "$out" | grep -q "may not read stream cam1"'
 
 # Reload swaps the model: flip current, systemctl reload.
-runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 --group edgeinfer &
-feeder=$!
 ln -sfn /var/lib/edgeinfer/models/v2 /var/lib/edgeinfer/models/current.new && mv -T /var/lib/edgeinfer/models/current.new /var/lib/edgeinfer/models/current
-check reload bash -c 'systemctl reload edgeinferd && sleep 3 && runuser -u cam -- edgeinferctl results cam0 --count 3 --timeout 20 | tail -1 | grep "\"version\": \"0.0.12\""'
-kill $feeder; wait $feeder 2>/dev/null
+check reload bash -c 'systemctl reload edgeinferd && sleep 3 && runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 20 | tail -1 | grep "\"version\": \"0.0.12\""'
 
-# A producer outside the group: its segment (its own group, 0660) is not readable by the daemon.
-runuser -u outsider -- edgeinferctl feed --synthetic --stream cam1 --width 64 --height 64 --fps 20 &
-outsider=$!
-sleep 3
-ls -l /dev/shm >> /out/shm.txt
-# The daemon's result ring for cam1 exists, but no result comes: the outsider's segment is not readable.
-check outsider_refused bash -c 'out=$(runuser -u cam -- edgeinferctl results cam1 --count 1 --timeout 3) && [ -z "$out" ] && ls -l /dev/shm/edgeinfer.cam1'
-kill $outsider; wait $outsider 2>/dev/null
+# Restart and SIGKILL while the camera runs: the fd store keeps its ring and its connection, so it never
+# reconnects; results resume by themselves. The gap is the longest silence a reader saw.
+restart_gaps() {  # $1: restart | kill
+    runuser -u reader -- /opt/venvs/edgeinfer/bin/python /usr/local/bin/edgeinfer-gap cam0 30 /tmp/gap.ready > /tmp/gap.$1 &
+    local g=$!
+    for _ in $(seq 1 50); do [ -e /tmp/gap.ready ] && break; sleep 0.2; done
+    sleep 2
+    for _ in 1 2 3; do
+        local before=$(invocation)
+        if [ "$1" = restart ]; then systemctl restart edgeinferd; else kill -KILL "$(systemctl show -P MainPID edgeinferd)"; fi
+        for _ in $(seq 1 100); do [ "$(invocation)" != "$before" ] && wait_active && break; sleep 0.2; done
+        sleep 4
+    done
+    wait $g; rm -f /tmp/gap.ready
+    cat /tmp/gap.$1
+}
+for kind in restart kill; do
+    out=$(restart_gaps $kind)
+    restored=$(metric edgeinfer_producers_restored_total)
+    connects=$(grep -c "connected to edgeinferd" /tmp/feed.err)
+    lost=$(grep -c "not connected" /tmp/feed.err)
+    if kill -0 $feeder && [ "$connects" = 1 ] && [ "$lost" = 0 ] && [ "$restored" = "1.0" ] && echo "$out" | grep -q '"results": [1-9]'; then
+        pass "fdstore_$kind" "3 x $kind: camera never reconnected (connected once, lost 0), restored from the fd store: $restored; reader: $out"
+    else
+        fail "fdstore_$kind" "connects=$connects lost=$lost restored=$restored alive=$(kill -0 $feeder && echo yes || echo no) reader: $out"
+    fi
+done
+# The reliability matrix's row for systemd's Restart= (named as before).
+if grep -q '^PASS fdstore_kill' $R; then pass daemon_sigkill_restart "kills=3, systemd restarted it 3 times, results resumed, camera untouched: $(grep '^PASS fdstore_kill' $R | cut -d' ' -f3-)"; else fail daemon_sigkill_restart "see fdstore_kill"; fi
 
 # A hung loop is restarted by the watchdog.
 before=$(systemctl show -P NRestarts edgeinferd)
@@ -63,24 +99,74 @@ kill -USR1 "$(systemctl show -P MainPID edgeinferd)"
 check watchdog_restart bash -c "for i in \$(seq 1 40); do [ \$(systemctl show -P NRestarts edgeinferd) -gt $before ] && wait_active_again=1 && break; sleep 0.5; done; [ \"\${wait_active_again:-0}\" = 1 ] && systemctl show -P NRestarts edgeinferd"
 wait_active
 
-# SIGKILL under load: systemd restarts the daemon (Restart=on-failure); the producer is untouched,
-# results resume, and /dev/shm holds the same names as before (no leaked segment).
-runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 --group edgeinfer &
-feeder=$!
-runuser -u cam -- edgeinferctl results cam0 --count 1 --timeout 30 > /dev/null
-shm_before=$(ls -A /dev/shm | sort | tr '\n' ' ')
-resumed=0
-for i in 1 2 3; do
-  before=$(systemctl show -P NRestarts edgeinferd)
-  kill -KILL "$(systemctl show -P MainPID edgeinferd)"
-  for _ in $(seq 1 60); do
-    [ "$(systemctl show -P NRestarts edgeinferd)" -gt "$before" ] && [ "$(systemctl is-active edgeinferd)" = active ] && break
-    sleep 0.5
-  done
-  runuser -u cam -- edgeinferctl results cam0 --count 1 --timeout 30 | grep -q '"frame_id"' && resumed=$((resumed + 1))
-done
-shm_after=$(ls -A /dev/shm | sort | tr '\n' ' ')
-check daemon_sigkill_restart bash -c "[ $resumed = 3 ] && kill -0 $feeder && [ '$shm_before' = '$shm_after' ] && echo 'kills=3 restarts=3 resumed=$resumed producer_alive=yes shm_unchanged=[$shm_after]'"
+# systemctl stop drops the fd store: the camera sees its connection close, reconnects with backoff, and the
+# socket unit, still listening, starts the daemon for it (socket activation).
+: > /tmp/feed.err.mark; cp /tmp/feed.err /tmp/feed.err.before
+systemctl stop edgeinferd 2>/dev/null
+check socket_activation bash -c 'for i in $(seq 1 60); do [ "$(systemctl is-active edgeinferd)" = active ] && break; sleep 0.5; done; systemctl is-active -q edgeinferd && runuser -u reader -- edgeinferctl results cam0 --count 2 --timeout 30 >/dev/null && [ $(grep -c "connected to edgeinferd" /tmp/feed.err) -gt $(grep -c "connected to edgeinferd" /tmp/feed.err.before) ] && echo "stopped, reactivated by the reconnecting camera, served"'
+
+# ------------------------------------------------------------------ phase 2: upgrade to a newer build, camera running
+wait_active
+runuser -u reader -- edgeinferctl results cam0 --count 1 --timeout 30 > /dev/null
+connects_before=$(grep -c "connected to edgeinfer" /tmp/feed.err)
+inv_before=$(invocation); starts_before=$(starts)
+cfg_sum=$(md5sum < /etc/edgeinfer/edgeinferd.yaml)
+state_sum=$(md5sum < /var/lib/edgeinfer/model-versions.json)
+upgrade_keeps_cameras() {
+    apt-get install -y -q -o Dpkg::Options::=--force-confold /test/edgeinfer-next.deb > /tmp/apt.log 2>&1 || { tail -5 /tmp/apt.log; return 1; }
+    wait_active; sleep 3
+    local n=$(( $(starts) - starts_before )) c=$(( $(grep -c "connected to edgeinfer" /tmp/feed.err) - connects_before ))
+    local r=$(runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 20 | wc -l)
+    local cfg_kept=no state_kept=no
+    [ "$(md5sum < /etc/edgeinfer/edgeinferd.yaml)" = "$cfg_sum" ] && cfg_kept=yes
+    [ "$(md5sum < /var/lib/edgeinfer/model-versions.json)" = "$state_sum" ] && state_kept=yes
+    echo "now $(dpkg-query -W -f='${Version}' edgeinfer); restarted $n time(s); camera reconnections $c; config kept: $cfg_kept; state kept: $state_kept; results after: $r"
+    [ "$(invocation)" != "$inv_before" ] && [ $n = 1 ] && [ $c = 0 ] && [ $r = 3 ] && [ $cfg_kept = yes ] && [ $state_kept = yes ]
+}
+check upgrade_keeps_cameras upgrade_keeps_cameras
 kill $feeder; wait $feeder 2>/dev/null
-check stop bash -c 'systemctl stop edgeinferd && [ "$(systemctl show -P ExecMainStatus edgeinferd)" = 0 ] && [ "$(systemctl is-active edgeinferd)" = inactive ]'
-check purge bash -c 'apt-get purge -y -q edgeinfer >/dev/null && ! pgrep -x edgeinferd && [ ! -e /usr/bin/edgeinferd ] && [ ! -e /var/lib/edgeinfer ]'
+
+check stop bash -c 'systemctl stop edgeinferd.socket edgeinferd.service 2>/dev/null && [ "$(systemctl show -P ExecMainStatus edgeinferd)" = 0 ] && [ "$(systemctl is-active edgeinferd)" = inactive ] && [ "$(systemctl is-active edgeinferd.socket)" = inactive ] && [ ! -e /run/edgeinfer/ingress.sock ] && echo "both stopped, sockets removed"'
+check purge bash -c 'apt-get purge -y -q edgeinfer >/dev/null && ! pgrep -x edgeinferd && [ ! -e /usr/bin/edgeinferd ] && [ ! -e /var/lib/edgeinfer ] && echo purged'
+
+# ------------------------------------------------------------------ phase 3: upgrade from 0.1.0 (ABI 1)
+if [ ! -e /test/edgeinfer-0.1.0.deb ]; then
+    fail upgrade_from_0_1 "no 0.1.0 package was built (see the test's log)"
+    exit 0
+fi
+apt-get install -y -q /test/edgeinfer-0.1.0.deb > /tmp/apt01.log 2>&1 || { fail upgrade_from_0_1 "0.1.0 did not install: $(tail -2 /tmp/apt01.log | tr '\n' ' ')"; exit 0; }
+mkdir -p /var/lib/edgeinfer/models
+cp -r /test/v1 /var/lib/edgeinfer/models/
+ln -sfn /var/lib/edgeinfer/models/v1 /var/lib/edgeinfer/models/current
+chown -R edgeinfer:edgeinfer /var/lib/edgeinfer
+# The operator's edit of the shipped 0.1 configuration (a conffile): kept over the upgrade.
+sed -i 's/max_age_ms: 200 /max_age_ms: 250 /; 1i # operator edit: cam0 tolerates older frames' /etc/edgeinfer/edgeinferd.yaml
+printf '[Service]\nCPUAffinity=0 1\n' > /etc/systemd/system/edgeinferd.service.d/test.conf
+systemctl daemon-reload
+systemctl start edgeinferd; wait_active
+# An ABI 1 camera of 0.1, in group edgeinfer, served by 0.1.
+runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 --group edgeinfer 2>/dev/null &
+old_feeder=$!
+served01=$(runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 30 | wc -l)
+cfg_sum=$(md5sum < /etc/edgeinfer/edgeinferd.yaml)
+state_sum=$(md5sum < /var/lib/edgeinfer/model-versions.json)
+inv_before=$(invocation); starts_before=$(starts)
+apt-get install -y -q -o Dpkg::Options::=--force-confold /test/edgeinfer.deb > /tmp/apt02.log 2>&1
+upgraded=$?
+wait_active; sleep 2
+restarted=$(( $(starts) - starts_before ))
+# The 0.1 camera speaks ABI 1 (a /dev/shm name): it is not served any more; cameras move to ABI 2
+# (docs/operations.md, "Upgrading from 0.1"). Its restart with the new edgeinferctl is served under the
+# kept configuration (streams without `producer`: any member of group edgeinfer, with a warning).
+kill $old_feeder 2>/dev/null; wait $old_feeder 2>/dev/null
+runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 2>/tmp/feed02.err &
+new_feeder=$!
+served02=$(runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 30 | wc -l)
+warned=$(journalctl -u edgeinferd --no-pager -o cat | grep -c "names no producer")
+detail="0.1 served $served01; apt rc $upgraded; now $(dpkg-query -W -f='${Version}' edgeinfer); restarted $restarted time(s); config kept: $([ "$(md5sum < /etc/edgeinfer/edgeinferd.yaml)" = "$cfg_sum" ] && echo yes || echo no) ($(head -1 /etc/edgeinfer/edgeinferd.yaml)); state kept: $([ "$(md5sum < /var/lib/edgeinfer/model-versions.json)" = "$state_sum" ] && echo yes || echo no); deprecation warnings logged: $warned; camera on ABI 2 served $served02"
+if [ "$served01" = 3 ] && [ $upgraded = 0 ] && [ "$restarted" = 1 ] && [ "$(invocation)" != "$inv_before" ] && [ "$(md5sum < /etc/edgeinfer/edgeinferd.yaml)" = "$cfg_sum" ] && [ "$(md5sum < /var/lib/edgeinfer/model-versions.json)" = "$state_sum" ] && [ "$warned" -ge 1 ] && [ "$served02" = 3 ]; then
+    pass upgrade_from_0_1 "$detail"
+else
+    fail upgrade_from_0_1 "$detail; apt: $(tail -2 /tmp/apt02.log | tr '\n' ' ')"
+fi
+kill $new_feeder 2>/dev/null; wait $new_feeder 2>/dev/null
