@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from edgeinfer import ring
-from edgeinfer.identity import Acl, Identity, group_id
+from edgeinfer.identity import Acl, Identity, LegacyUids, group_id
 from edgeinfer.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
 
 # ABI 1 segment names (deprecated key): a plain file name, never a path.
@@ -198,12 +198,12 @@ class Config(_Strict):
                              f"max_sessions ({self.runtime.max_sessions}) sessions can hold")
         return self
 
-    def producer_of(self, stream: StreamConfig) -> Identity:
+    def producer_of(self, stream: StreamConfig) -> Identity | LegacyUids:
         """Who may produce `stream`: its `producer`, else the 0.1 default (shm.allowed_uids, or group edgeinfer)."""
         if stream.producer is not None:
             return stream.producer
         if self.shm.allowed_uids:
-            return Identity.of_uids(self.shm.allowed_uids)
+            return LegacyUids(tuple(self.shm.allowed_uids))
         return Identity(group=LEGACY_PRODUCER_GROUP)
 
     def deprecations(self) -> list[tuple[tuple, str]]:

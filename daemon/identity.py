@@ -81,31 +81,37 @@ class Identity(_Strict):
 
     user: str | int | None = None
     group: str | int | None = None
-    uids: list[int] | None = None  # internal: several users (shm.allowed_uids of a 0.1 configuration)
 
     @model_validator(mode="after")
     def _some(self):
-        if self.user is None and self.group is None and not self.uids:
+        if self.user is None and self.group is None:
             raise ValueError("name a user and/or a group")
         return self
 
-    @classmethod
-    def of_uids(cls, uids) -> "Identity":
-        return cls(uids=list(uids))
-
     def resolve(self) -> Ids:
         """ValueError for a name that does not exist."""
-        uids = set(self.uids or ())
-        if self.user is not None:
-            uids.add(user_id(self.user))
+        uids = {user_id(self.user)} if self.user is not None else set()
         gids = {group_id(self.group)} if self.group is not None else set()
-        return Ids(frozenset(uids), frozenset(gids), all_of=self.uids is None)
+        return Ids(frozenset(uids), frozenset(gids), all_of=True)
 
     def __str__(self) -> str:
         parts = [f"user {self.user}" if self.user is not None else "",
-                 f"group {self.group}" if self.group is not None else "",
-                 f"uids {self.uids}" if self.uids else ""]
+                 f"group {self.group}" if self.group is not None else ""]
         return " and ".join(p for p in parts if p)
+
+
+@dataclasses.dataclass(frozen=True)
+class LegacyUids:
+    """The producers of a stream that names none, in a 0.1 configuration that set shm.allowed_uids: any
+    of those uids (not a configuration key of its own)."""
+
+    uids: tuple
+
+    def resolve(self) -> Ids:
+        return Ids(frozenset(self.uids), frozenset())
+
+    def __str__(self) -> str:
+        return f"one of uids {list(self.uids)} (shm.allowed_uids)"
 
 
 class Acl(_Strict):

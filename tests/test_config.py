@@ -277,7 +277,6 @@ def test_cli_default_sockets_are_ring_h_defaults():
 # they are accepted with a warning) and one that only the loader itself sets.
 ABI1_KEYS = {("shm", "dir"): "shm.dir", ("shm", "allowed_uids"): "shm.allowed_uids",
              ("shm", "result_group"): "shm.result_group", ("streams", "segment"): "streams[].segment"}
-INTERNAL_KEYS = {("streams", "producer", "uids")}  # Identity.uids: how shm.allowed_uids becomes a producer
 
 
 def _models_in(annotation) -> list[type[BaseModel]]:
@@ -320,7 +319,8 @@ def test_the_walk_sees_nested_keys():
     for k in [("model", "trust_dir"), ("streams", "producer", "user"), ("streams", "readers", "groups"),
               ("ingress", "max_ring_mib"), ("runtime", "geometry_cooldown_s"), ("metrics", "health_deadline_s")]:
         assert k in keys
-    assert set(ABI1_KEYS) | INTERNAL_KEYS <= set(keys)  # the exceptions below name keys that exist
+    assert set(ABI1_KEYS) <= set(keys)  # the exceptions below name keys that exist
+    assert ("streams", "producer", "uids") not in keys  # shm.allowed_uids' producers are no key of their own
 
 
 def test_shipped_config_mentions_every_key_of_the_schema():
@@ -330,7 +330,7 @@ def test_shipped_config_mentions_every_key_of_the_schema():
     sections = _sections(text)
     missing = []
     for key in schema_keys():
-        if key in ABI1_KEYS or key in INTERNAL_KEYS:
+        if key in ABI1_KEYS:
             continue
         if len(key) == 1:
             if key[0] not in sections:
