@@ -179,6 +179,7 @@ class Engine:
                 if a.reader is b:
                     a.reader, a.session = None, None
                     changed = True
+                b.close()  # nobody serves it any more: our fd now, the mapping with its last reference
             else:  # model
                 self.model = a
                 for s, session in b.items():

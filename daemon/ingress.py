@@ -33,6 +33,7 @@ log = logging.getLogger("edgeinferd")
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; the constant is missing from Python
 LOG_EVERY_S = 10.0
+ACCEPT_PAUSE_S = 0.2  # a listener whose accept() failed (EMFILE/ENFILE) is not polled again for this long
 UNKNOWN_STREAM = "(unknown)"  # the stream label of refusals for names not configured (bounded cardinality)
 
 
@@ -152,11 +153,14 @@ class Ingress:
         self.producers: dict[int, Client] = {}  # fd → admitted producer
         self.refusals = RefusalLog()
         self.accepted = collections.Counter()   # (role) → handshakes accepted
+        self._paused: dict[str, float] = {}     # listener kind → when to poll it again (accept failed)
 
     # ---------------------------------------------------------------- the loop's step
 
     def poll(self, timeout: float) -> None:
         """Waits up to `timeout` for socket events and handles them; expires slow handshakes."""
+        if self._paused:
+            self._resume_listeners()
         for key, _ in self.selector.select(timeout):
             what = key.data
             if what in ("ingress", "results"):
@@ -178,6 +182,9 @@ class Ingress:
                 return
             except OSError as e:  # EMFILE/ENFILE: leave it in the backlog, say so (rate-limited)
                 self.refusals.add(UNKNOWN_STREAM, kind, "accept_failed", f"accept on {kind} socket: {e.strerror}")
+                # The backlog keeps the listener readable: without a pause the main thread would spin here.
+                self.selector.unregister(listener)
+                self._paused[kind] = time.monotonic() + ACCEPT_PAUSE_S
                 return
             sock.setblocking(False)
             try:
@@ -196,6 +203,13 @@ class Ingress:
                 continue
             self.pending[client.fileno()] = client
             self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _resume_listeners(self) -> None:
+        now = time.monotonic()
+        for kind, at in list(self._paused.items()):
+            if now >= at:
+                del self._paused[kind]
+                self.selector.register(self.listeners[kind], selectors.EVENT_READ, kind)
 
     def _expire(self) -> None:
         if not self.pending:

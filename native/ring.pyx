@@ -427,13 +427,14 @@ cdef class Frame:
         return memoryview(self.flat)[:self.payload_len]
 
     def release(self):
-        self.owner.release()
+        if self.owner is not None:  # None once the consumer is closed (it released everything then)
+            self.owner.release()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.owner.release()
+        self.release()
 
 
 cdef class FrameConsumer:
@@ -540,6 +541,8 @@ cdef class FrameConsumer:
     def take(self):
         """Claims the newest frame if `latest` changed since the last take; returns
         the Frame, or None (self.status says why: 0 nothing new, TAKE_SHORT, TAKE_CORRUPT)."""
+        if self.frame.owner is None:
+            raise RingStateError(f"{self.name}: take() after close()")
         cdef uint64_t before = self.c.last_seq
         cdef int rc = ei_frame_consumer_acquire(&self.c, &self.info)
         cdef Frame f
@@ -586,9 +589,11 @@ cdef class FrameConsumer:
         return (w >> 8, w & 0xff)
 
     def close(self):
-        """Releases any held frame and our fd; memory stays mapped while views exist."""
+        """Releases any held frame and our fd; memory stays mapped while views exist. The Frame lets go
+        of us: its back reference made a cycle that kept every closed ring mapped until a full gc."""
         ei_frame_consumer_release(&self.c)
         self.mapping.close_fd()
+        self.frame.owner = None
 
 
 # ---------------------------------------------------------------- waiting
