@@ -1,30 +1,36 @@
-"""What the reliability tests share: a daemon on a fault model, its health, and
-the process resources a soak watches."""
+"""What the reliability tests share: a daemon on a fault model, its health, the
+rings a process holds (memfds, since ABI 2), and the process resources a soak
+watches."""
 from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import fault_models
 import numpy as np
+from conftest import ROOT, require_tool
 from daemon_helpers import read_stats, start_daemon, write_config
 
 from edgeinfer import ring
 
-
-def stream_of(shm_name: str) -> str:
-    """The stream whose segments are `shm_name` and `shm_name.results` (both cleaned up by the fixture)."""
-    return shm_name.split("edgeinfer.", 1)[1]
+HERE = Path(__file__).resolve().parent
+PUBLISHED_OFFSET = 152  # ring.h: offsetof(ei_frame_ring_header, published)
 
 
-def fault_daemon(children, tmp_path, signing_key, shm_name, kind="checksum", w=64, h=48, runtime=None,
-                 extra_streams=(), max_age_ms=60000, model_args=None, wait_ready=True, **kw):
-    """edgeinferd serving a signed fault model on stream `shm_name`; returns (proc, stats file)."""
+def fault_daemon(children, tmp_path, signing_key, stream, kind="checksum", w=64, h=48, runtime=None,
+                 extra_streams=(), max_age_ms=60000, model_args=None, wait_ready=True, stream_keys=None, **kw):
+    """edgeinferd serving a signed fault model on `stream`; returns (proc, stats file, config).
+    `proc.ingress` / `proc.results` are its sockets; `stream_keys` adds keys to the first stream
+    (e.g. its producer and readers)."""
     key, _, trust = signing_key
     path = fault_models.signed_bundle(kind, tmp_path / f"bundle-{kind}", key, w, h, **(model_args or {}))
-    streams = [{"name": stream_of(shm_name), "width": w, "height": h, "max_age_ms": max_age_ms}, *extra_streams]
+    streams = [{"name": stream, "width": w, "height": h, "max_age_ms": max_age_ms, **(stream_keys or {})},
+               *extra_streams]
     cfg = write_config(tmp_path, path, streams, runtime={"status_interval_s": 0.2, **(runtime or {})},
                        trust_dir=trust, **kw)
     stats = str(tmp_path / "stats.json")
@@ -59,26 +65,144 @@ def checksum_ok(rec) -> bool:
     return mismatches == 0 and int(first) == (rec.frame_id * 7) & 0xFF
 
 
-def slot_states(path: str) -> list[int]:
-    """The state byte of every slot of a frame segment, read from the file (the ABI's offsets)."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        slot_count = struct.unpack_from("<I", head, 24)[0]
-        slot_stride = struct.unpack_from("<Q", head, 32)[0]
-        states = []
-        for i in range(min(slot_count, 64)):
-            f.seek(4096 + i * slot_stride)
-            states.append(struct.unpack("<Q", f.read(8))[0] & 0xFF)
-    return states
+# ------------------------------------------------------------------ rings held by other processes
+
+def memfds(pid: int, prefix: str = "") -> dict[int, str]:
+    """{fd: name} of the memfds process `pid` holds open (names as /proc shows them: '/memfd:LABEL
+    (deleted)'), those whose label starts with `prefix` only."""
+    out = {}
+    d = f"/proc/{pid}/fd"
+    for entry in os.listdir(d):
+        try:
+            target = os.readlink(f"{d}/{entry}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:" + prefix):
+            out[int(entry)] = target
+    return out
+
+
+def mapped_memfds(pid: int) -> int:
+    """How many distinct memfds process `pid` has mapped (a ring unmapped on drop leaves none)."""
+    inodes = set()
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            cols = line.split(maxsplit=5)
+            if len(cols) == 6 and cols[5].startswith("/memfd:"):
+                inodes.add(cols[4])
+    return len(inodes)
+
+
+def open_ring_of(pid: int, stream: str) -> int:
+    """Our own fd (read-only) of the frame ring producer `pid` created for `stream` (via /proc: root
+    may open another process's memfd). The ring outlives the producer as long as we hold it."""
+    found = [fd for fd, name in memfds(pid, f"edgeinfer-frames:{stream}").items()]
+    if len(found) != 1:
+        raise AssertionError(f"pid {pid} holds {len(found)} frame rings of {stream}: {memfds(pid)}")
+    return os.open(f"/proc/{pid}/fd/{found[0]}", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def slot_states(fd: int) -> list[int]:
+    """The state byte of every slot of a frame ring, read through an fd (the ABI's offsets)."""
+    head = os.pread(fd, 64, 0)
+    slot_count = struct.unpack_from("<I", head, 24)[0]
+    slot_stride = struct.unpack_from("<Q", head, 32)[0]
+    return [struct.unpack("<Q", os.pread(fd, 8, 4096 + i * slot_stride))[0] & 0xFF
+            for i in range(min(slot_count, 64))]
+
+
+def published(fd: int) -> int:
+    """Frames published into a frame ring so far (its header's `published`)."""
+    return struct.unpack("<Q", os.pread(fd, 8, PUBLISHED_OFFSET))[0]
+
+
+def latest_seq(fd: int) -> int:
+    """The seq of the newest frame a consumer can take (`latest` >> 8; `published` runs ahead of it for the
+    moment between the two stores of a publish)."""
+    return struct.unpack("<Q", os.pread(fd, 8, 128))[0] >> 8
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
+    """SIGSTOP, and wait until the kernel says the process is stopped (state T)."""
+    proc.send_signal(19)  # SIGSTOP
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return True
+        time.sleep(0.001)
+    return False
+
+
+# ------------------------------------------------------------------ child processes
+
+def first_line_or_exit(proc: subprocess.Popen, timeout: float = 20.0) -> tuple[str | None, int | None, str]:
+    """(first stdout line, None, '') of a child, or (None, exit code, stderr) if it exited first."""
+    import selectors
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        if sel.select(timeout):
+            line = proc.stdout.readline()
+            if line:
+                return line.strip(), None, ""
+    finally:
+        sel.close()
+    try:
+        code = proc.wait(5)
+    except subprocess.TimeoutExpired:
+        return None, None, f"no output within {timeout} s and still running"
+    return None, code, proc.stderr.read() if proc.stderr else ""
+
+
+class Lines:
+    """A child's stdout read line by line with a timeout, unbuffered (a buffered readline() after select()
+    can swallow a second line that select() then never reports). Use it for every read of that child."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.fd = proc.stdout.fileno()
+        self.buf = b""
+
+    def next(self, timeout: float = 10.0) -> str | None:
+        """The next line (stripped), or None after `timeout` seconds or at end of output."""
+        import select
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace").strip()
+
+
+def compile_helper(name: str, sandbox: Path) -> str:
+    """tests/reliability/NAME.c compiled against ring.h into the sandbox (any test user may run it)."""
+    cc = require_tool("cc")
+    out = sandbox / name
+    if not out.exists():
+        subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "native/include"),
+                        str(HERE / f"{name}.c"), "-o", str(out)], check=True)
+        os.chmod(out, 0o755)
+    return str(out)
 
 
 def process_sample(pid: int) -> dict:
-    """RSS (KiB), open fds and threads of a live process."""
+    """RSS (KiB), open fds, threads and ring fds/mappings of a live process."""
     with open(f"/proc/{pid}/status") as f:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
     return {"rss_kib": int(fields["VmRSS"].split()[0]), "threads": int(fields["Threads"]),
-            "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+            "fds": len(os.listdir(f"/proc/{pid}/fd")), "ring_fds": len(memfds(pid)),
+            "ring_maps": mapped_memfds(pid)}
 
 
-def shm_entries(*prefixes: str, shm_dir: str = "/dev/shm") -> list[str]:
-    return sorted(e for e in os.listdir(shm_dir) if any(p in e for p in prefixes))
+def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return proc.returncode
+        time.sleep(0.02)
+    return None

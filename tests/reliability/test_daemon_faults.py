@@ -3,38 +3,40 @@ supervisor (systemd's Restart= is checked in the booted container:
 tests/system/inside.sh), and a `run` that hangs inside ONNX Runtime."""
 from __future__ import annotations
 
+import os
 import signal
 import statistics
-import struct
 import time
 
-from conftest import read_line
-from daemon_helpers import daemon_log, start_daemon, stop_daemon
-from rel_helpers import checksum_ok, drain, fault_daemon, http_status, shm_entries, stream_of, stream_stats
+from daemon_helpers import camera, daemon_log, results, start_daemon, stop_daemon
+from rel_helpers import (Lines, checksum_ok, drain, fault_daemon, http_status, mapped_memfds, memfds, open_ring_of,
+                         published, stream_stats)
 from reliability_matrix import COUNTS
 
 from edgeinfer import ring
 
 
-def _producer_state(shm_name: str) -> tuple[int, int]:
-    """(generation, frames published) of a frame segment, read from its header."""
-    with open(f"/dev/shm/{shm_name}", "rb") as f:
-        head = f.read(160)
-    return struct.unpack_from("<I", head, 148)[0], struct.unpack_from("<Q", head, 152)[0]
-
-
-def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, shm_name, children, c_producer,
+def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, stream, children, c_producer,
                                                    signing_key):
+    """Two C producers at 30 fps; the daemon is SIGKILLed COUNTS['daemon_kills']
+    times and started again at once (the supervisor). Each producer sees its
+    connection close, keeps publishing, reconnects with backoff and hands over
+    the same ring (same memfd); results resume on both streams. Nothing can leak:
+    rings have no names, and the daemon holds exactly its two result rings and
+    the two frame rings it serves."""
     kills = COUNTS["daemon_kills"]
-    second = shm_name + "-b"
-    extra = [{"name": stream_of(second), "width": 64, "height": 48, "max_age_ms": 60000}]
-    proc, stats, cfg = fault_daemon(children, tmp_path, signing_key, shm_name, extra_streams=extra)
-    prods = [children.spawn([c_producer, name, "64", "48", "--fps", "30"]) for name in (shm_name, second)]
-    for p in prods:
-        read_line(p)
-    states = [_producer_state(n) for n in (shm_name, second)]
-    readers = [ring.ResultReader.watch(ring.result_segment_name(stream_of(n))) for n in (shm_name, second)]
-    resume_s, checked, bad, untouched = [], 0, 0, 0
+    second = stream + "-b"
+    names = (stream, second)
+    extra = [{"name": second, "width": 64, "height": 48, "max_age_ms": 60000}]
+    proc, stats, cfg = fault_daemon(children, tmp_path, signing_key, stream, extra_streams=extra)
+    prods = [children.spawn([c_producer, n, "64", "48", "--fps", "30", "--socket", proc.ingress]) for n in names]
+    outs = [Lines(p) for p in prods]
+    assert [o.next(20) for o in outs] == ["CONNECTED accepted=1"] * 2
+    ring_fds = [open_ring_of(p.pid, n) for p, n in zip(prods, names)]  # ours: the producers' rings, read-only
+    inodes = [os.fstat(fd).st_ino for fd in ring_fds]
+    counts = [published(fd) for fd in ring_fds]
+    readers = [results(proc, n) for n in names]
+    resume_s, checked, bad, untouched, held = [], 0, 0, 0, []
     try:
         for k in range(kills):
             time.sleep(0.5)  # under load: both streams being served
@@ -43,55 +45,61 @@ def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, sh
             killed_at = ring.monotonic_ns()
             proc = start_daemon(children, cfg, stats_file=stats, log_file=proc.log_file)  # the supervisor's restart
 
-            def resumed():
-                got = [drain(r) for r in readers]
-                fresh = [[x for x in g if x.capture_ns > killed_at] for g in got]
-                return got if all(fresh) else None
+            got = [[], []]  # every record read, from the killed daemon's rings and from the new ones
             deadline = time.monotonic() + 30
-            got = None
-            while got is None and time.monotonic() < deadline:
-                got = resumed()
+            while time.monotonic() < deadline:
+                for g, r in zip(got, readers):
+                    g.extend(drain(r))
+                if all(any(x.capture_ns > killed_at for x in g) for g in got):
+                    break
                 time.sleep(0.01)
-            if got is None:
+            else:
                 break
             resume_s.append((ring.monotonic_ns() - killed_at) / 1e9)
             for g in got:
                 checked += len(g)
                 bad += sum(not checksum_ok(x) for x in g)
-            now = [_producer_state(n) for n in (shm_name, second)]
+            # Each producer saw the connection go and was accepted again, handing over the same ring,
+            # which went on filling while the daemon was away.
+            lines = [[o.next(10) or "", o.next(10) or ""] for o in outs]
+            now = [published(fd) for fd in ring_fds]
+            served = {os.stat(f"/proc/{proc.pid}/fd/{fd}").st_ino for fd in memfds(proc.pid, "edgeinfer-frames:")}
             untouched += all(p.poll() is None for p in prods) and all(
-                n[0] == s[0] and n[1] > s[1] for n, s in zip(now, states))
-            states = now
-        leaked_while_running = shm_entries(shm_name)
+                ln[0].startswith("DISCONNECTED") and ln[1] == f"CONNECTED accepted={k + 2}" for ln in lines) and \
+                all(n > c for n, c in zip(now, counts)) and served == set(inodes)
+            counts = now
+            held.append((len(memfds(proc.pid)), mapped_memfds(proc.pid)))
         alive = http_status(proc.metrics_url + "/healthz") == 200 if proc.metrics_url else None
     finally:
         for r in readers:
             r.close()
     code = stop_daemon(proc)
-    left = shm_entries(shm_name)  # the producers' two segments stay; the daemon's result rings go with it
-    expected_left = sorted([shm_name, second])
+    sockets_left = [p for p in (proc.ingress, proc.results) if os.path.exists(p)]
+    for fd in ring_fds:
+        os.close(fd)
     observed = (f"results resumed on both streams after {len(resume_s)}/{kills} kills (median "
                 f"{statistics.median(resume_s) if resume_s else float('nan'):.2f} s kill → first result, incl. "
-                f"model load); producers untouched {untouched}/{kills}; {checked:,} results checked, {bad} bad; "
-                f"/dev/shm while running: {len(leaked_while_running)} entries, after a clean stop: {left}; "
-                f"healthy at the end: {alive}")
-    passed = (len(resume_s) == kills and untouched == kills and bad == 0 and code == 0 and left == expected_left
-              and len(leaked_while_running) == 4 and alive)
+                f"model load); producers untouched (alive, same ring handed over again, still publishing) "
+                f"{untouched}/{kills}; {checked:,} results checked, {bad} bad; rings held by the daemon after each "
+                f"restart (fds, mappings): {sorted(set(held))}; after a clean stop: exit {code}, sockets left "
+                f"{sockets_left}; healthy at the end: {alive}")
+    passed = (len(resume_s) == kills and untouched == kills and bad == 0 and code == 0 and not sockets_left
+              and set(held) == {(4, 4)} and alive)
     assert matrix.record(request, "daemon", "SIGKILL under load (2 streams × 30 fps), restart loop as supervisor",
-                         kills, "producers untouched, results resume, no segment leaked", observed, passed)
+                         kills, "producers untouched (they reconnect and hand over the same ring), results resume, "
+                         "nothing leaked (the daemon holds 2 result + 2 frame rings)", observed, passed)
 
 
-def test_hung_run_is_cancelled_and_the_loop_goes_on(request, matrix, tmp_path, shm_name, children, signing_key):
+def test_hung_run_is_cancelled_and_the_loop_goes_on(request, matrix, tmp_path, stream, children, signing_key):
     """The hang model loops ~forever on frames whose first byte is 7. The
     main thread cancels a run past runtime.run_deadline_ms (RunOptions.terminate);
     the frames that follow are served."""
     hangs = 10
-    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, shm_name, kind="hang",
+    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, stream, kind="hang",
                                   runtime={"run_deadline_ms": 500})
-    stream = stream_of(shm_name)
     served_after = 0
-    with ring.FrameWriter.create(shm_name, 64, 48, "bgr24") as writer:
-        results = ring.ResultReader.watch(ring.result_segment_name(stream))
+    with camera(proc, stream, 64, 48, "bgr24") as writer:
+        reader = results(proc, stream)
         try:
             for i in range(hangs):
                 writer.begin_flat()[:] = 7          # first byte 7: a 10^12-iteration Loop
@@ -101,12 +109,12 @@ def test_hung_run_is_cancelled_and_the_loop_goes_on(request, matrix, tmp_path, s
                     time.sleep(0.02)
                 writer.begin_flat()[:] = 0          # first byte 0: returns at once
                 writer.publish(frame_id=2 * i + 1)
-                rec = results.read(5.0)
+                rec = reader.read(5.0)
                 served_after += rec is not None and rec.frame_id == 2 * i + 1
             s = stream_stats(stats, stream)
             healthy = http_status(proc.metrics_url + "/healthz") == 200
         finally:
-            results.close()
+            reader.close()
     stop_daemon(proc)
     log = daemon_log(proc)
     cancelled = log.count("inference passed its deadline and was cancelled")
@@ -117,10 +125,10 @@ def test_hung_run_is_cancelled_and_the_loop_goes_on(request, matrix, tmp_path, s
                          "cancelled at runtime.run_deadline_ms; the next frame is served", observed, passed)
 
 
-def test_model_that_hangs_at_warm_up_is_refused(request, matrix, tmp_path, shm_name, children, signing_key):
+def test_model_that_hangs_at_warm_up_is_refused(request, matrix, tmp_path, stream, children, signing_key):
     """A model that hangs on the grey warm-up frame never becomes READY forever:
     the start is refused with the reason once the warm-up deadline passes."""
-    proc, _, _ = fault_daemon(children, tmp_path, signing_key, shm_name, kind="hang", model_args={"trigger": 127},
+    proc, _, _ = fault_daemon(children, tmp_path, signing_key, stream, kind="hang", model_args={"trigger": 127},
                               runtime={"run_deadline_ms": 200}, wait_ready=False)
     try:
         code = proc.wait(60)

@@ -1,8 +1,10 @@
-"""Coverage-guided fuzzing of the C reader side of the ABI (ring.h): libFuzzer
+"""Coverage-guided fuzzing of the C reader side of ABI 2 (ring.h): libFuzzer
 with AddressSanitizer and UndefinedBehaviorSanitizer drives the frame and
-result ring checks, the frame consumer and the result reader
-(tests/reliability/fuzz_ring.c), from seeds that are real rings written by
-the real writers. A separately instrumented build (clang source-based
+result ring checks, the frame consumer (init + acquire on a buffer the fuzzer
+controls, with `latest`/`published` rewritten between acquires), the result
+reader (init + next, with `head` rewritten between reads) and the daemon's
+check of a client's hello (tests/reliability/fuzz_ring.c), from seeds that are
+real rings written by the real writers and real hellos. A separately instrumented build (clang source-based
 coverage) replays the grown corpus and says how much of each reader function
 the fuzzer reached, so a fuzzer that stopped reaching its target is a failure,
 not a quiet pass."""
@@ -12,7 +14,6 @@ import os
 import re
 import struct
 import subprocess
-import tempfile
 
 import pytest
 
@@ -24,8 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "fuzz_ring.c")
 INCLUDE = str(ROOT / "native/include")
 # The functions a producer's bytes reach in a reader; each must be reached (line coverage) by the corpus.
-READER_FUNCTIONS = ("ei_frame_ring_check", "ei_frame_layout_from_geometry", "ei_frame_consumer_acquire",
-                    "ei_result_ring_check", "ei_result_layout_make", "ei_result_reader_next")
+READER_FUNCTIONS = ("ei_frame_ring_check", "ei_frame_layout_from_geometry", "ei_frame_consumer_init",
+                    "ei_frame_consumer_acquire", "ei_result_ring_check", "ei_result_layout_make",
+                    "ei_result_reader_init", "ei_result_reader_next", "ei_hello_check", "ei_stream_name_ok")
 MIN_LINE_COVERAGE = 80.0  # per function; the short profile reaches 97-100 % (the rest are concurrency-only paths)
 
 
@@ -36,14 +38,19 @@ def _build(clang: str, out: str, flags: list[str]) -> None:
 
 
 def _write_seeds(corpus: str) -> None:
-    """Real rings from the real writers, bare and with scripts of `latest`/`head` words appended."""
-    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="edgeinfer-fuzz-seeds.") as d:
-        frame, result = templates(d)
-    latest = [(7 << 8) | 1, (8 << 8) | 200, (9 << 8) | 3, 2 ** 64 - 1, (3 << 8) | 0]  # newer, bad slot, stale
+    """Real rings from the real writers, bare and with scripts appended (frames: (`latest`, `published`)
+    pairs; results: `head` words), and the hellos of a producer and a reader."""
+    frame, result = templates()
+    # newer; a bad slot; `latest` ahead of `published` (a lie); near 2^64; backwards
+    script = [((7 << 8) | 1, 7), ((8 << 8) | 200, 8), ((9 << 8) | 3, 8), (2 ** 64 - 1, 2 ** 64 - 1), ((3 << 8) | 0, 9)]
     heads = [7, 2 ** 63, 3, 6 + 4 * 5, 0]
+
+    def hello(role: int, name: bytes) -> bytes:  # ring.h: ei_hello
+        return b"EIHELLO2" + struct.pack("<II", 2, role) + name.ljust(64, b"\0") + bytes(48)
     seeds = {"frame": frame, "result": result,
-             "frame-latest-script": frame + struct.pack(f"<{len(latest)}Q", *latest),
-             "result-head-script": result + struct.pack(f"<{len(heads)}Q", *heads)}
+             "frame-latest-script": frame + b"".join(struct.pack("<QQ", *e) for e in script),
+             "result-head-script": result + struct.pack(f"<{len(heads)}Q", *heads),
+             "hello-producer": hello(1, b"cam0"), "hello-reader": hello(2, b"front-door_2")}
     os.makedirs(corpus)
     for name, data in seeds.items():
         with open(os.path.join(corpus, name), "wb") as f:
@@ -97,7 +104,8 @@ def test_native_ring_readers_under_coverage_guided_fuzzing(request, matrix, tmp_
                 + ", ".join(f"{f} {c[0]:.0f}/{c[1]:.0f} %" for f, c in coverage.items()))
     passed = r.returncode == 0 and executed == n and not faults and not artifacts and not low and not missing
     assert matrix.record(request, "bad input", "coverage-guided fuzzing of the C readers in ring.h (libFuzzer + "
-                         "ASan + UBSan): frame/result ring checks, frame acquire, result read, lying latest/head",
+                         "ASan + UBSan): frame/result ring checks, frame consumer init + acquire, result reader "
+                         "init + next, lying latest/published/head, the daemon's hello check",
                          n, f"0 crashes, 0 sanitizer reports, 0 hangs; every reader function reached "
                          f"(≥ {MIN_LINE_COVERAGE:.0f} % of its lines)", observed, passed), \
         f"{observed}\n{r.stderr[-3000:]}"

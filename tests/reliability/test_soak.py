@@ -1,8 +1,10 @@
 """Soak: the daemon on the real orientation model, two cameras at 30 fps, its
 /metrics scraped every second, a camera SIGKILLed and restarted every 30 s and
-the model reloaded every 60 s — while its RSS, open fds, threads and the
-/dev/shm entries are sampled every second. Nothing may grow beyond the stated
-bounds once the first minute (allocator and ORT arenas settling) is over.
+the model reloaded every 60 s — while its RSS, open fds, threads and the rings
+it holds (memfds: open fds and mappings; rings have no names since ABI 2, so
+a leaked ring shows up only there) are sampled every second. Nothing may grow
+beyond the stated bounds once the first minute (allocator and ORT arenas
+settling) is over.
 
 Timing is not a criterion (the machine is shared: a fresh-clone run once saw
 inference at 2.6x its usual time and scrapes slower than their timeout). A
@@ -10,6 +12,7 @@ scrape that times out, or a run cancelled at run_deadline_ms, is reported, not
 failed; any other error, or a metrics endpoint that stops answering, fails."""
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import time
@@ -17,26 +20,26 @@ import time
 import pytest
 from conftest import read_line
 from daemon_helpers import daemon_log, read_stats, start_daemon, stop_daemon, write_config
-from rel_helpers import http_status, process_sample, shm_entries, stream_of
+from rel_helpers import http_status, process_sample
 from reliability_matrix import COUNTS
 
 RSS_BOUND_KIB = 16 * 1024   # growth of the last minute's median RSS over the second minute's
-FD_SLACK = 2                # transient fds (a reload reads the bundle; a reattach opens the new segment first)
+FD_SLACK = 2                # transient fds (a reload reads the bundle; a restarted camera's connection and ring)
+RINGS = 4                   # the daemon's rings: 2 result rings + the 2 cameras' frame rings
 THREAD_SLACK = 2            # transient threads (the warm-up deadline timer of a reload)
 WARM_S = 60.0
 
 
 @pytest.mark.timeout(COUNTS["soak_seconds"] + 300)
-def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles):
+def test_soak(request, matrix, tmp_path, stream, children, c_producer, bundles):
     seconds = COUNTS["soak_seconds"]
-    names = [f"{shm_name}-{i}" for i in range(2)]
-    cfg = write_config(tmp_path, bundles("orientation"),
-                       [{"name": stream_of(n), "width": 224, "height": 224} for n in names])
+    names = [f"{stream}-{i}" for i in range(2)]
+    cfg = write_config(tmp_path, bundles("orientation"), [{"name": n, "width": 224, "height": 224} for n in names])
     stats = str(tmp_path / "stats.json")
     proc = start_daemon(children, cfg, stats_file=stats, log_file=str(tmp_path / "daemon.log"))
     prods = []
     for n in names:
-        prods.append(children.spawn([c_producer, n, "224", "224", "--fps", "30"]))
+        prods.append(children.spawn([c_producer, n, "224", "224", "--fps", "30", "--socket", proc.ingress]))
         read_line(prods[-1])
     samples, restarts, reloads, scrapes_ok, scrapes = [], 0, 0, 0, 0
     start = time.monotonic()
@@ -44,7 +47,6 @@ def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles
     while (now := time.monotonic()) - start < seconds:
         s = process_sample(proc.pid)
         s["t"] = now - start
-        s["shm"] = len(shm_entries(shm_name))
         samples.append(s)
         scrapes += 1
         scrapes_ok += http_status(proc.metrics_url + "/metrics", timeout=5.0) == 200
@@ -52,7 +54,7 @@ def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles
             next_restart += 30
             i = restarts % 2
             prods[i].send_signal(signal.SIGKILL), prods[i].wait(10)
-            prods[i] = children.spawn([c_producer, names[i], "224", "224", "--fps", "30"])
+            prods[i] = children.spawn([c_producer, names[i], "224", "224", "--fps", "30", "--socket", proc.ingress])
             read_line(prods[i])
             restarts += 1
         if now >= next_reload:
@@ -65,7 +67,7 @@ def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles
     processed = sum(v["processed"] for v in st["streams"].values())
     errors = sum(v["error"] + v["torn"] for v in st["streams"].values())
     code = stop_daemon(proc)
-    left = shm_entries(shm_name)
+    left = [p for p in (proc.ingress, proc.results) if os.path.exists(p)]
     log = daemon_log(proc)
     cancelled = log.count("inference passed its deadline and was cancelled")
     problems = [x.split(": ", 1)[-1][:160] for x in log.splitlines()
@@ -78,21 +80,25 @@ def test_soak(request, matrix, tmp_path, shm_name, children, c_producer, bundles
     rss_growth = statistics.median(x["rss_kib"] for x in last) - statistics.median(x["rss_kib"] for x in base)
     fd_base, th_base = min(x["fds"] for x in warm), min(x["threads"] for x in warm)
     fd_max, th_max = max(x["fds"] for x in warm), max(x["threads"] for x in warm)
-    shm_max = max(x["shm"] for x in samples)
+    rings_max = max(max(x["ring_fds"], x["ring_maps"]) for x in samples)
+    rings_end = (samples[-1]["ring_fds"], samples[-1]["ring_maps"])
     fd_end, th_end = samples[-1]["fds"], samples[-1]["threads"]
     observed = (f"{len(samples)} samples over {seconds / 60:.0f} min, {restarts} camera kills, {reloads} reloads "
                 f"({st.get('reloads')} done), {scrapes_ok}/{scrapes} scrapes OK within 5 s, {processed:,} frames served "
                 f"(inference p50 {infer_p50:.1f} ms), {errors} errors ({cancelled} runs cancelled at the deadline); RSS {statistics.median(x['rss_kib'] for x in base) / 1024:.0f} → "
                 f"{statistics.median(x['rss_kib'] for x in last) / 1024:.0f} MiB ({rss_growth / 1024:+.1f}); fds "
-                f"{fd_base}–{fd_max} (end {fd_end}); threads {th_base}–{th_max} (end {th_end}); /dev/shm entries "
-                f"≤ {shm_max} while running, {len(left)} after stop (the cameras')"
+                f"{fd_base}–{fd_max} (end {fd_end}); threads {th_base}–{th_max} (end {th_end}); rings held by the "
+                f"daemon ≤ {rings_max} while running (end: {rings_end[0]} fds, {rings_end[1]} mappings); sockets left "
+                f"after stop: {len(left)}"
                 + (f"; logged errors: {problems[:2]}" if problems else ""))
     passed = (rss_growth <= RSS_BOUND_KIB and fd_max <= fd_base + FD_SLACK and fd_end <= fd_base + FD_SLACK
-              and th_max <= th_base + THREAD_SLACK and shm_max <= 4 and len(left) == 2 and code == 0
+              and th_max <= th_base + THREAD_SLACK and rings_max <= RINGS and rings_end == (RINGS, RINGS)
+              and not left and code == 0
               and final_scrape and scrapes_ok > 0 and errors == cancelled and not problems
               and st.get("reloads") == reloads and processed > 0)
     assert matrix.record(request, "soak", f"{seconds / 60:.0f} min: 2 × 30 fps, scrape 1/s, camera kill 1/30 s, "
                          "reload 1/60 s", len(samples), f"after the first minute: RSS +≤ {RSS_BOUND_KIB // 1024} MiB, "
-                         f"fds +≤ {FD_SLACK}, threads +≤ {THREAD_SLACK}, /dev/shm ≤ 4 entries, nothing left; no error but "
+                         f"fds +≤ {FD_SLACK}, threads +≤ {THREAD_SLACK}, rings held ≤ {RINGS} (no ring leaked), sockets "
+                         "removed at stop; no error but "
                          "deadline cancellations; /metrics answering",
                          observed, passed)
