@@ -7,16 +7,15 @@ from __future__ import annotations
 import os
 import random
 import re
-import selectors
 import signal
 import time
 
 import pytest
 
 from conftest import read_line
-from daemon_helpers import camera, poll, read_stats, results, stop_daemon, wait_for
-from rel_helpers import (checksum_ok, compile_helper, drain, fault_daemon, first_line_or_exit, http_status,
-                         open_ring_of, slot_states, stream_stats)
+from daemon_helpers import camera, poll, read_stats, results, stop_daemon
+from rel_helpers import (Lines, checksum_ok, compile_helper, drain, fault_daemon, first_line_or_exit, http_status,
+                         open_ring_of, slot_states, stream_stats, wait_exit)
 from reliability_matrix import COUNTS
 
 from edgeinfer import ring
@@ -200,22 +199,20 @@ def test_producer_cannot_resize_its_sealed_ring(request, matrix, tmp_path, strea
                                                        "--attempts", str(attempts), "--fps", "500"], cwd="/")
     got, other_lines, summary = [], [], None
     try:
-        first, code, err = first_line_or_exit(prod, 20)
-        sel = selectors.DefaultSelector()
-        sel.register(prod.stdout, selectors.EVENT_READ)
+        out = Lines(prod)
+        first = out.next(20)
+        err = "" if first is not None or wait_exit(prod, 5) is None else prod.stderr.read()
         deadline = time.monotonic() + attempts / 500 * 4 + 30
         while first == "CONNECTED accepted=1" and summary is None and time.monotonic() < deadline:
             got.extend(drain(reader))  # the result ring holds 64 records: read as they come
-            if sel.select(0.01):
-                line = prod.stdout.readline()
-                if not line:
+            line = out.next(0.01)
+            if line is None:
+                if prod.poll() is not None:
                     break
-                line = line.strip()
-                if line.startswith("ATTEMPTS"):
-                    summary = line
-                else:
-                    other_lines.append(line)
-        sel.close()
+            elif line.startswith("ATTEMPTS"):
+                summary = line
+            else:
+                other_lines.append(line)
         after = ring.monotonic_ns()
         served_after = poll(lambda: [r for r in drain(reader) if r.capture_ns > after], 10) or []
         got.extend(served_after)
