@@ -28,7 +28,7 @@ INCLUDE = str(ROOT / "native/include")
 READER_FUNCTIONS = ("ei_frame_ring_check", "ei_frame_layout_from_geometry", "ei_frame_consumer_init",
                     "ei_frame_consumer_acquire", "ei_result_ring_check", "ei_result_layout_make",
                     "ei_result_reader_init", "ei_result_reader_next", "ei_hello_check", "ei_stream_name_ok")
-MIN_LINE_COVERAGE = 80.0  # per function; the short profile reaches 97-100 % (the rest are concurrency-only paths)
+MIN_LINE_COVERAGE = 80.0  # per function; the short profile reaches 93-100 % (the rest: concurrency and syscall failures)
 
 
 def _build(clang: str, out: str, flags: list[str]) -> None:
