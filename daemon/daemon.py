@@ -369,8 +369,11 @@ class Daemon:
                     self.notifier.send("STATUS=" + self.status_line())
                 if self.fault_requested:
                     self.fault_requested = False
-                    log.warning("fault injection: stalling the loop for 3 s")
-                    self.engine.inject_stall(3.0)
+                    # Longer than the watchdog can miss: its last ping may report progress made just
+                    # before the stall, so systemd's deadline can be up to 1.5 intervals away.
+                    stall = max(3.0, 2 * self.notifier.watchdog_s)
+                    log.warning("fault injection: stalling the loop for %g s", stall)
+                    self.engine.inject_stall(stall)
                 if next_watch and time.monotonic() >= next_watch:
                     next_watch += watch
                     # Debounced: reload once the path has pointed elsewhere for a whole interval.

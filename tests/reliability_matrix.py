@@ -30,7 +30,7 @@ COUNTS = _PROFILES[PROFILE]
 COMMAND = os.environ.get("EDGEINFER_RELIABILITY_COMMAND", "make reliability")  # what produced the report
 
 
-AREAS = ("producer", "daemon", "resource", "bad input", "access", "load", "soak")
+AREAS = ("isolation", "producer", "daemon", "resource", "bad input", "access", "load", "soak")
 
 
 @dataclass
@@ -112,50 +112,55 @@ def _cpu_model() -> str:
 NOTES = """\
 ## How to read and rerun it
 
-- `make reliability` runs the short profile (about 10 minutes on 2 vCPUs after the package build) and
+- `make reliability` runs the short profile (about 12 minutes on 2 vCPUs after the package build) and
   rewrites this file; `make reliability PROFILE=long` pushes every fault harder (5,000 producer kills,
-  60 daemon kills, 1,000,000 fuzzed segments, 20,000,000 libFuzzer inputs, 2-minute load levels, a 1 h soak: about 95 minutes).
+  10,000 resize attempts, 60 daemon kills, 1,000,000 fuzzed rings, 20,000,000 libFuzzer inputs, 2-minute
+  load levels, a 1 h soak).
 - Every row is one test in `tests/reliability/` (the container rows: `tests/test_system_nspawn.py`);
   the test asserts the row's expectation, so a **FAIL** row is also a failed test in `make test`.
+- The **isolation** rows play the worst camera and the worst reader as real, unprivileged users
+  (created for the run) against a live daemon that serves an honest neighbour: the attackers are plain
+  C programs on ring.h (`tests/adversary/`), so they speak the raw protocol, not our library's checks.
+  Besides its own outcome, every such row checks that the daemon lived and the neighbour kept >= 90 %
+  of its offered frames with no forged or torn result.
 - Counts are exact (from the daemon's own counters, compared with what the test offered); timings are
   never pass criteria (the machine is shared), only bounds that no queue could hide under.
 - Two tiny ONNX models make faults visible in the daemon's own output
   (`tests/reliability/fault_models.py`): a checksum model whose result says whether the frame it ran
   on was whole and was the frame its id names, and a Loop model that hangs when the producer asks.
-- Segments are fuzzed twice. The C readers in ring.h (ring checks, frame acquire, result read) under
-  coverage-guided libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer
-  (`tests/reliability/fuzz_ring.c`), seeded with real rings; clang's source-based coverage of the
-  grown corpus is reported per function and must reach each one. And the whole Python reader stack
-  (attach, views, `CorruptFrame`) under a structure-aware mutational fuzzer in a child process
-  (`tests/reliability/fuzz_segments.py`): boundary values from the checks in ring.h, not coverage-guided.
+- Rings are fuzzed twice. The C readers in ring.h (ring checks, frame acquire, result read, the hello
+  check) under coverage-guided libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer
+  (`tests/reliability/fuzz_ring.c`), seeded with real rings; clang's source-based coverage of the grown
+  corpus is reported per function and must reach each one. And the whole Python reader stack (sealed
+  memfds handed to `FrameReader`, result rings, `latest`/`published`/`head` rewritten after attach)
+  under a structure-aware mutational fuzzer in a child process (`tests/reliability/fuzz_segments.py`).
 
 ## Faults found by this campaign, and fixed in the same change
 
 | Fault | Was | Now |
 |---|---|---|
 | capture timestamp 0, in the future or near 2^64 | OverflowError in the real-time loop: the loop stopped | dropped and counted `bad_timestamp` |
-| daemon restarted while a client polls `ResultReader.read(0)` | the client never moved to the new ring | every read looks under the name (rate-limited) |
-| result ring `head` near 2^64 (fuzzer) | `ResultReader.read` spun forever | bounded retries; `head > 2^62` is `CorruptFrame` |
+| result ring `head` near 2^64 (fuzzer) | `ResultReader.read` spun forever | bounded retries; `head > 2^62` or backwards is `CorruptRing` |
 | model hangs on the warm-up frame | never READY, forever | warm-up cancelled after max(5 s, 10 × run_deadline_ms), model refused with the reason |
 | state directory full or read-only at start | the daemon exited | serves, logs, counts (`edgeinfer_state_write_failures_total`), retries every 10 s |
-| fd limit reached | a lazy import in the status chore raised EMFILE and the daemon exited | chores guarded (logged, serving goes on), numpy.ma imported at start |
+| fd limit reached | a lazy import raised EMFILE and the daemon exited (ABI 1); then (ABI 2) the main thread spun on a failing accept, 256,805 times in 1.5 s | chores guarded; a listener whose accept fails rests 0.2 s (counted, logged) |
 | a subdirectory in a bundle | `IsADirectoryError` traceback | refused: not a regular file |
 | a 2 MiB (or larger) model.yaml | parsed | refused above 1 MiB, before the YAML parser |
 | a key given twice in YAML | the last value silently won | an error naming both lines |
-| segment refusals | only visible in the status | logged per stream, once per distinct reason |
-| RSS after reloads | +28 MiB over 4 reloads (glibc kept the freed pages; nothing leaked) | gc + malloc_trim 3 s after a swap: +2.5 MiB over the 5-min soak |
-| a producer shrinks its ring (ftruncate) while the daemon has it mapped | SIGBUS: the daemon, and every other camera with it, died | the fault is absorbed (zero pages mapped over the lost range, `native/sigbus_guard.h`), nothing read from them is published, the stream detaches with the reason and serves the next segment |
+| RSS after reloads | +28 MiB over 4 reloads (glibc kept the freed pages; nothing leaked) | gc + malloc_trim 3 s after a swap |
+| a producer shrinks its ring (ABI 1: ftruncate on a named segment) | SIGBUS: the daemon, and every camera with it, died; later absorbed by a SIGBUS guard that a rename race still beat | ABI 2: the ring is sealed before it is handed over; every resize fails with EPERM (1,000 tries a run) |
+| a camera that reconnects (soak) | the old ring stayed mapped until a garbage collection (a reference cycle) | closed and unmapped when the loop drops it |
+| a ring the daemon cannot map (address-space limit) | answered as a permanent refusal: cameras gave up | answered as transient: the camera retries and is served once the limit is lifted |
+| a daemon's "try again" refusal | read by clients as "no message yet": they saw a closed connection, not the reason | distinct codes: the reason reaches the client |
+| every attack of the ABI 2 issue (readers forging/killing, cameras impersonating, stalling, starving) | see the issue | refused or confined: the isolation rows |
 
 ## Known limits (not covered by a passing row)
 
-- A shrunk segment is survived, not prevented: named POSIX shared memory cannot be sealed, so the
-  daemon absorbs the SIGBUS and drops the stream until a whole segment stands under the name.
-  Prevention (memfd segments sealed with F_SEAL_SHRINK, passed over a Unix socket) would be an ABI
-  change. A result reader (an integrator's process) is not guarded: the daemon never shrinks its rings.
-- The memory limit is tested as an address-space limit (RLIMIT_AS) on the daemon process; a cgroup
-  memory.max OOM kill is a SIGKILL, which the daemon-kill rows cover.
-- A producer outside the `edgeinfer` group is checked with real users only in the booted container
-  (the daemon there runs as `edgeinfer` without CAP_DAC_OVERRIDE); on the host the tests run as root.
+- A camera can punch holes in its own ring (`fallocate`; no seal a writer can live with prevents it):
+  the daemon's next reads of those pages allocate zero pages charged to the daemon, at most the ring's
+  size (`ingress.max_ring_mib`).
+- The memory-cgroup row uses cgroup v1's memory controller (what this machine has); a host with only
+  cgroup v2 fails it with the reason.
 - Load levels are whole cameras at 30 fps, so "150 %" is the nearest multiple (the row shows the
   offered share of the capacity measured in the same run).
 """
