@@ -97,7 +97,7 @@ class Admission:
             status = next((k for k, v in ring.STATUS.items() if v == e.code), "refused")
             raise Refusal(status, "bad_ring", f"{client.peer}: {e}") from None
         except OSError as e:  # ours, not the ring's (ENOMEM mapping it, EMFILE): passes by itself, so "sys"
-            raise Refusal("sys", "bad_ring", f"{client.peer}: stream {name}: {e}") from None
+            raise Refusal("sys", "bad_ring", f"{client.peer}: {e.strerror or e}") from None
         lay = reader.layout
         geometry = (ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], lay["height"], lay["width"])
         try:

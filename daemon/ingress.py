@@ -181,7 +181,8 @@ class Ingress:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # EMFILE/ENFILE: leave it in the backlog, say so (rate-limited)
-                self.refusals.add(UNKNOWN_STREAM, kind, "accept_failed", f"accept on {kind} socket: {e.strerror}")
+                role = "producer" if kind == "ingress" else "reader"
+                self.refusals.add(UNKNOWN_STREAM, role, "accept_failed", f"accept on the {kind} socket: {e.strerror}")
                 # The backlog keeps the listener readable: without a pause the main thread would spin here.
                 self.selector.unregister(listener)
                 self._paused[kind] = time.monotonic() + ACCEPT_PAUSE_S

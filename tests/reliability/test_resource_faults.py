@@ -285,7 +285,7 @@ def test_fd_limit_reached_while_streams_attach(request, matrix, tmp_path, stream
         reader.close()
     stop_daemon(proc)
     log = daemon_log(proc)
-    said = [x.split(": ", 1)[-1] for x in log.splitlines() if "accept on ingress socket" in x]
+    said = [x.split(": ", 1)[-1] for x in log.splitlines() if "accept on the ingress socket" in x]
     observed = (f"limit = {open_fds} fds (all in use): {sum(w.startswith('WAITING') for w in waiting)}/{len(others)} "
                 f"new cameras waiting, not accepted; log: {said[0][-70:] if said else 'nothing'!r} ({len(said)} "
                 f"lines), counted {counted} times in {limited_s:.1f} s (retried, not spun on); first stream served "

@@ -1169,7 +1169,8 @@ static inline int ei_sock_connect(const char *path, ei_error *err) {
     if (e == ENOENT || e == ECONNREFUSED)
         return ei_fail(err, EI_ERR_NOT_FOUND, e, "no edgeinferd listens on %s (%s)", path, strerror(e));
     if (e == EACCES || e == EPERM)
-        return ei_fail(err, EI_ERR_DENIED, e, "%s: permission denied (the socket is for group edgeinfer)", path);
+        return ei_fail(err, EI_ERR_DENIED, e, "%s: permission denied (only the socket's group, normally edgeinfer, "
+                       "may connect)", path);
     if (e == EAGAIN) return ei_fail(err, EI_ERR_AGAIN, e, "%s: the daemon's backlog is full", path);
     return ei_fail(err, EI_ERR_SYS, e, "connect %s: %s", path, strerror(e));
 }
