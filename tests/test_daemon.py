@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
 
 import numpy as np
 import onnxruntime as ort
-import pytest
 
 from conftest import read_line
-from daemon_helpers import (bundle, camera, edgeinferd_args, results, sign_copy, read_stats, start_daemon,
+from daemon_helpers import (camera, edgeinferd_args, results, sign_copy, read_stats, start_daemon,
                             stop_daemon, wait_for, write_config)
 from edgeinfer.bundle import load_unverified_bundle as load_bundle
 from edgeinfer.decoders import make_decoder

@@ -11,7 +11,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from conftest import require_tool
 

@@ -3,7 +3,6 @@ interoperability with the stock model_signing CLI, and hot reload under load."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import shutil
@@ -12,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from conftest import read_line

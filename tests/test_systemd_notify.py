@@ -153,8 +153,10 @@ def test_a_run_past_its_deadline_is_cancelled_and_the_loop_lives_on(children, tm
     feed.wait(10)
     import json
     s = json.load(open(stats))["streams"][stream]
-    # The main thread looks every 50 ms, so a run may occasionally finish before it is cancelled.
-    assert s["error"] >= 3 and s["error"] > 3 * s["processed"]
+    # The main thread looks every 50 ms, so a run shorter than that may finish before it is cancelled (on a
+    # fast or idle CI machine most do): some runs cancelled, and the loop went on serving after them.
+    assert s["error"] >= 3, s
+    assert s["error"] + s["processed"] >= 10, s
     assert sd.times("WATCHDOG=1") and not sd.times("WATCHDOG=trigger")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0

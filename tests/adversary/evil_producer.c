@@ -1,5 +1,6 @@
 /*
- * The worst camera we can think of, for the isolation tests. Plain C on ring.h and libc, so it runs as
+ * The worst camera we can think of, for the isolation tests (the one that resizes its ring is
+ * resize_producer.c). Plain C on ring.h and libc, so it runs as
  * any unprivileged user. One attack per run; it prints what it saw as "KEY=VALUE" lines and exits 0 when
  * it ran its attack (whether the attack worked is for the test to judge from the daemon's side).
  *
@@ -11,7 +12,6 @@
  *   latest-jump     serve S honestly at F fps for T s; halfway, one 8-byte write of latest = seq 2^50
  *   backdate        publish as fast as possible for T s, capture time = now - N ms (N = --count)
  *   short           publish T s of frames whose payload_len is 100 bytes
- *   shrink          attached as S, try N times each to shrink/grow its own ring: EPERM=<n> OK=<n>
  *   geometry-cycle  N times: a new ring of a new size as S, one frame, hang up: ACCEPTED=<n> REFUSED=<n>
  *   flood           publish as fast as possible for T s
  *   procfd          try to open every /proc/PID/fd/N of --target-pid read-write: OPENED=<n> DENIED=<n>
@@ -214,23 +214,6 @@ int main(int argc, char **argv) {
         printf("CONNECTED\n");
         publish_for(&p, &in, seconds, !strcmp(attack, "backdate") ? (uint64_t)count * 1000000ull : 0,
                     !strcmp(attack, "short") ? 100 : 0, !strcmp(attack, "latest-jump"));
-        return 0;
-    }
-    if (!strcmp(attack, "shrink")) {
-        make_ring(&p, width, height);
-        int rc = hand_over(&in, stream, p.fd, &e);
-        if (rc != EI_OK) { printf("REFUSED=%d %s\n", rc, e.msg); return 0; }
-        long eperm = 0, ok = 0;
-        off_t sizes[3] = {0, EI_HEADER_SIZE, (off_t)p.layout.total_size + 4096};
-        for (long i = 0; i < count; i++) {
-            ei_frame_producer_begin(&p);
-            ei_frame_producer_publish(&p, ei_now_ns(CLOCK_MONOTONIC), 0, (uint64_t)i, ei_frame_bytes(&p.layout));
-            if (ftruncate(p.fd, sizes[i % 3]) == 0) ok++;
-            else if (errno == EPERM) eperm++;
-            ei_ingress_step(&in, ei_now_ns(CLOCK_MONOTONIC));
-            usleep(1000);
-        }
-        printf("EPERM=%ld\nOK=%ld\nSTILL_CONNECTED=%d\n", eperm, ok, in.state == EI_INGRESS_CONNECTED);
         return 0;
     }
     if (!strcmp(attack, "geometry-cycle")) {

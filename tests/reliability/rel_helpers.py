@@ -13,7 +13,6 @@ from pathlib import Path
 
 import fault_models
 import numpy as np
-from conftest import ROOT, require_tool
 from daemon_helpers import read_stats, start_daemon, write_config
 
 from edgeinfer import ring
@@ -177,17 +176,6 @@ class Lines:
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
         return line.decode(errors="replace").strip()
-
-
-def compile_helper(name: str, sandbox: Path) -> str:
-    """tests/reliability/NAME.c compiled against ring.h into the sandbox (any test user may run it)."""
-    cc = require_tool("cc")
-    out = sandbox / name
-    if not out.exists():
-        subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "native/include"),
-                        str(HERE / f"{name}.c"), "-o", str(out)], check=True)
-        os.chmod(out, 0o755)
-    return str(out)
 
 
 def process_sample(pid: int) -> dict:

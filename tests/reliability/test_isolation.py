@@ -23,9 +23,10 @@ import time
 import pytest
 
 import fault_models
-from conftest import ROOT, Children, read_line, require_tool
+from conftest import ROOT, Children, compile_c, read_line
 from daemon_helpers import daemon_log, poll, read_stats, start_daemon, stop_daemon, write_config
 from rel_helpers import checksum_ok, http_status, process_sample
+from reliability_matrix import COUNTS
 
 from edgeinfer import ring
 
@@ -44,15 +45,8 @@ class Arena:
         os.chown(self.dir, 0, users.gid)
         os.chmod(self.dir, 0o750)  # only the group reaches the sockets; an outsider not even the directory
         self.ingress, self.results = str(self.dir / "ingress.sock"), str(self.dir / "results.sock")
-        cc = require_tool("cc")
-        self.tools = {}
-        for tool in ("evil_producer", "evil_reader"):
-            out = sandbox / tool
-            if not out.exists():
-                subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I",
-                                str(ROOT / "native/include"), str(ROOT / f"tests/adversary/{tool}.c"), "-o",
-                                str(out)], check=True)
-            self.tools[tool] = str(out)
+        self.tools = {tool: compile_c(ROOT / f"tests/adversary/{tool}.c", sandbox)
+                      for tool in ("evil_producer", "evil_reader", "resize_producer")}
         self.c_producer, self.c_reader = c_producer, c_reader
         key, _, trust = signing_key
         bundle = fault_models.signed_bundle("checksum", tmp / "bundle", key, W, H)
@@ -153,7 +147,7 @@ class Watch:
         victim_up = a.victim.poll() is None and s["connected"]
         text = (f"victim served {processed}/{offered} ({share:.0%}), {len(recs)} results read, {forged} forged or "
                 f"torn; daemon alive {alive}")
-        return alive and victim_up and offered >= VICTIM_FPS and share >= 0.9 and forged == 0 and len(recs) > 0, text
+        return alive and victim_up and offered >= VICTIM_FPS // 2 and share >= 0.9 and forged == 0 and len(recs) > 0, text
 
 
 def row(matrix, request, fault: str, injected: int, expected: str, observed: str, passed: bool) -> None:
@@ -324,22 +318,55 @@ def test_short_payloads_are_counted_and_never_served(request, matrix, arena, use
 
 
 def test_a_camera_cannot_shrink_or_grow_its_ring(request, matrix, arena, users):
-    """ABI 1: a producer's ftruncate killed the daemon (later: absorbed by a SIGBUS guard, which a rename race
-    still beat in 2 of 3 runs). The ring is sealed now: the camera itself cannot change its size."""
+    """ABI 1: a producer's ftruncate killed the daemon with SIGBUS (later absorbed by a SIGBUS guard, which a
+    rename race still beat in 2 of 3 runs). The ring is sealed now: the camera itself cannot change its size.
+    tests/adversary/resize_producer.c, attached as its stream, publishes pattern frames and between them tries
+    ftruncate to 0, to the header page, to +4 KiB and fallocate past the end, in turn; every attempt must fail
+    with EPERM and leave the size as it was, and the daemon serves on: no SIGBUS absorbed, no torn or
+    mislabelled result (the checksum model), the camera never dropped. (A hole punched with fallocate is not
+    prevented by seals a writer can live with: zeros, never a SIGBUS; docs/abi.md.)"""
+    attempts = COUNTS["producer_resize_attempts"]
     w = Watch(arena)
     name = ATTACKER_STREAMS["shrink"]
+    reader = ring.ResultReader.connect(name, socket=arena.results)
     absorbed_before = read_stats(arena.stats).get("segment_truncations", 0)
-    r = arena.attack(users.cam_b, "evil_producer", "--socket", arena.ingress, "--stream", name, "--attack",
-                     "shrink", "--count", "1000")
+    children = Children()
+    got, summary = [], None
+    try:
+        prod = children.spawn([*users.run_as(users.cam_b), arena.tools["resize_producer"], name, str(W), str(H),
+                               "--socket", arena.ingress, "--attempts", str(attempts), "--fps", "500"], cwd="/")
+        first = read_line(prod, timeout=20)
+        deadline = time.monotonic() + attempts / 500 * 4 + 30
+        while first == "CONNECTED accepted=1" and summary is None and time.monotonic() < deadline:
+            while (rec := reader.read(0)) is not None:  # the ring holds 64 records: read as they come
+                got.append(rec)
+            line = read_line(prod, timeout=max(deadline - time.monotonic(), 0.1))
+            summary = line if line.startswith("ATTEMPTS") else None
+        after = ring.monotonic_ns()
+        served_after = poll(lambda: [r for r in iter(lambda: reader.read(0.1), None) if r.capture_ns > after], 10)
+        got.extend(served_after or [])
+        s = arena.fresh_stats()["streams"][name]
+    finally:
+        reader.close()
+        children.cleanup()
     ok, text = w.verdict()
     absorbed = read_stats(arena.stats).get("segment_truncations", 0) - absorbed_before
-    s = arena.stream_stats(name)
-    observed = (f"{r.get('EPERM')} of 1,000 ftruncate (to 0, to the header page, +4 KiB) refused with EPERM, "
-                f"{r.get('OK')} succeeded; camera still connected {r.get('STILL_CONNECTED') == '1'}; its stream "
-                f"processed {s.get('processed')}, torn {s.get('torn')}; SIGBUS absorbed {absorbed}; {text}")
-    row(matrix, request, "a camera shrinks or grows its own attached ring", 1000,
-        "EPERM every time (sealed); no SIGBUS anywhere; served on", observed,
-        r.get("EPERM") == "1000" and r.get("OK") == "0" and absorbed == 0 and s.get("torn") == 0 and ok)
+    fields = dict(re.findall(r"(\w+)=(\S+)", summary or ""))
+    bad = sum(not checksum_ok(r) for r in got)
+    observed = (f"as {users.cam_b}: attempts {fields.get('total', '?')}, EPERM {fields.get('eperm', '?')} (to 0 bytes "
+                f"{fields.get('zero', '?')}, to the header page {fields.get('header', '?')}, +4 KiB "
+                f"{fields.get('grow', '?')}, fallocate past the end {fields.get('fallocate', '?')}), other errors "
+                f"{fields.get('other', '?')}, succeeded {fields.get('succeeded', '?')}, size changed "
+                f"{fields.get('size_changed', '?')}, camera dropped {fields.get('disconnects', '?')} times; its stream: "
+                f"{len(got):,} results checked, {bad} torn or mislabelled, {len(served_after or [])} after the last "
+                f"attempt, torn {s.get('torn')}; SIGBUS absorbed {absorbed}; {text}")
+    row(matrix, request, "a camera shrinks or grows its own attached ring (ftruncate to 0, to the header page, "
+        "+4 KiB; fallocate past the end)", attempts,
+        "EPERM every time, the size unchanged (sealed); no SIGBUS anywhere; its frames served on; the neighbour "
+        "unharmed", observed,
+        fields.get("total") == str(attempts) and fields.get("eperm") == str(attempts) and fields.get("other") == "0"
+        and fields.get("succeeded") == "0" and fields.get("size_changed") == "0" and fields.get("disconnects") == "0"
+        and absorbed == 0 and s.get("torn") == 0 and bad == 0 and len(got) > 0 and bool(served_after) and ok)
 
 
 def test_cycling_frame_sizes_cannot_grow_the_daemon(request, matrix, arena, users):

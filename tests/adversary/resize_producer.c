@@ -1,6 +1,6 @@
 /*
  * A camera that tries to resize its own frame ring while the daemon serves it
- * (tests/reliability/test_producer_faults.py). ABI 2 rings are memfds sealed
+ * (tests/reliability/test_isolation.py). ABI 2 rings are memfds sealed
  * with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL before they are handed over,
  * so every attempt must fail with EPERM and the ring must keep its size.
  *
