@@ -80,17 +80,22 @@ class Ours:
 
     def consumer(self):
         r = ring.FrameReader(self.w.fd, "bench")
-        spin = 0.01 if self.spin else 0.0
+        return frame_receiver(r, self.spin)
 
-        def recv():
-            while True:
-                f = r.next_frame(1.0, spin)
-                if f is not None:
-                    t = now_ns()
-                    ts = f.capture_ns
-                    f.release()
-                    return t, ts
-        return recv
+
+def frame_receiver(r, spin: bool):
+    """recv() for our FrameReader (either ABI): blocks for the next frame; its arrival and capture times."""
+    spin_s = 0.01 if spin else 0.0
+
+    def recv():
+        while True:
+            f = r.next_frame(1.0, spin_s)
+            if f is not None:
+                t = now_ns()
+                ts = f.capture_ns
+                f.release()
+                return t, ts
+    return recv
 
 
 class OursAbi1:
@@ -119,17 +124,7 @@ class OursAbi1:
 
     def consumer(self):
         r = ring.FrameReader.watch(self.name)
-        spin = 0.01 if self.spin else 0.0
-
-        def recv():
-            while True:
-                f = r.next_frame(1.0, spin)
-                if f is not None:
-                    t = now_ns()
-                    ts = f.capture_ns
-                    f.release()
-                    return t, ts
-        return recv
+        return frame_receiver(r, self.spin)
 
     def close(self):
         if hasattr(self, "w"):
