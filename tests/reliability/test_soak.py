@@ -26,6 +26,7 @@ from reliability_matrix import COUNTS
 RSS_BOUND_KIB = 16 * 1024   # growth of the last minute's median RSS over the second minute's
 FD_SLACK = 2                # transient fds (a reload reads the bundle; a restarted camera's connection and ring)
 RINGS = 4                   # the daemon's rings: 2 result rings + the 2 cameras' frame rings
+SETTLE_S = 2.0              # how long a ring count above RINGS may take to come back (a handover in flight)
 THREAD_SLACK = 2            # transient threads (the warm-up deadline timer of a reload)
 WARM_S = 60.0
 
@@ -47,6 +48,15 @@ def test_soak(request, matrix, tmp_path, stream, children, c_producer, bundles):
     while (now := time.monotonic()) - start < seconds:
         s = process_sample(proc.pid)
         s["t"] = now - start
+        s["transient_rings"] = 0
+        if max(s["ring_fds"], s["ring_maps"]) > RINGS:
+            # A sample can land inside a handover (a restarted camera's new ring attached while the loop has not
+            # yet dropped the old mapping): a leaked ring stays, a handover in flight is gone within a second.
+            s["transient_rings"] = max(s["ring_fds"], s["ring_maps"])
+            settle = time.monotonic() + SETTLE_S
+            while max(s["ring_fds"], s["ring_maps"]) > RINGS and time.monotonic() < settle:
+                time.sleep(0.05)
+                s.update({k: v for k, v in process_sample(proc.pid).items() if k in ("ring_fds", "ring_maps")})
         samples.append(s)
         scrapes += 1
         scrapes_ok += http_status(proc.metrics_url + "/metrics", timeout=5.0) == 200
@@ -82,13 +92,16 @@ def test_soak(request, matrix, tmp_path, stream, children, c_producer, bundles):
     fd_max, th_max = max(x["fds"] for x in warm), max(x["threads"] for x in warm)
     rings_max = max(max(x["ring_fds"], x["ring_maps"]) for x in samples)
     rings_end = (samples[-1]["ring_fds"], samples[-1]["ring_maps"])
+    transients = [x["transient_rings"] for x in samples if x["transient_rings"]]
     fd_end, th_end = samples[-1]["fds"], samples[-1]["threads"]
     observed = (f"{len(samples)} samples over {seconds / 60:.0f} min, {restarts} camera kills, {reloads} reloads "
                 f"({st.get('reloads')} done), {scrapes_ok}/{scrapes} scrapes OK within 5 s, {processed:,} frames served "
                 f"(inference p50 {infer_p50:.1f} ms), {errors} errors ({cancelled} runs cancelled at the deadline); RSS {statistics.median(x['rss_kib'] for x in base) / 1024:.0f} → "
                 f"{statistics.median(x['rss_kib'] for x in last) / 1024:.0f} MiB ({rss_growth / 1024:+.1f}); fds "
                 f"{fd_base}–{fd_max} (end {fd_end}); threads {th_base}–{th_max} (end {th_end}); rings held by the "
-                f"daemon ≤ {rings_max} while running (end: {rings_end[0]} fds, {rings_end[1]} mappings); sockets left "
+                f"daemon ≤ {rings_max} while running, {len(transients)} samples inside a handover (up to "
+                f"{max(transients, default=RINGS)}, back to ≤ {RINGS} within {SETTLE_S:.0f} s) (end: {rings_end[0]} fds, "
+                f"{rings_end[1]} mappings); sockets left "
                 f"after stop: {len(left)}"
                 + (f"; logged errors: {problems[:2]}" if problems else ""))
     passed = (rss_growth <= RSS_BOUND_KIB and fd_max <= fd_base + FD_SLACK and fd_end <= fd_base + FD_SLACK
@@ -98,7 +111,8 @@ def test_soak(request, matrix, tmp_path, stream, children, c_producer, bundles):
               and st.get("reloads") == reloads and processed > 0)
     assert matrix.record(request, "soak", f"{seconds / 60:.0f} min: 2 × 30 fps, scrape 1/s, camera kill 1/30 s, "
                          "reload 1/60 s", len(samples), f"after the first minute: RSS +≤ {RSS_BOUND_KIB // 1024} MiB, "
-                         f"fds +≤ {FD_SLACK}, threads +≤ {THREAD_SLACK}, rings held ≤ {RINGS} (no ring leaked), sockets "
+                         f"fds +≤ {FD_SLACK}, threads +≤ {THREAD_SLACK}, rings held ≤ {RINGS} (no ring leaked; a "
+                         f"handover in flight settles within {SETTLE_S:.0f} s), sockets "
                          "removed at stop; no error but "
                          "deadline cancellations; /metrics answering",
                          observed, passed)
