@@ -164,9 +164,11 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results: int = 0) -> tuple[list[int], float]:
+def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results: int = 0,
+          split: list | None = None) -> tuple[list[int], float]:
     """Publishes a frame every period_s from this process pinned to PRODUCER_CPU, n frames
-    (or until `results` results came back); returns the e2e latencies and the results per second."""
+    (or until `results` results came back); returns the e2e latencies and the results per second.
+    `split` gets each record's (capture → loop start, loop start → done) in ns: where the time went."""
     pin(PRODUCER_CPU)
     lat = []
     writer = d.camera()
@@ -180,6 +182,8 @@ def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results:
             writer.publish(frame_id=i)
             while (rec := d.results.read(0.0)) is not None:
                 lat.append(rec.done_ns - rec.capture_ns)
+                if split is not None:
+                    split.append((rec.start_ns - rec.capture_ns, rec.done_ns - rec.start_ns))
             if period_s:
                 next_t += period_s
                 delay = next_t - time.monotonic()
@@ -188,6 +192,8 @@ def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results:
         end = time.monotonic()
         while (rec := d.results.read(0.3)) is not None:
             lat.append(rec.done_ns - rec.capture_ns)
+            if split is not None:
+                split.append((rec.start_ns - rec.capture_ns, rec.done_ns - rec.start_ns))
     finally:
         writer.close()
         os.sched_setaffinity(0, set(range(os.cpu_count())))
@@ -282,7 +288,8 @@ def main() -> int:
     old = None if args.no_abi1 else abi1_mod.run_child(os.path.abspath(__file__), "--frames", str(n))
     d = Daemon(BUNDLE)
     try:
-        lat, _ = drive(d, frames, n, period)
+        split = []
+        lat, _ = drive(d, frames, n, period, split=split)
         ours = q(lat)
         setup_cam, setup_reader = connection_setup(d, 20 if args.quick else 100)
         # 100 % offered load: 1 kHz against a model that serves ~100/s.
@@ -365,6 +372,11 @@ def main() -> int:
         print(f"overhead over the fused floor, ABI 2 vs ABI 1 (each against its own floor in its own process): "
               f"p50 {overhead['p50_us']:.0f} vs {was['p50_us']:.0f} µs, p99 {overhead['p99_us']:.0f} vs "
               f"{was['p99_us']:.0f} µs")
+        now = split_p50(split)
+        if "split" in old:  # a 0.1 child from before the split existed has none
+            targets.update(abi2_split_p50_us=now, abi1_split_p50_us=old["split"])
+            print(f"  where (p50): capture → loop start {now['pickup_us']:.0f} vs {old['split']['pickup_us']:.0f} µs, "
+                  f"loop start → result published {now['run_us']:.0f} vs {old['split']['run_us']:.0f} µs")
     targets.update(camera_connect_us=setup_cam, reader_connect_us=setup_reader)
     print(f"connection setup ({setup_cam['n']} each): camera connect → accepted p50 {setup_cam['p50']:.0f} µs, "
           f"p99 {setup_cam['p99']:.0f} µs; reader connect → ring mapped p50 {setup_reader['p50']:.0f} µs, "
@@ -381,16 +393,23 @@ def main() -> int:
     print(json.dumps(summary))
 
 
+def split_p50(split: list) -> dict:
+    """The p50s of drive()'s split, in µs."""
+    a = np.asarray(split or [(0, 0)], np.float64) / 1e3
+    return {"pickup_us": float(np.median(a[:, 0])), "run_us": float(np.median(a[:, 1]))}
+
+
 def abi1_child(n: int) -> int:
     """Run on the 0.1 package (bench/abi1.py): the 0.1 daemon at 40 fps and its fused floor, as JSON."""
     frames = [f for f, _ in make_frames(224, 224, pages=3)]
     fused_paced = floor_runs(frames, n, 1 / 40)[0]
     d = Daemon(BUNDLE, abi1=True)
     try:
-        lat, _ = drive(d, frames, n, 1 / 40)
+        split = []
+        lat, _ = drive(d, frames, n, 1 / 40, split=split)
     finally:
         d.close()
-    print(json.dumps({"ours": q(lat), "fused_paced": fused_paced}))
+    print(json.dumps({"ours": q(lat), "fused_paced": fused_paced, "split": split_p50(split)}))
     return 0
 
 
