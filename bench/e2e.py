@@ -171,6 +171,13 @@ def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results:
     `split` gets each record's (capture → loop start, loop start → done) in ns: where the time went."""
     pin(PRODUCER_CPU)
     lat = []
+
+    def collect(timeout: float) -> None:
+        while (rec := d.results.read(timeout)) is not None:
+            lat.append(rec.done_ns - rec.capture_ns)
+            if split is not None:
+                split.append((rec.start_ns - rec.capture_ns, rec.done_ns - rec.start_ns))
+
     writer = d.camera()
     t0 = time.monotonic()
     next_t = t0
@@ -180,20 +187,14 @@ def drive(d: Daemon, frames: list[np.ndarray], n: int, period_s: float, results:
                 break
             np.copyto(writer.begin(), frames[i % len(frames)])
             writer.publish(frame_id=i)
-            while (rec := d.results.read(0.0)) is not None:
-                lat.append(rec.done_ns - rec.capture_ns)
-                if split is not None:
-                    split.append((rec.start_ns - rec.capture_ns, rec.done_ns - rec.start_ns))
+            collect(0.0)
             if period_s:
                 next_t += period_s
                 delay = next_t - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
         end = time.monotonic()
-        while (rec := d.results.read(0.3)) is not None:
-            lat.append(rec.done_ns - rec.capture_ns)
-            if split is not None:
-                split.append((rec.start_ns - rec.capture_ns, rec.done_ns - rec.start_ns))
+        collect(0.3)
     finally:
         writer.close()
         os.sched_setaffinity(0, set(range(os.cpu_count())))

@@ -61,26 +61,14 @@ now_ns = time.monotonic_ns
 # returns send(ts_ns, frame); consumer(state) returns recv() -> ts_ns.
 
 
-class Ours:
-    """ABI 2: the ring is a sealed memfd, created before the fork; the consumer maps the inherited fd (the
-    daemon gets it over the ingress socket: a one-off cost per camera, measured in bench/e2e.py)."""
-
-    def __init__(self, spin: bool):
-        self.spin = spin
-
-    def setup(self, shape):
-        self.w = ring.FrameWriter.create(shape[1], shape[0])
-
-    def producer(self, frame):
-        def send(frame):
-            self.w.begin()[...] = frame  # the camera writes its frame into the slot...
-            ts = now_ns()                # ...then the clock starts
-            self.w.publish(capture_ns=ts)
-        return send
-
-    def consumer(self):
-        r = ring.FrameReader(self.w.fd, "bench")
-        return frame_receiver(r, self.spin)
+def frame_sender(w):
+    """send() for our FrameWriter (either ABI): the camera writes its frame into the slot, then the clock
+    starts, then it publishes."""
+    def send(frame):
+        w.begin()[...] = frame
+        ts = now_ns()
+        w.publish(capture_ns=ts)
+    return send
 
 
 def frame_receiver(r, spin: bool):
@@ -98,6 +86,40 @@ def frame_receiver(r, spin: bool):
     return recv
 
 
+def result_sender(w):
+    """send() for a ResultWriter (either ABI): one record stamped now."""
+    def send(frame):
+        w.write(capture_ns=now_ns())
+    return send
+
+
+def result_receiver(r):
+    """recv() for a ResultReader (either ABI): blocks for the next record; its arrival and capture times."""
+    def recv():
+        while (rec := r.read(1.0)) is None:
+            pass
+        return now_ns(), rec.capture_ns
+    return recv
+
+
+class Ours:
+    """ABI 2: the ring is a sealed memfd, created before the fork; the consumer maps the inherited fd (the
+    daemon gets it over the ingress socket: a one-off cost per camera, measured in bench/e2e.py)."""
+
+    def __init__(self, spin: bool):
+        self.spin = spin
+
+    def setup(self, shape):
+        self.w = ring.FrameWriter.create(shape[1], shape[0])
+
+    def producer(self, frame):
+        return frame_sender(self.w)
+
+    def consumer(self):
+        r = ring.FrameReader(self.w.fd, "bench")
+        return frame_receiver(r, self.spin)
+
+
 class OursAbi1:
     """ABI 1 (0.1): a named /dev/shm segment. Only in the child run on the 0.1 package (bench/abi1.py)."""
 
@@ -110,12 +132,7 @@ class OursAbi1:
 
     def producer(self, frame):
         self.w = ring.FrameWriter.create(self.name, self.shape[1], self.shape[0])
-
-        def send(frame):
-            self.w.begin()[...] = frame
-            ts = now_ns()
-            self.w.publish(capture_ns=ts)
-        return send
+        return frame_sender(self.w)
 
     def wait_ready(self):
         deadline = time.monotonic() + 10
@@ -140,18 +157,10 @@ class ResultWake:
         self.w.set_wake(True)  # what the daemon does while a reader is connected
 
     def producer(self, frame):
-        def send(frame):
-            self.w.write(capture_ns=now_ns())
-        return send
+        return result_sender(self.w)
 
     def consumer(self):
-        r = ring.ResultReader.from_fd(self.w.fd)
-
-        def recv():
-            while (rec := r.read(1.0)) is None:
-                pass
-            return now_ns(), rec.capture_ns
-        return recv
+        return result_receiver(ring.ResultReader.from_fd(self.w.fd))
 
 
 class ResultWakeAbi1:
@@ -162,18 +171,10 @@ class ResultWakeAbi1:
         self.w = ring.ResultWriter.create(self.name, 64, records=64)
 
     def producer(self, frame):
-        def send(frame):
-            self.w.write(capture_ns=now_ns())
-        return send
+        return result_sender(self.w)
 
     def consumer(self):
-        r = ring.ResultReader.attach(self.name)
-
-        def recv():
-            while (rec := r.read(1.0)) is None:
-                pass
-            return now_ns(), rec.capture_ns
-        return recv
+        return result_receiver(ring.ResultReader.attach(self.name))
 
     def close(self):
         self.w.close()

@@ -51,7 +51,7 @@ def test_soak(request, matrix, tmp_path, stream, children, c_producer, bundles):
         s["transient_rings"] = 0
         if max(s["ring_fds"], s["ring_maps"]) > RINGS:
             # A sample can land inside a handover (a restarted camera's new ring attached while the loop has not
-            # yet dropped the old mapping): a leaked ring stays, a handover in flight is gone within a second.
+            # yet dropped the old mapping): a leaked ring stays, a handover in flight is gone within SETTLE_S.
             s["transient_rings"] = max(s["ring_fds"], s["ring_maps"])
             settle = time.monotonic() + SETTLE_S
             while max(s["ring_fds"], s["ring_maps"]) > RINGS and time.monotonic() < settle:
