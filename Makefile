@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 # clang, libclang-rt-14-dev (libFuzzer, sanitizers), llvm (llvm-cov): coverage-guided fuzzing of ring.h.
 APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus debootstrap systemd-container \
 	clang libclang-rt-14-dev llvm
-NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/hist.pyx setup.py
+NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
 .PHONY: all system-packages venv native models test reliability bench demo deb clean distclean

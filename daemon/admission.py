@@ -3,9 +3,9 @@
 A producer is admitted when it is the stream's configured producer (kernel
 credentials), the stream has no live producer, its ring passes every check
 (a sealed memfd of the declared size), the stream is not cooling down from
-changing geometry too often, and the model can serve its geometry (a session
-built and warmed here, on the control plane, before the loop ever sees the
-ring). A reader is admitted when the stream's `readers` list names it; it
+changing geometry too often, and its model can take one more geometry (the
+lanes holding the model build and warm its session, off their real-time
+loops, before they serve the ring). A reader is admitted when the stream's `readers` list names it; it
 gets the stream's result ring, sealed read-only.
 
 Admitted producers' rings and connections go into systemd's fd store (when
@@ -19,8 +19,7 @@ import os
 import socket
 import time
 
-from edgeinfer import ring
-from edgeinfer.bundle import BundleError
+from edgeinfer import dispatch, ring
 from edgeinfer.identity import Ids
 from edgeinfer.ingress import Client, Refusal, peer_of
 
@@ -36,7 +35,6 @@ class Ticket:
     stream: object
     client: Client
     reader: ring.FrameReader
-    session: object
     geometry: tuple  # (pixel format, height, width)
 
 
@@ -45,7 +43,7 @@ class Admission:
 
     def __init__(self, cfg, streams: list, daemon):
         self.cfg = cfg
-        self.daemon = daemon  # its .engine, .model and .notifier are read when needed
+        self.daemon = daemon  # its .lanes and .notifier are read when needed
         self.streams = {s.name: s for s in streams}
         self.ingress = None  # set once the listeners exist (to end a producer found dead)
         self.producer_ids: dict[str, Ids] = {}
@@ -70,9 +68,9 @@ class Admission:
             raise Refusal("arg", "unknown_stream", f"no stream {name!r} is configured here (streams: {shown})")
         return s
 
-    def pinned(self) -> set:
-        """Geometries some attached stream is served with (their sessions are never evicted)."""
-        return {s.geometry_key for s in self.streams.values() if s.conn is not None}
+    def geometries_in_use(self, model: str) -> set:
+        """Geometries the attached streams of `model` are served with (their sessions are never evicted)."""
+        return {s.geometry_key for s in self.streams.values() if s.conn is not None and s.model == model}
 
     # ---------------------------------------------------------------- producers
 
@@ -102,15 +100,15 @@ class Admission:
         geometry = (ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], lay["height"], lay["width"])
         try:
             self._count_geometry_change(s, geometry, now)
-            session = self.daemon.model.session_for(*geometry, pinned=self.pinned())
+            in_use = self.geometries_in_use(s.model)
+            if geometry not in in_use and len(in_use) >= self.rt.max_sessions:
+                raise Refusal("refused", "model", f"stream {name}: cannot serve {geometry[2]}x{geometry[1]} "
+                              f"{geometry[0]} frames: all {self.rt.max_sessions} sessions of model {s.model} "
+                              f"(runtime.max_sessions) serve other frame geometries in use")
         except Refusal:
             reader.close()
             raise
-        except BundleError as e:
-            reader.close()
-            raise Refusal("refused", "model", f"stream {name}: cannot serve {geometry[2]}x{geometry[1]} "
-                          f"{geometry[0]} frames: {e}") from None
-        return Ticket(s, client, reader, session, geometry)
+        return Ticket(s, client, reader, geometry)
 
     def _count_geometry_change(self, s, geometry: tuple, now: float) -> None:
         if s.last_geometry is None or geometry == s.last_geometry:
@@ -135,7 +133,7 @@ class Admission:
         s.last_geometry = t.geometry
         s.attach_count += 1
         t.client.stream = s
-        self.daemon.engine.attach(s, t.reader, t.session)
+        self.daemon.lanes.attach(s, t.reader, s.attach_count, t.geometry)
         if not restored:  # a restored pair is in the store already
             notifier = self.daemon.notifier
             notifier.store_fds(f"ring.{s.name}", [t.reader.fd])
@@ -148,7 +146,8 @@ class Admission:
         s = client.stream
         if s is None or s.conn is not client:
             return
-        self.daemon.engine.detach(s, s.ring)  # the loop drops it between frames; the mapping lives on until then
+        self.daemon.lanes.detach(s, s.attach_count)  # each lane drops it between frames
+        s.ring.close()
         s.conn = s.ring = None
         self.daemon.notifier.remove_fds(f"ring.{s.name}")
         self.daemon.notifier.remove_fds(f"conn.{s.name}")
@@ -166,7 +165,8 @@ class Admission:
 
     def readers_changed(self, s, delta: int) -> None:
         s.reader_count += delta
-        s.writer.set_wake(s.reader_count > 0)  # readers cannot say they sleep: wake while any may
+        # Readers cannot say they sleep: the lanes wake them on every record while any may be listening.
+        s.flags[dispatch.FLAG_WAKE] = 1 if s.reader_count > 0 else 0
 
     # ---------------------------------------------------------------- a restarted daemon
 

@@ -84,12 +84,14 @@ def edgeinferd_main(argv=None) -> int:
     daemon = Daemon(cfg)
     if args.verify_only:
         try:
-            m = daemon.verify_only()
+            models = daemon.verify_only()
         except (BundleError, OSError) as e:
             print(f"edgeinferd: {e}", file=sys.stderr)
             return 1
-        print(f"{cfg.model.bundle}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
-              f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
+        entries = cfg.model_entries()
+        for name, m in models.items():
+            print(f"{entries[name].bundle}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
+                  f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
         return 0
     daemon.install_signal_handlers()
     daemon.stop_requested = bool(_stop_requested)

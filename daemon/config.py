@@ -36,7 +36,8 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
+    """Trust and state for every model; `bundle` is the one model of a 0.2 configuration (use `models:`)."""
+    bundle: str | None = Field(None, description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
     warmup_runs: int = Field(3, ge=0, le=1000)
     trust_dir: str = "/etc/edgeinfer/trust"   # public keys (PEM) whose signatures are accepted
     state_dir: str = "/var/lib/edgeinfer"     # anti-rollback record (highest accepted version per model)
@@ -44,12 +45,51 @@ class ModelConfig(_Strict):
 
     @field_validator("bundle", "trust_dir", "state_dir")
     @classmethod
-    def _paths(cls, v: str, info) -> str:
-        return _clean_path(v, f"model.{info.field_name}")
+    def _paths(cls, v: str | None, info) -> str | None:
+        return v if v is None else _clean_path(v, f"model.{info.field_name}")
+
+
+# A model entry's name: also a Prometheus label value and part of log lines.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+LEGACY_MODEL_NAME = "default"  # the name of model.bundle when a configuration has no `models:`
+
+
+class ModelEntry(_Strict):
+    """One model the daemon serves: its bundle and how each lane runs it."""
+    bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
+    ort_threads: int = Field(1, ge=1, le=256)  # intra-op threads per lane for this model, the lane's loop included
+    batch: int = Field(1, ge=1, le=64)         # frames of one geometry run as one batch (1: no batching)
+
+    @field_validator("bundle")
+    @classmethod
+    def _bundle(cls, v: str) -> str:
+        return _clean_path(v, "bundle")
+
+
+class LaneConfig(_Strict):
+    """An inference loop in its own process, pinned to `cpus`, serving `models` (default: all)."""
+    cpus: list[int] = Field(min_length=1)
+    models: list[str] | None = None
+
+    @field_validator("cpus")
+    @classmethod
+    def _available(cls, cpus: list[int]) -> list[int]:
+        return _cpus_available(cpus)
+
+
+def _cpus_available(cpus: list[int]) -> list[int]:
+    available = os.sched_getaffinity(0)
+    bad = [c for c in cpus if c not in available]
+    if bad:
+        raise ValueError(f"CPUs {bad} are not available to this process (have {sorted(available)})")
+    if len(set(cpus)) != len(cpus):
+        raise ValueError(f"CPUs listed twice: {cpus}")
+    return cpus
 
 
 class StreamConfig(_Strict):
     name: str
+    model: str | None = None  # the entry of `models:` serving it (may be left out when there is one model)
     # Who may produce this stream: the peer credentials (SO_PEERCRED) of the camera's connection.
     producer: Identity | None = None
     # Who may read its results (any of these users or groups).
@@ -108,14 +148,14 @@ class RuntimeConfig(_Strict):
     geometry_window_s: float = Field(60.0, gt=0)      # ...before it is refused for geometry_cooldown_s
     geometry_cooldown_s: float = Field(60.0, ge=0)
 
+    lane_hang_s: float = Field(5.0, gt=0)  # a lane making no progress this long is killed and restarted
+    lane_restarts: int = Field(5, ge=0, le=1000)  # restarts of one lane per lane_restart_window_s before the
+    lane_restart_window_s: float = Field(60.0, gt=0)  # watchdog stops being fed (systemd restarts the daemon)
+
     @field_validator("loop_cpus", "ort_cpus")
     @classmethod
     def _available(cls, cpus: list[int]) -> list[int]:
-        available = os.sched_getaffinity(0)
-        bad = [c for c in cpus if c not in available]
-        if bad:
-            raise ValueError(f"CPUs {bad} are not available to this process (have {sorted(available)})")
-        return cpus
+        return _cpus_available(cpus)
 
     @model_validator(mode="after")
     def _cpus(self):
@@ -178,7 +218,9 @@ LEGACY_PRODUCER_GROUP = "edgeinfer"
 
 
 class Config(_Strict):
-    model: ModelConfig
+    model: ModelConfig = ModelConfig()
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+    lanes: list[LaneConfig] | None = None  # None: one lane per usable CPU (see lane_plan)
     streams: list[StreamConfig] = Field(min_length=1, max_length=64)
     runtime: RuntimeConfig = RuntimeConfig()
     ingress: IngressConfig = IngressConfig()
@@ -197,6 +239,85 @@ class Config(_Strict):
             raise ValueError(f"{len(declared)} different frame geometries are declared, more than runtime."
                              f"max_sessions ({self.runtime.max_sessions}) sessions can hold")
         return self
+
+    def model_entries(self) -> dict[str, ModelEntry]:
+        """The models served, by name (a 0.2 configuration's model.bundle is named LEGACY_MODEL_NAME)."""
+        if self.models:
+            return dict(self.models)
+        if self.model.bundle is None:
+            return {}
+        return {LEGACY_MODEL_NAME: ModelEntry(bundle=self.model.bundle, ort_threads=self.runtime.ort_threads)}
+
+    def model_of(self, stream: StreamConfig) -> str:
+        if stream.model is not None:
+            return stream.model
+        return next(iter(self.model_entries()))
+
+    def lane_plan(self) -> list[LaneConfig]:
+        """The lanes to run, each with its models spelled out. Given `lanes:` as written; else the 0.2 keys
+        (runtime.loop_cpus, or runtime.ort_threads > 1: one lane as before); else one lane per usable CPU,
+        leaving the first to the control plane when there are more than two."""
+        every = list(self.model_entries())
+        if self.lanes is not None:
+            return [LaneConfig(cpus=lane.cpus, models=lane.models if lane.models is not None else every)
+                    for lane in self.lanes]
+        rt = self.runtime
+        usable = sorted(os.sched_getaffinity(0))
+        if rt.loop_cpus or (not self.models and rt.ort_threads > 1):
+            return [LaneConfig(cpus=list(rt.loop_cpus) or usable, models=every)]
+        lane_cpus = usable[1:] if len(usable) > 2 else usable
+        return [LaneConfig(cpus=[c], models=every) for c in lane_cpus]
+
+    def control_cpus(self) -> set[int]:
+        """CPUs left to the control plane: those no lane has, else all of them."""
+        usable = set(os.sched_getaffinity(0))
+        taken = {c for lane in self.lane_plan() for c in lane.cpus}
+        return (usable - taken) or usable
+
+    def cross_checks(self) -> list[tuple[tuple, str]]:
+        """(key path, message) of every inconsistency between sections (reported with their lines)."""
+        out = []
+        entries = self.model_entries()
+        if self.models and self.model.bundle is not None:
+            out.append((("model", "bundle"), "give the model under `models:` (model.bundle is the 0.2 form); not both"))
+        if not entries:
+            out.append((("models",), "no model configured: add `models: {NAME: {bundle: DIR}}`"))
+            return out
+        for name in self.models:
+            if not _MODEL_NAME.fullmatch(name):
+                out.append((("models", name), "a model name is 1-63 letters, digits, '_' or '-', starting with a "
+                            "letter or digit"))
+        for i, s in enumerate(self.streams):
+            if s.model is not None and s.model not in entries:
+                out.append((("streams", i, "model"), f"no model {s.model!r} is configured (models: "
+                            f"{', '.join(sorted(entries))})"))
+            elif s.model is None and len(entries) > 1:
+                out.append((("streams", i, "name"), f"stream {s.name} names no model, and {len(entries)} are "
+                            f"configured: add model: NAME"))
+        if self.lanes is not None:
+            seen: dict[int, int] = {}
+            for i, lane in enumerate(self.lanes):
+                for c in lane.cpus:
+                    if c in seen:
+                        out.append((("lanes", i, "cpus"), f"CPU {c} is also lane {seen[c]}'s: lanes may not share "
+                                    f"CPUs"))
+                    seen.setdefault(c, i)
+                for m in lane.models or []:
+                    if m not in entries:
+                        out.append((("lanes", i, "models"), f"no model {m!r} is configured"))
+        plan = self.lane_plan()
+        served = {m for lane in plan for m in lane.models}
+        for name in entries:
+            if name not in served:
+                out.append((("models", name) if self.models else ("model", "bundle"), f"model {name} is served by "
+                            f"no lane (lanes[].models)"))
+        for i, lane in enumerate(plan):
+            for m in lane.models:
+                threads = entries[m].ort_threads if m in entries else 1
+                if threads > len(lane.cpus):
+                    where = ("lanes", i, "cpus") if self.lanes is not None else ("models", m, "ort_threads")
+                    out.append((where, f"lane {i} has {len(lane.cpus)} CPU(s) for model {m}'s {threads} ORT threads"))
+        return out
 
     def producer_of(self, stream: StreamConfig) -> Identity | LegacyUids:
         """Who may produce `stream`: its `producer`, else the 0.1 default (shm.allowed_uids, or group edgeinfer)."""

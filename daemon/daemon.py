@@ -1,9 +1,11 @@
-"""edgeinferd wiring: load → result rings → sockets → restored producers → RT loop → serve → stop.
+"""edgeinferd wiring: models → result rings → lanes → sockets → restored producers → serve → stop.
 
-The main thread is the control plane: configuration, the model, the ingress
-and results sockets (ingress.py, admission.py), signals (handlers only set
-flags; the main loop acts on them), status output and logging of the loop's
-events. Shutdown order: stop the loop (it finishes its frame), then close the
+The main process is the control plane: configuration, the models (verified
+and reloaded one by one, reload.py), the ingress and results sockets
+(ingress.py, admission.py), the lanes (lanes.py: processes forked by the
+zygote, each a real-time loop), signals (handlers only set flags; named
+handlers in the main loop act), status (statusreport.py) and logging.
+Shutdown order: stop the lanes (each finishes its frame), then close the
 result rings (readers see CLOSED), the connections and the sockets.
 """
 from __future__ import annotations
@@ -17,22 +19,23 @@ import socket
 import tempfile
 import time
 
-from edgeinfer import ring
+from edgeinfer import ring, statusreport
 from edgeinfer.admission import Admission
 from edgeinfer.bundle import BundleError
 from edgeinfer.config import Config
-from edgeinfer.engine import Engine, Stream
+from edgeinfer.dispatch import DispatchTable
+from edgeinfer.engine import Stream
 from edgeinfer.ingress import Ingress, bind_listener
+from edgeinfer.lanes import LaneSet
 from edgeinfer.memtrim import release_freed_memory
-from edgeinfer.model import ModelRuntime, ThreadPlan
-from edgeinfer.rollback import RollbackRefused, RollbackState, StateWriteError
-from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.model import ModelRuntime
+from edgeinfer.reload import Models
 from edgeinfer.systemd import Notifier, Watchdog, listen_fds
 from edgeinfer.telemetry import Health, MetricsServer
+from edgeinfer.zygote import Zygote
 
 log = logging.getLogger("edgeinferd")
 
-STATE_RETRY_S = 10.0  # seconds between attempts to write an anti-rollback record that failed
 TRIM_DELAY_S = 3.0    # after a reload, when to return the old model's freed memory to the kernel
 
 
@@ -43,24 +46,19 @@ class Stopped(Exception):
 class Daemon:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.model: ModelRuntime | None = None
+        self.models = Models(cfg)
+        self.plans = cfg.lane_plan()
         self.streams: list[Stream] = []
-        self.engine: Engine | None = None
+        self.lanes: LaneSet | None = None
+        self.zygote: Zygote | None = None
+        self.table: DispatchTable | None = None
         self.stop_requested = False
         self.reload_requested = False
+        self.fault_requested = False
         self.started_ns = ring.monotonic_ns()
-        self.rollback = RollbackState(cfg.model.state_dir)
-        self.reloads = 0
-        self.reload_failures: dict[str, int] = {}  # reason → count
-        self.last_reload_error: str | None = None
-        self.state_write_failures = 0
         self.chore_errors = 0  # main-thread housekeeping failures (logged; serving goes on)
         self._last_chore_error, self._last_chore_log = None, 0.0
-        self.last_state_error: str | None = None
-        self._unrecorded: tuple[str, str] | None = None  # accepted model whose version is not on disk yet
         self._trim_at: float | None = None  # monotonic time to release the swapped-out model's memory
-        self._bundle_target = None  # realpath of the bundle being served
-        self.fault_requested = False
         self.health = Health(self, cfg.metrics.health_deadline_s, cfg.metrics.ready_requires_stream)
         self.metrics: MetricsServer | None = None
         self.notifier = Notifier()  # no-op without NOTIFY_SOCKET
@@ -69,11 +67,11 @@ class Daemon:
         self.admission: Admission | None = None
         self.restored = 0  # producers served on from systemd's fd store at start
 
-    # ---------------------------------------------------------------- signals
+    # ---------------------------------------------------------------- signals: handlers only enqueue
 
     def install_signal_handlers(self) -> None:
         def on_stop(signum, _frame):
-            self.stop_requested = True  # only a flag: the main loop does the work
+            self.stop_requested = True
 
         def on_reload(signum, _frame):
             self.reload_requested = True
@@ -92,64 +90,49 @@ class Daemon:
 
     # ---------------------------------------------------------------- start
 
-    def load_model(self, geometries) -> ModelRuntime:
-        """The start-up checks and load: signature on the bytes read, then parse,
-        anti-rollback, ORT sessions for `geometries`, warm-up. Raises BundleError."""
-        cfg = self.cfg
-        path = cfg.model.bundle
-        target = os.path.realpath(path)
-        trust = TrustStore(cfg.model.trust_dir)
-        bundle, signer = load_verified_bundle(path, trust)
-        self.rollback.check(bundle.meta.name, bundle.meta.version, os.path.join(path, "model.yaml"))
-        self._check_stop()
-        rt = cfg.runtime
-        # Warm-up gets more time than a served frame (first runs allocate), but not forever: a model
-        # that hangs on a plain grey frame is refused, not waited for.
-        model = ModelRuntime(bundle, ThreadPlan(rt.ort_threads, tuple(rt.ort_cpus)), cfg.model.warmup_runs,
-                             warmup_deadline_s=max(5.0, 10 * rt.run_deadline_ms / 1e3), max_sessions=rt.max_sessions)
-        for fmt, h, w in geometries:  # built and warmed before the model is declared ready
-            model.session_for(fmt, h, w)
-            self._check_stop()
-        model.signer = signer
-        model.target = target
-        return model
+    def verify_only(self) -> dict[str, ModelRuntime]:
+        """Exactly the control plane's start-up checks of every model, without serving (ExecStartPre=)."""
+        return {name: self.models.load(name) for name in self.models.served}
 
-    def declared_geometries(self) -> list:
-        return [(s.pixel_format, s.height, s.width) for s in self.cfg.streams if s.width is not None]
+    def declared_geometries(self, model: str) -> list:
+        return sorted({(s.pixel_format, s.height, s.width) for s in self.cfg.streams
+                       if s.width is not None and self.cfg.model_of(s) == model})
 
-    def verify_only(self) -> ModelRuntime:
-        """Exactly the start-up checks, without serving (ExecStartPre=)."""
-        return self.load_model([])
+    @property
+    def model_runtimes(self) -> dict[str, ModelRuntime]:
+        return {n: m.runtime for n, m in self.models.served.items() if m.runtime is not None}
 
     def start(self) -> None:
         cfg = self.cfg
-        rt = cfg.runtime
         _raise_fd_limit()
         for w in cfg.warnings:
             log.warning("%s", w)
-        if cfg.metrics.enabled:
-            # Up before the model loads: /readyz says "not yet" while it does.
-            self.metrics = MetricsServer(self, cfg.metrics.listen)
-            self.metrics.start()
-            log.info("metrics and health on http://%s", self.metrics.address)
-            print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
-        if rt.fault_injection:
+        if cfg.runtime.fault_injection:
             log.warning("fault injection is enabled (runtime.fault_injection): test use only")
         listeners, stored = self._passed_fds()
         try:
-            log.info("loading model bundle %s", cfg.model.bundle)
-            self.model = self.load_model(self.declared_geometries())
-            self._accept(self.model)
-            log.info("model %s %s ready (sha256 %s…, signed by %s)", self.model.name, self.model.version,
-                     self.model.bundle.sha256[:16], os.path.basename(self.model.signer.key_file))
-            for s in cfg.streams:
-                writer = ring.ResultWriter.create(self.model.decoder.payload_capacity, records=cfg.shm.result_records,
-                                                  label=f"edgeinfer-results:{s.name}")
-                self.streams.append(Stream(s.name, writer, s.max_age_ms, s.priority))
+            for name, served in self.models.served.items():
+                log.info("loading model bundle %s (model %s)", served.entry.bundle, name)
+                model = self.models.load(name)
+                self.models.accept(name, model)
+                log.info("model %s: %s %s verified (sha256 %s…, signed by %s)", name, model.name, model.version,
+                         model.bundle.sha256[:16], os.path.basename(model.signer.key_file))
+                self._check_stop()
+            self._make_streams()
+            # Forked while this process has no thread: the lanes inherit the table and the result rings.
+            self.zygote = Zygote(cfg, self.plans, self.streams, self.table)
+            if cfg.metrics.enabled:
+                self.metrics = MetricsServer(self, cfg.metrics.listen)  # /readyz says "not yet" until the lanes run
+                self.metrics.start()
+                log.info("metrics and health on http://%s", self.metrics.address)
+                print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
+            self.lanes = LaneSet(cfg, self.plans, self.streams, self.table, self.zygote, self._lane_dropped)
+            self.lanes.start({n: m.bundle for n, m in self.model_runtimes.items()},
+                             {n: self.declared_geometries(n) for n in self.models.served})
+            log.info("%d lane(s): %s", len(self.plans), "; ".join(
+                f"lane{i} CPUs {','.join(map(str, p.cpus))} models {','.join(p.models)}"
+                for i, p in enumerate(self.plans)))
             self._check_stop()
-            self.engine = Engine(self.model, self.streams, loop_cpus=rt.loop_cpus, scheduling=rt.scheduling,
-                                 priority=rt.priority, duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us,
-                                 idle_timeout_ms=rt.idle_timeout_ms)
             self.admission = Admission(cfg, self.streams, self)
             owned = []
             for kind, path in (("ingress", cfg.ingress.socket), ("results", cfg.ingress.results_socket)):
@@ -164,10 +147,9 @@ class Daemon:
             if stored or self.restored:
                 log.info("fd store: %d producer(s) served on without reconnecting", self.restored)
             self._check_stop()
-            self.engine.start()
-            self._keep_off_loop_cpus(rt.loop_cpus)
+            self._keep_off_lane_cpus()
             self.health.model_ready = True
-            self.watchdog = Watchdog(self.notifier, self.engine, rt.run_deadline_ms / 1e3)
+            self.watchdog = Watchdog(self.notifier, self.lanes, cfg.metrics.health_deadline_s)
         except BaseException:
             for fds in stored.values():
                 for fd in fds:
@@ -177,6 +159,18 @@ class Daemon:
                     sock.close()
             self.close()
             raise
+
+    def _make_streams(self) -> None:
+        """Every stream's result ring (sized for its model's payload) and its place in the dispatch table."""
+        cfg = self.cfg
+        self.table = DispatchTable(len(cfg.streams), len(self.plans))
+        runtimes = self.model_runtimes
+        for i, s in enumerate(cfg.streams):
+            model = cfg.model_of(s)
+            writer = ring.ResultWriter.create(runtimes[model].decoder.payload_capacity,
+                                              records=cfg.shm.result_records, label=f"edgeinfer-results:{s.name}")
+            self.streams.append(Stream(s.name, writer, s.max_age_ms, s.priority, index=i, model=model,
+                                       stats=self.table.stream_stats(i, s.name), flags=self.table.stream_flags(i)))
 
     def _passed_fds(self) -> tuple[dict, dict]:
         """What systemd passed us: the socket unit's listeners (matched by their path) and the fd
@@ -203,216 +197,88 @@ class Daemon:
                 stored.setdefault(name, []).append(fd)
         return listeners, stored
 
-    @staticmethod
-    def _keep_off_loop_cpus(loop_cpus) -> None:
-        """Moves this (main) thread off the loop's CPUs when others are left: a
-        main thread preempted there while holding the GIL would stall the loop
-        until the interpreter's switch interval runs out."""
-        others = os.sched_getaffinity(0) - set(loop_cpus)
-        if loop_cpus and others:
-            os.sched_setaffinity(0, others)
+    def _keep_off_lane_cpus(self) -> None:
+        """Moves the control plane (every thread of it) to the CPUs no lane has, when there are such."""
+        cpus = self.cfg.control_cpus()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
 
-    def _accept(self, model: ModelRuntime) -> None:
-        self._bundle_target = model.target
-        self._unrecorded = (model.name, model.version)
-        self._record_accepted()
+    # ---------------------------------------------------------------- the lanes' news
 
-    def _record_accepted(self) -> None:
-        """Raises the anti-rollback floor to the served version. A full or read-only
-        state directory must not stop a verified model from serving: the error is
-        logged and counted, and the write retried every status interval."""
-        if self._unrecorded is None:
-            return
-        try:
-            self.rollback.accept(*self._unrecorded)
-        except StateWriteError as e:
-            self.state_write_failures += 1
-            if self.last_state_error != str(e):
-                log.error("%s; serving %s %s anyway (the floor is not raised until the write succeeds)", e,
-                          *self._unrecorded)
-            self.last_state_error = str(e)
-            return
-        if self.last_state_error:
-            log.info("anti-rollback state written: %s %s recorded", *self._unrecorded)
-        self._unrecorded = None
-        self.last_state_error = None
+    def _lane_dropped(self, stream: Stream, epoch: int, why: str) -> None:
+        """A lane gave up on a producer's ring (it cannot be trusted any more): end that producer."""
+        if stream.conn is not None and stream.attach_count == epoch:
+            self.ingress.drop(stream.conn, why, goodbye=f"stream {stream.name}: {why}")
 
-    def reload(self) -> bool:
-        """RELOADING=1 … READY=1 around _reload (systemd shows the unit reloading)."""
+    # ---------------------------------------------------------------- reload, model by model
+
+    def reload(self, only_moved: bool = False) -> dict[str, bool]:
+        """RELOADING=1 … READY=1 around reloading every model whose bundle changed (SIGHUP: re-read each;
+        only_moved: those whose path now resolves elsewhere). {model: accepted} of those tried."""
         self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={ring.monotonic_ns() // 1000}",
-                           "STATUS=reloading the model bundle")
+                           "STATUS=reloading model bundles")
         try:
-            return self._reload()
+            return {name: self._reload(name) for name in self.models.served
+                    if not only_moved or self.models.changed(name)}
         finally:
             self.notifier.send("READY=1", "STATUS=" + self.status_line())
 
-    def _reload(self) -> bool:
-        """Verify → load → warm the configured bundle next to the serving one,
-        then swap between two frames. On any failure the old model keeps serving."""
-        old = self.model
-        attached = [s for s in self.streams if s.connected]
-        geometries = set(self.declared_geometries()) | {s.geometry_key for s in attached}
+    def _reload(self, name: str) -> bool:
+        """Verify → load in every lane holding it, next to the serving version → swap between two frames.
+        On any failure this model's old version keeps serving; no other model is touched."""
+        served = self.models.served[name]
+        old = served.runtime
         try:
-            new = self.load_model(sorted(geometries)[-self.cfg.runtime.max_sessions:])
-            sessions = {s: new.session_for(*s.geometry_key) for s in attached}
-        except Stopped:
-            raise
+            new = self.models.load(name)
+            if new.bundle.sha256 == old.bundle.sha256 and new.bundle.meta == old.bundle.meta:
+                served.target = new.target
+                return True  # unchanged: nothing to do
+            geometries = sorted({s.geometry_key for s in self.streams if s.model == name and s.ring is not None}
+                                | set(self.declared_geometries(name)))[-self.cfg.runtime.max_sessions:]
+            errors = self.lanes.stage(name, new.bundle, geometries)
+            if errors:
+                raise BundleError("; ".join(f"{lane}: {e}" for lane, e in errors.items()))
         except (BundleError, OSError) as e:
-            reason = ("signature" if isinstance(e, SignatureError) else
-                      "rollback" if isinstance(e, RollbackRefused) else "load")
-            self.reload_failures[reason] = self.reload_failures.get(reason, 0) + 1
-            self.last_reload_error = str(e)
-            log.error("reload refused, still serving %s %s: %s", old.name, old.version, e)
+            self.models.refuse(name, e)
             return False
-        self.engine.swap_model(new, sessions)
-        self.model = new
-        self._accept(new)
-        self.reloads += 1
-        # Once the loop has moved every active stream to the new sessions, give the old model's memory back.
+        self.lanes.commit(name, new.bundle)
+        self.models.accept(name, new)
+        served.reloads += 1
         self._trim_at = time.monotonic() + TRIM_DELAY_S
-        self.last_reload_error = None
-        log.info("reloaded: now serving %s %s (was %s %s)", new.name, new.version, old.name, old.version)
+        log.info("model %s: reloaded: now serving %s %s (was %s %s)", name, new.name, new.version, old.name,
+                 old.version)
         return True
 
-    def _bundle_moved(self) -> bool:
-        """The configured bundle path now resolves elsewhere (a `current` symlink flipped)."""
-        try:
-            return os.path.realpath(self.cfg.model.bundle) != self._bundle_target
-        except OSError:
-            return False
-
-    # ---------------------------------------------------------------- run
-
-    def drain_events(self) -> None:
-        ev = self.engine.events if self.engine else []
-        while ev:
-            level, msg = ev.pop(0)
-            getattr(log, level)(msg)
-        dropped = self.engine.dropped if self.engine else []
-        while dropped:  # rings the loop gave up on: end their producers, with the reason
-            s, reader, why = dropped.pop(0)
-            if s.conn is not None and s.ring is reader:
-                self.ingress.drop(s.conn, why, goodbye=f"stream {s.name}: {why}")
+    # ---------------------------------------------------------------- status
 
     def status(self) -> dict:
-        now = ring.monotonic_ns()
-        e = self.engine
-        refusals = self.ingress.refuse_count() if self.ingress else {}
-        return {
-            "model": {"name": self.model.name, "version": self.model.version, "sha256": self.model.bundle.sha256,
-                      "sessions": len(self.model.geometries), "session_evictions": self.model.evictions}
-            if self.model else None,
-            "metrics_address": self.metrics.address if self.metrics else None,
-            "reloads": self.reloads,
-            "reload_failures": dict(self.reload_failures),
-            "last_reload_error": self.last_reload_error,
-            "state_write_failures": self.state_write_failures,
-            "last_state_error": self.last_state_error,
-            "segment_truncations": ring.sigbus_absorbed(),
-            "realtime_active": bool(e and e.realtime_active),
-            "loop_alive": bool(e and e.alive),
-            "loop_tid": e.native_tid if e else 0,
-            "uptime_s": (now - self.started_ns) / 1e9,
-            "restored_producers": self.restored,
-            "refusals": {f"{st}/{role}/{reason}": n for (st, role, reason), n in sorted(refusals.items())},
-            "streams": {s.name: {**s.stats.snapshot(now), "connected": s.connected,
-                                 "producer": str(s.conn.peer) if s.conn else None,
-                                 "geometry": list(s.geometry_key) if s.geometry_key else None,
-                                 "attaches": s.attach_count, "readers": s.reader_count,
-                                 "refused": {f"{role}/{reason}": n for (st, role, reason), n in refusals.items()
-                                             if st == s.name}}
-                        for s in self.streams},
-        }
+        return statusreport.status(self)
 
     def status_line(self) -> str:
-        """One line for systemd's STATUS=: model, then per stream fps, p99, drops."""
-        st = self.status()
-        parts = [f"{st['model']['name']} {st['model']['version']}" if st["model"] else "no model"]
-        for name, s in st["streams"].items():
-            drops = s["offered"] - s["processed"]
-            p99 = (s.get("e2e_ms") or {}).get("p99")
-            parts.append(f"{name}: {s['fps']:.1f} fps, p99 {p99:.1f} ms, {drops} dropped" if p99 is not None
-                         else f"{name}: {'no frames yet' if s['connected'] else 'waiting for its producer'}")
-        if self.last_reload_error:
-            parts.append("last reload refused")
-        if self.last_state_error:
-            parts.append("anti-rollback state not written")
-        if self.engine and not self.engine.realtime_active:
-            parts.append("NOT real-time")
-        return "; ".join(parts)
+        return statusreport.status_line(self.status())
+
+    # ---------------------------------------------------------------- run
 
     def serve(self, status_interval: float = 0.0, stats_file: str | None = None, print_status=None) -> int:
         """Runs until a stop signal; returns the exit code."""
         self.notifier.send("READY=1", "STATUS=" + self.status_line())
-        next_notify = time.monotonic() + self.cfg.runtime.status_interval_s
-        next_status = time.monotonic() + status_interval if status_interval else None
-        watch = self.cfg.model.watch_interval_s
-        next_watch = time.monotonic() + watch if watch else None
-        moved_since = None
-        next_state_retry = 0.0
-        stats_error = None
+        chores = Chores(self, status_interval, stats_file, print_status)
         while not self.stop_requested:
             try:
                 self.ingress.poll(0.05)  # sockets first: a camera waits for nothing but this
-                if self._trim_at is not None and time.monotonic() >= self._trim_at:
-                    self._trim_at = None
-                    release_freed_memory()
-                self.health.tick()
-                if self.watchdog:
-                    self.watchdog.tick()
-                self.drain_events()
-                if self._unrecorded and time.monotonic() >= next_state_retry:
-                    next_state_retry = time.monotonic() + STATE_RETRY_S
-                    self._record_accepted()
-                if self.notifier.enabled and time.monotonic() >= next_notify:
-                    next_notify += self.cfg.runtime.status_interval_s
-                    self.notifier.send("STATUS=" + self.status_line())
-                if self.fault_requested:
-                    self.fault_requested = False
-                    # Longer than the watchdog can miss: its last ping may report progress made just
-                    # before the stall, so systemd's deadline can be up to 1.5 intervals away.
-                    stall = max(3.0, 2 * self.notifier.watchdog_s)
-                    log.warning("fault injection: stalling the loop for %g s", stall)
-                    self.engine.inject_stall(stall)
-                if next_watch and time.monotonic() >= next_watch:
-                    next_watch += watch
-                    # Debounced: reload once the path has pointed elsewhere for a whole interval.
-                    if self._bundle_moved():
-                        if moved_since is None:
-                            moved_since = time.monotonic()
-                        elif time.monotonic() - moved_since >= watch:
-                            moved_since = None
-                            self.reload_requested = True
-                    else:
-                        moved_since = None
+                self.lanes.poll()
                 if self.reload_requested:
                     self.reload_requested = False
-                    try:
-                        ok = self.reload()
-                    except Stopped:
-                        break
-                    if not ok:
-                        # Do not retry a refused target until it changes again.
-                        self._bundle_target = os.path.realpath(self.cfg.model.bundle)
-                if self.engine and not self.engine.alive:
-                    log.error("the real-time loop died; exiting")
-                    return 1
-                if next_status and time.monotonic() >= next_status:
-                    next_status += status_interval
-                    st = self.status()
-                    if stats_file:
-                        try:
-                            write_json_atomically(stats_file, st)
-                            stats_error = None
-                        except OSError as e:  # a diagnostic aid: never a reason to stop serving
-                            if stats_error != e.strerror:
-                                log.error("cannot write the stats file %s: %s", stats_file, e.strerror)
-                            stats_error = e.strerror
-                    if print_status:
-                        print_status(st)
+                    self.reload()
+                chores.run()
+            except Stopped:
+                break
             except Exception as e:
-                # The main thread's chores (health, status, stats, reload, logging) must not take the
-                # serving loop down with them: e.g. a lazy import failing with EMFILE at the fd limit.
+                # The control plane's chores (health, status, stats, reload, logging) must not take the
+                # serving down with them: e.g. a lazy import failing with EMFILE at the fd limit.
                 self._chore_failed(e)
         return 0
 
@@ -421,16 +287,19 @@ class Daemon:
         said = f"{type(e).__name__}: {e}"
         now = time.monotonic()
         if said != self._last_chore_error or now - self._last_chore_log > 10.0:  # at most one line per 10 s
-            log.error("main thread: %s (serving continues)", said)
+            log.error("control plane: %s (serving continues)", said)
             self._last_chore_error, self._last_chore_log = said, now
 
     def close(self) -> None:
+        """The one stop path: lanes, result rings, connections, sockets, metrics."""
         self.notifier.send("STOPPING=1", "STATUS=stopping")
         self.health.model_ready = False
-        if self.engine is not None:
-            if not self.engine.stop(5.0):
-                log.error("the real-time loop did not stop within 5 s")
-            self.drain_events()
+        if self.lanes is not None:
+            self.lanes.stop(5.0)
+            self.lanes.poll()
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
         for s in self.streams:
             s.writer.close()  # readers see CLOSED at once
         if self.ingress is not None:
@@ -440,6 +309,76 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.stop()
             self.metrics = None
+
+
+class Chores:
+    """The control plane's periodic work, each a named step (serve() runs them every turn)."""
+
+    def __init__(self, daemon: Daemon, status_interval: float, stats_file: str | None, print_status):
+        self.d = daemon
+        now = time.monotonic()
+        self.next_notify = now + daemon.cfg.runtime.status_interval_s
+        self.status_interval, self.stats_file, self.print_status = status_interval, stats_file, print_status
+        self.next_status = now + status_interval if status_interval else None
+        self.watch = daemon.cfg.model.watch_interval_s
+        self.next_watch = now + self.watch if self.watch else None
+        self.moved_since: float | None = None
+        self.stats_error = None
+
+    def run(self) -> None:
+        d = self.d
+        now = time.monotonic()
+        if d._trim_at is not None and now >= d._trim_at:
+            d._trim_at = None
+            release_freed_memory()
+        d.health.tick()
+        if d.watchdog:
+            d.watchdog.tick()
+        d.models.record_accepted()
+        if d.notifier.enabled and now >= self.next_notify:
+            self.next_notify += d.cfg.runtime.status_interval_s
+            d.notifier.send("STATUS=" + d.status_line())
+        if d.fault_requested:
+            self.inject_fault()
+        if self.next_watch and now >= self.next_watch:
+            self.next_watch += self.watch
+            self.watch_bundles(now)
+        if self.next_status and now >= self.next_status:
+            self.next_status += self.status_interval
+            self.write_status()
+
+    def inject_fault(self) -> None:
+        d = self.d
+        d.fault_requested = False
+        # Longer than a lane may hang (it is killed and restarted) and than the watchdog can miss.
+        stall = max(3.0, 2 * d.notifier.watchdog_s, 2 * d.cfg.runtime.lane_hang_s)
+        log.warning("fault injection: stalling every lane for %g s", stall)
+        d.lanes.stall(stall)
+
+    def watch_bundles(self, now: float) -> None:
+        """Debounced: reload once a model's path has pointed elsewhere for a whole interval."""
+        d = self.d
+        if any(d.models.changed(n) for n in d.models.served):
+            if self.moved_since is None:
+                self.moved_since = now
+            elif now - self.moved_since >= self.watch:
+                self.moved_since = None
+                d.reload(only_moved=True)
+        else:
+            self.moved_since = None
+
+    def write_status(self) -> None:
+        st = self.d.status()
+        if self.stats_file:
+            try:
+                write_json_atomically(self.stats_file, st)
+                self.stats_error = None
+            except OSError as e:  # a diagnostic aid: never a reason to stop serving
+                if self.stats_error != e.strerror:
+                    log.error("cannot write the stats file %s: %s", self.stats_file, e.strerror)
+                self.stats_error = e.strerror
+        if self.print_status:
+            self.print_status(st)
 
 
 def _raise_fd_limit() -> None:

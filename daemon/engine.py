@@ -1,25 +1,33 @@
-"""The real-time loop: newest frame of every attached stream → model → result ring.
+"""A lane's real-time loop: the newest frame of a stream it may serve → model → result ring.
 
-One thread, created after the first ONNX Runtime sessions exist (so ORT's
-threads never inherit SCHED_FIFO), pinned and real-time as configured. Per
-iteration: apply the control plane's news (streams attached or detached, a
-model swapped: a mailbox plus a doorbell the loop sleeps on), sleep on every
-attached ring's doorbell at once, pick the ready stream with the earliest
-deadline, drop its frame if stale, run the fused model on the slot view in
-place, release the slot, decode, publish, record.
+One thread per lane process, created after the lane's first ONNX Runtime
+sessions exist (so ORT's threads never inherit SCHED_FIFO), pinned and
+real-time as configured. Per iteration: apply the lane's news (streams
+attached or detached, a model swapped: a mailbox plus a doorbell the loop
+sleeps on), sleep on every attached ring's doorbell at once, pick the ready
+stream with the earliest deadline, claim it (no other lane serves it until we
+are done), drop its frame if stale, run the fused model on the slot view in
+place, release the slot, decode, publish, record, free the stream.
 
-Deadlines come from the loop's own clock: the moment it first saw a stream's
-news, plus the stream's max_age. A producer's capture stamp decides staleness
-and latency only, so back-dating frames buys no priority. A stream passed over
-as many times as there are other ready streams is served next: under overload
-every stream gets at least its share.
+Several lanes may hold the same stream (every lane that holds its model); its
+cursor in the dispatch table (dispatch.py, lanes.h) makes them take turns and
+share what was consumed, so a free lane takes any ready frame of its models
+(work-conserving) and no frame is served twice. A lane that frees a stream
+with news already pending rings the other lanes' doorbells.
 
-The loop never logs and shares no lock with other threads: what the main
-thread must hear about goes into `events` (list.append is atomic), counters
-and latencies into preallocated StreamStats. A duty ceiling keeps it from
-running a CPU at 100 % (which trips the kernel's RT throttle: ~50 ms stalls):
-after busy time d it stays off the CPU for d·(1−duty)/duty, and frames that
-arrive meanwhile are superseded and counted as overload.
+Deadlines come from the daemon's own clock: the moment a lane first saw a
+stream's news, plus the stream's max_age. A producer's capture stamp decides
+staleness and latency only, so back-dating frames buys no priority. A stream
+passed over (by any lane) as many times as there are other ready streams is
+served next: under overload every stream gets at least its share.
+
+The loop never logs and shares no lock with other threads: what the lane's
+control thread must hear about goes into `events` (list.append is atomic),
+counters and latencies into the preallocated blocks of the dispatch table. A
+duty ceiling keeps it from running a CPU at 100 % (which trips the kernel's RT
+throttle: ~50 ms stalls): after busy time d it stays off the CPU for
+d·(1−duty)/duty, and frames that arrive meanwhile are left to other lanes or
+superseded and counted as overload.
 """
 from __future__ import annotations
 
@@ -29,9 +37,10 @@ import sys
 import threading
 import time
 
+import numpy as np
 import onnxruntime as ort
 
-from edgeinfer import ring
+from edgeinfer import dispatch, ring
 from edgeinfer.model import FusedSession, ModelRuntime
 from edgeinfer.stats import StreamStats
 
@@ -40,29 +49,34 @@ STATUS_OK = 0
 
 
 class Stream:
-    """One configured camera stream. The loop owns `reader`, `session`, `geometry`,
-    `passed_over` and `stats`; the control plane (admission.py) owns the rest."""
+    """One configured camera stream. The lane owns `reader`, `session`, `geometry`, `epoch` and `deadline`;
+    the control plane (admission.py) owns the rest. `stats` lives in the dispatch table (or in private
+    memory without one)."""
 
-    def __init__(self, name: str, writer: ring.ResultWriter, max_age_ms: float, priority: int = 0):
+    def __init__(self, name: str, writer: ring.ResultWriter, max_age_ms: float, priority: int = 0, *,
+                 index: int = 0, model: str = "", stats: StreamStats | None = None, flags=None):
         self.name = name
+        self.index = index      # its place in the dispatch table
+        self.model = model      # the name of the model serving it
         self.writer = writer
         self.max_age_ns = int(max_age_ms * 1e6)
         self.priority = priority
-        self.stats = StreamStats(name)
-        # loop-owned
+        self.stats = stats if stats is not None else StreamStats(name)
+        self.flags = flags      # its control-plane flag words in the dispatch table (dispatch.FLAG_*)
+        # lane-owned
         self.reader: ring.FrameReader | None = None
         self.session: FusedSession | None = None
         self.geometry = (0, 0)  # (width, height) of the attached ring
-        self.passed_over = 0    # picks that went to other streams while this one was ready
+        self.epoch = 0          # producer generation of the attached ring
         self.deadline = 0       # of the pending frame, set while picking
         # control-plane-owned
         self.conn = None                # the admitted producer's connection (ingress.Client)
-        self.ring: ring.FrameReader | None = None  # the ring handed to the loop for it
+        self.ring: ring.FrameReader | None = None  # the ring handed to the lanes for it
         self.geometry_key = None        # (pixel format, height, width) being served
         self.last_geometry = None       # of the previous producer (geometry churn)
         self.geometry_changes: collections.deque = collections.deque()  # monotonic times of recent changes
         self.cooldown_until = 0.0       # producers refused until then (changed geometry too often)
-        self.attach_count = 0           # producers admitted so far
+        self.attach_count = 0           # producers admitted so far (the epoch of the current one)
         self.reader_count = 0           # reader connections held
         self.producer_desc = self.readers_desc = ""  # who may produce / read it, in words
 
@@ -73,33 +87,42 @@ class Stream:
 
 
 class Engine:
-    def __init__(self, model: ModelRuntime, streams: list[Stream], *, loop_cpus=(), scheduling: str = "fifo",
-                 priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0, idle_timeout_ms: int = 100):
-        self.model = model
+    def __init__(self, models: dict[str, ModelRuntime], streams: list[Stream], *, lane: int = 0,
+                 counters=None, bell: ring.Doorbell | None = None, peers=(), loop_cpus=(),
+                 scheduling: str = "fifo", priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0,
+                 idle_timeout_ms: int = 100):
+        self.models = dict(models)  # name → ModelRuntime: the lane's models
         self.streams = streams
+        self.lane_id = lane + 1     # the cursor's owner word (0 = free)
+        # The lane's counters (dispatch.LANE_*), shared with the control plane; private without a table.
+        self.counters = counters if counters is not None else np.zeros(8, np.int64)
         self.loop_cpus = tuple(loop_cpus)
         self.scheduling = scheduling
         self.priority = priority
         self.duty = duty_ceiling
         self.spin = spin_us / 1e6
         self.idle_timeout = idle_timeout_ms / 1e3
-        self.events: list[tuple[str, str]] = []  # (level, message) for the main thread to log
-        self.dropped: list[tuple[Stream, ring.FrameReader, str]] = []  # rings the loop gave up on, for the main thread
+        self.events: list[tuple[str, str]] = []  # (level, message) for the control thread to log
+        self.dropped: list[tuple[Stream, ring.FrameReader, str]] = []  # rings the loop gave up on
         self.realtime_active = False
-        self.progress = 0       # bumped every iteration (the watchdog's evidence of life)
         self.native_tid = 0
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._mailbox: collections.deque = collections.deque()  # control plane → loop (append/popleft are atomic)
-        self._bell = ring.Doorbell()
+        self._mailbox: collections.deque = collections.deque()  # control thread → loop (append/popleft are atomic)
+        self._bell = bell if bell is not None else ring.Doorbell()  # our doorbell (mail, and other lanes' kicks)
+        self._peers = tuple(peers)  # the other lanes' doorbells: rung when we free a stream that has news
         self._waitset = ring.WaitSet()
         self._attached: list[Stream] = []      # loop-owned: streams with a ring, in wait-set order
         self._natives: list = []               # their native consumers (the wait set)
         self._waited = 0          # ns the loop slept before the frame being served
         self._fault_stall = 0.0   # seconds; set by the fault hook only
         self._run_options = ort.RunOptions()  # one object, reused: terminate cancels the current run
-        self._run_started = 0     # monotonic ns when the current run began, 0 outside runs
         self.runs_cancelled = 0
+
+    @property
+    def progress(self) -> int:
+        """Loop iterations (the watchdog's evidence of life)."""
+        return int(self.counters[dispatch.LANE_PROGRESS])
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -107,7 +130,7 @@ class Engine:
         # The loop needs the GIL back the moment ORT returns; a long switch
         # interval lets another thread keep it for up to 5 ms.
         sys.setswitchinterval(0.0005)
-        self._apply_mail()  # what was posted before the start (restored streams)
+        self._apply_mail()  # what was posted before the start
         self._thread = threading.Thread(target=self._run, name="edgeinfer-rt", daemon=True)
         self._thread.start()
 
@@ -124,20 +147,20 @@ class Engine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # ---------------------------------------------------------------- the control plane's side
+    # ---------------------------------------------------------------- the control thread's side
 
-    def attach(self, stream: Stream, reader: ring.FrameReader, session: FusedSession) -> None:
-        """Control plane: serve `reader` as `stream` from the next iteration on."""
-        self._post(("attach", stream, reader, session))
+    def attach(self, stream: Stream, reader: ring.FrameReader, session: FusedSession, epoch: int = 0) -> None:
+        """Serve `reader` (the producer generation `epoch`) as `stream` from the next iteration on."""
+        self._post(("attach", stream, reader, (session, epoch)))
 
     def detach(self, stream: Stream, reader: ring.FrameReader) -> None:
-        """Control plane: stop serving `reader` (if it is still the stream's ring)."""
+        """Stop serving `reader` (if it is still the stream's ring)."""
         self._post(("detach", stream, reader, None))
 
-    def swap_model(self, model: ModelRuntime, sessions: dict) -> None:
-        """Control plane: serve `model` from the next frame on, with `sessions` ({stream: FusedSession}
-        for every attached stream). A frame never mixes two models: the loop applies it between frames."""
-        self._post(("model", model, sessions, None))
+    def swap_model(self, name: str, model: ModelRuntime, sessions: dict) -> None:
+        """Serve model `name` as `model` from the next frame on, with `sessions` ({stream: FusedSession} for
+        every attached stream of it). A frame never mixes two models: the loop applies it between frames."""
+        self._post(("model", name, model, sessions))
 
     def _post(self, msg) -> None:
         self._mailbox.append(msg)
@@ -147,9 +170,10 @@ class Engine:
 
     def _setup_thread(self) -> None:
         self.native_tid = threading.get_native_id()
+        self.counters[dispatch.LANE_TID] = self.native_tid
         try:  # the kernel's thread name, so `ps -L`, `top -H` and `chrt -p` users can find the loop
             with open(f"/proc/self/task/{self.native_tid}/comm", "w") as f:
-                f.write("edgeinfer-rt")
+                f.write(f"edgeinfer-rt{self.lane_id - 1}")
         except OSError:
             pass  # cosmetic only
         if self.loop_cpus:
@@ -158,6 +182,7 @@ class Engine:
             try:
                 os.sched_setscheduler(0, _POLICIES[self.scheduling], os.sched_param(self.priority))
                 self.realtime_active = True
+                self.counters[dispatch.LANE_REALTIME] = 1
             except OSError as e:
                 self.events.append(("warning", f"real-time scheduling ({self.scheduling}, priority {self.priority}) "
                                                f"refused: {e.strerror}; the loop runs at normal priority"))
@@ -165,24 +190,25 @@ class Engine:
     # ---------------------------------------------------------------- the loop
 
     def _apply_mail(self) -> None:
-        """Applies the control plane's news, in order (loop thread, or before it starts)."""
+        """Applies the control thread's news, in order (loop thread, or before it starts)."""
         changed = False
         while self._mailbox:
             kind, a, b, c = self._mailbox.popleft()
             if kind == "attach":
-                a.reader, a.session = b, c
+                if a.reader is not None and a.reader is not b:
+                    a.reader.close()  # an earlier producer's ring whose detach was overtaken
+                a.reader, (a.session, a.epoch) = b, c
                 lay = b.layout
                 a.geometry = (lay["width"], lay["height"])
-                a.passed_over = 0
                 changed = True
             elif kind == "detach":
                 if a.reader is b:
                     a.reader, a.session = None, None
                     changed = True
-                b.close()  # nobody serves it any more: our fd now, the mapping with its last reference
+                b.close()  # nobody serves it here any more: our fd now, the mapping with its last reference
             else:  # model
-                self.model = a
-                for s, session in b.items():
+                self.models[a] = b
+                for s, session in c.items():
                     s.session = session
         if changed:
             self._attached = [s for s in self.streams if s.reader is not None]
@@ -191,14 +217,15 @@ class Engine:
     def _run(self) -> None:
         self._setup_thread()
         bell = self._bell
+        counters = self.counters
         resume_at = 0
         try:
             while not self._stop:
-                self.progress += 1
+                counters[dispatch.LANE_PROGRESS] += 1
                 if bell.take():
                     self._apply_mail()
                 now = ring.monotonic_ns()
-                if now < resume_at:  # duty ceiling: stay off the CPU
+                if now < resume_at:  # duty ceiling: stay off the CPU (other lanes take what arrives)
                     time.sleep((resume_at - now) / 1e9)
                 waited_from = ring.monotonic_ns()
                 mask = self._waitset.wait(self._natives, self.idle_timeout, self.spin, True, bell)
@@ -210,33 +237,44 @@ class Engine:
                     continue
                 self._waited = ring.monotonic_ns() - waited_from
                 stream = self._pick(mask)
+                if stream is None:  # another lane claimed them first
+                    continue
                 started = ring.monotonic_ns()
-                self._serve(stream)
+                try:
+                    self._serve(stream)
+                finally:
+                    if stream.reader is not None and stream.reader.native.unclaim():
+                        for peer in self._peers:  # news while we served it: a free lane may take it now
+                            peer.ring()
                 busy = ring.monotonic_ns() - started
+                counters[dispatch.LANE_BUSY_NS] += busy
                 resume_at = started + busy + int(busy * (1.0 - self.duty) / self.duty)
         except BaseException as e:  # the loop must never die silently
             self.events.append(("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
             raise
 
-    def _pick(self, mask: int) -> Stream:
-        """Earliest deadline first (the loop's own arrival time + max_age), except that a stream passed
-        over as many times as there are other ready streams goes first: nobody starves."""
+    def _pick(self, mask: int) -> Stream | None:
+        """Claims the ready stream with the earliest deadline (the daemon's own arrival time + max_age),
+        except that a stream passed over as many times as there are other ready streams goes first: nobody
+        starves. None if other lanes claimed every ready stream first."""
         attached = self._attached
         ready = [attached[i] for i in range(len(attached)) if mask >> i & 1]
-        if len(ready) == 1:
-            return ready[0]
         now = ring.monotonic_ns()
-        best = None
         for s in ready:
-            since = s.reader.native.pending_since_ns or now
-            s.deadline = since + s.max_age_ns
-            if best is None or (s.passed_over, -s.deadline) > (best.passed_over, -best.deadline):
-                best = s
-        if best.passed_over < len(ready) - 1:  # nobody is owed a turn: plain earliest deadline
-            best = min(ready, key=lambda s: s.deadline)
+            s.deadline = (s.reader.native.pending_since_ns or now) + s.max_age_ns
+        others = len(ready) - 1
+        # Owed a turn first (the most passed over first), then earliest deadline.
+        ready.sort(key=lambda s: (-s.reader.native.passed_over if others and s.reader.native.passed_over >= others
+                                  else 0, s.deadline))
         for s in ready:
-            s.passed_over = 0 if s is best else s.passed_over + 1
-        return best
+            native = s.reader.native
+            if native.claim(self.lane_id):
+                native.picked()
+                for other in ready:
+                    if other is not s:
+                        other.reader.native.pass_over()
+                return s
+        return None
 
     def inject_stall(self, seconds: float) -> None:
         """Test fault hook: the loop stops making progress for `seconds` once."""
@@ -244,23 +282,25 @@ class Engine:
         self._bell.ring()
 
     def cancel_overdue_run(self, deadline_s: float) -> bool:
-        """Main thread: cancels a run that has taken longer than deadline_s (once)."""
-        started = self._run_started
+        """Control thread: cancels a run that has taken longer than deadline_s (once)."""
+        started = int(self.counters[dispatch.LANE_RUN_STARTED])
         if started and ring.monotonic_ns() - started > deadline_s * 1e9 and not self._run_options.terminate:
             self._run_options.terminate = True
             return True
         return False
 
     def _give_up(self, s: Stream, why: str) -> None:
-        """Stops serving a ring that cannot be trusted any more; the main thread drops its producer."""
+        """Stops serving a ring that cannot be trusted any more; the control plane drops its producer."""
         self.dropped.append((s, s.reader, why))
+        s.reader.native.unclaim()
         s.reader, s.session = None, None
         self._attached = [x for x in self._attached if x is not s]
         self._natives = [x.reader.native for x in self._attached]
 
     def _serve(self, s: Stream) -> None:
         st = s.stats
-        model = self.model  # one model for the whole frame, even if a reload swaps it meanwhile
+        st.last_lane = self.lane_id - 1
+        model = self.models[s.model]  # one model for the whole frame, even if a reload swaps it meanwhile
         reader = s.reader
         frame = reader.take()
         if frame is None:
@@ -287,23 +327,25 @@ class Engine:
             st.stale += 1
             return
         session = s.session
+        counters = self.counters
         self._run_options.terminate = False
         # The run's own start, not the frame's `start`: waiting for the GIL in between must not count
         # against run_deadline_ms, or a slow pick gets a healthy run cancelled.
-        self._run_started = ring.monotonic_ns()
+        counters[dispatch.LANE_RUN_STARTED] = ring.monotonic_ns()
         try:
             outputs = session.run(frame.batch, self._run_options)  # the slot itself, read in place
         except Exception as e:
-            self._run_started = 0
+            counters[dispatch.LANE_RUN_STARTED] = 0
             frame.release()
             st.error += 1
             if self._run_options.terminate:
                 self.runs_cancelled += 1
+                counters[dispatch.LANE_CANCELLED] += 1
                 self.events.append(("error", f"stream {s.name}: inference passed its deadline and was cancelled"))
             else:
                 self.events.append(("error", f"stream {s.name}: inference failed: {e}"))
             return
-        self._run_started = 0
+        counters[dispatch.LANE_RUN_STARTED] = 0
         frame.release()  # the slot goes back to the camera before we decode
         if reader.truncated:  # defence in depth: a sealed ring cannot lose pages; if it did, ORT read zeros
             st.torn += 1
@@ -312,12 +354,16 @@ class Engine:
         inferred = ring.monotonic_ns()
         payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
         done = ring.monotonic_ns()
-        s.writer.write(frame_seq=frame.seq, frame_id=frame.frame_id, capture_ns=frame.capture_ns,
-                       capture_realtime_ns=frame.capture_realtime_ns, start_ns=start, done_ns=done,
-                       status=STATUS_OK, kind=model.decoder.kind, payload=payload, item_count=items,
-                       model_name=model.name, model_version=model.version)
+        writer = s.writer
+        writer.resume()  # another lane may have written this stream's last record
+        writer.set_wake(s.flags is None or s.flags[dispatch.FLAG_WAKE] != 0)
+        writer.write(frame_seq=frame.seq, frame_id=frame.frame_id, capture_ns=frame.capture_ns,
+                     capture_realtime_ns=frame.capture_realtime_ns, start_ns=start, done_ns=done,
+                     status=STATUS_OK, kind=model.decoder.kind, payload=payload, item_count=items,
+                     model_name=model.name, model_version=model.version)
         published = ring.monotonic_ns()
         st.processed += 1
+        counters[dispatch.LANE_FRAMES] += 1
         st.record(published - frame.capture_ns, inferred - start, age, published)
         st.stages.record_frame(self._waited, age, inferred - start, done - inferred, published - done,
                                published - frame.capture_ns)

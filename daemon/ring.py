@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from typing import Iterator
 
@@ -188,8 +189,9 @@ class FrameReader:
     The fd is checked before anything is mapped: a sealed memfd (it can never
     shrink), of exactly the size its header declares, open read-write."""
 
-    def __init__(self, fd: int, name: str = "frame ring", max_size: int = 1 << 40):
-        self._c = _ring.FrameConsumer(fd, name, max_size)
+    def __init__(self, fd: int, name: str = "frame ring", max_size: int = 1 << 40, join: bool = False):
+        """join: another process of the daemon (a lane) consumes it too: its shared consumer line is kept."""
+        self._c = _ring.FrameConsumer(fd, name, max_size, join)
         self.name = name
         self.frames_acquired = 0
         self.frames_skipped = 0  # published frames never taken (newest frame wins)
@@ -260,7 +262,18 @@ class FrameReader:
         self.close()
 
 
-_waitset = _ring.WaitSet()
+class _PerThreadWaitSet(threading.local):
+    """A WaitSet fills its C array in place and then sleeps without the GIL: two threads sharing one would
+    overwrite each other's array (readers used from several threads crashed on it). One per thread."""
+
+    def __init__(self):
+        self.ws = _ring.WaitSet()
+
+    def wait(self, *args):
+        return self.ws.wait(*args)
+
+
+_waitset = _PerThreadWaitSet()
 
 
 def wait_any(readers, timeout: float, spin: float = 0.0) -> list:
@@ -318,6 +331,10 @@ class ResultWriter:
     @property
     def payload_capacity(self) -> int:
         return self._p.payload_capacity
+
+    def resume(self) -> None:
+        """Continue from the ring's head (lanes sharing this writer take turns writing)."""
+        self._p.resume()
 
     def set_wake(self, wake: bool) -> None:
         """FUTEX_WAKE on every record (while readers are connected), or not at all."""

@@ -1,50 +1,67 @@
-"""Per-stream counters and recent latencies, written by the RT loop only and
-read (without locks, approximately) by the main thread for status output.
+"""Per-stream counters and recent latencies, written by the lane serving the
+stream (one at a time: the dispatch cursor's claim) and read, without locks
+and approximately, by the control plane for status and metrics.
 
-Preallocated: recording a frame stores integers into fixed numpy arrays and
-bumps counters; nothing grows. (The native histograms of the observability
-issue replace the latency rings.)
+Preallocated in one block of the dispatch table (dispatch.py), a shared
+mapping the control plane and its lanes inherit: recording a frame stores
+integers into fixed numpy arrays and bumps counters; nothing grows. Without a
+block (tests, tools) the same layout lives in private memory.
 """
 from __future__ import annotations
 
 import numpy as np
 import numpy.ma  # noqa: F401  np.percentile imports it lazily: at the fd limit that import would fail
 
-from edgeinfer._hist import StageHistograms
+from edgeinfer._hist import HIST_BYTES, StageHistograms
 
 OUTCOMES = ("processed", "stale", "overload", "torn", "short", "error", "bad_timestamp")
 WINDOW = 4096  # recent frames kept for quantiles
+# Counter slots: the outcomes, then frames recorded in the windows, the last frame id, the lane that served last.
+_COUNTERS = OUTCOMES + ("count", "last_frame_id", "last_lane")
+_NCOUNTERS = 16
+_WINDOWS = ("e2e_ns", "infer_ns", "age_ns", "done_ns")
+STATS_BYTES = _NCOUNTERS * 8 + len(_WINDOWS) * WINDOW * 8 + HIST_BYTES  # one stream's block
+
+
+def _counter(i: int):
+    def get(self) -> int:
+        return int(self._c[i])
+
+    def set_(self, v: int) -> None:
+        self._c[i] = v
+    return property(get, set_)
 
 
 class StreamStats:
-    def __init__(self, name: str):
+    """processed: results published; stale: acquired, but older than max_age_ms: dropped; overload: published,
+    never acquired (newer frames won while the lanes were busy or shedding); torn: refused by the ring's checks;
+    short: payload_len shorter than the frame; error: inference or decoding failed; bad_timestamp: capture time
+    zero or later than the moment it was served."""
+
+    def __init__(self, name: str, buffer=None, offset: int = 0):
         self.name = name
-        self.processed = 0
-        self.stale = 0      # acquired, but older than max_age_ms: dropped
-        self.overload = 0   # published, never acquired: newer frames won while we were busy or shedding
-        self.torn = 0       # refused by the ring's checks: `latest` naming no published frame, bad slot or length
-        self.short = 0      # payload_len shorter than the frame: the producer says it did not write it all
-        self.error = 0      # inference or decoding failed
-        self.bad_timestamp = 0  # capture time zero or later than the moment it was served: cannot be scheduled
-        self.e2e_ns = np.zeros(WINDOW, np.int64)     # capture → result published
-        self.infer_ns = np.zeros(WINDOW, np.int64)   # session.run
-        self.age_ns = np.zeros(WINDOW, np.int64)     # capture → inference start
-        self.done_ns = np.zeros(WINDOW, np.int64)    # when each was published (for fps)
-        self.count = 0  # frames recorded in the windows (monotonic; index = count % WINDOW)
-        self.stages = StageHistograms()  # native per-stage histograms, exported on scrape
-        self.last_frame_id = 0  # producer frame id of the last result published
+        if buffer is None:
+            buffer, offset = bytearray(STATS_BYTES), 0
+        mem = np.frombuffer(buffer, np.uint8, STATS_BYTES, offset)
+        self._c = mem[: _NCOUNTERS * 8].view(np.int64)
+        at = _NCOUNTERS * 8
+        for w in _WINDOWS:  # e2e: capture → published; infer: session.run; age: capture → start; done: when
+            setattr(self, w, mem[at: at + WINDOW * 8].view(np.int64))
+            at += WINDOW * 8
+        self.stages = StageHistograms(buffer, offset + at)  # native per-stage histograms, exported on scrape
 
     def record(self, e2e: int, infer: int, age: int, done: int) -> None:
-        i = self.count % WINDOW
+        c = self._c
+        i = int(c[7]) % WINDOW  # count
         self.e2e_ns[i] = e2e
         self.infer_ns[i] = infer
         self.age_ns[i] = age
         self.done_ns[i] = done
-        self.count += 1
+        c[7] += 1
 
     @property
     def offered(self) -> int:
-        return sum(getattr(self, o) for o in OUTCOMES)
+        return int(self._c[: len(OUTCOMES)].sum())
 
     def rolling_quantiles_ms(self) -> dict:
         """Exact p50/p95/p99 of the recent e2e window (ms)."""
@@ -63,7 +80,7 @@ class StreamStats:
         return ({q: float(np.quantile(e2e, float(q))) for q in ("0.5", "0.95", "0.99")}, n, float(e2e.sum()))
 
     def snapshot(self, now_ns: int, window_s: float = 5.0) -> dict:
-        """Counters and recent quantiles (main thread; tolerates a concurrent write)."""
+        """Counters and recent quantiles (control plane; tolerates a concurrent write)."""
         n = min(self.count, WINDOW)
         out = {o: getattr(self, o) for o in OUTCOMES}
         out["offered"] = self.offered
@@ -77,4 +94,9 @@ class StreamStats:
             out["fps"] = 0.0
             out["e2e_ms"] = {}
         out["last_frame_id"] = self.last_frame_id
+        out["last_lane"] = self.last_lane
         return out
+
+
+for _i, _name in enumerate(_COUNTERS):
+    setattr(StreamStats, _name, _counter(_i))

@@ -85,33 +85,31 @@ def listen_fds(env=os.environ) -> list[tuple[int, str]]:
 
 
 class Watchdog:
-    """Decides, from the loop's own evidence, whether to ping, and when to give up."""
+    """Pings systemd only while every lane progresses (or is idle), or may still be restarted by the
+    control plane; gives up (WATCHDOG=trigger) once one cannot recover. The run deadline is not its
+    business: each lane cancels its own overdue run."""
 
-    def __init__(self, notifier: Notifier, engine, run_deadline_s: float):
+    def __init__(self, notifier: Notifier, lanes, deadline_s: float):
         self.notifier = notifier
-        self.engine = engine
+        self.lanes = lanes
         self.interval = notifier.watchdog_s
-        self.run_deadline_s = run_deadline_s
+        self.deadline_s = deadline_s
         self.pings = 0
         self.triggered = False
         self._last_ping = time.monotonic()
-        self._last_progress = engine.progress
-        self._progress_at = time.monotonic()
+        self._good_at = time.monotonic()
 
     def tick(self) -> None:
         now = time.monotonic()
-        p = self.engine.progress
-        if p != self._last_progress:
-            self._last_progress = p
-            self._progress_at = now
-        self.engine.cancel_overdue_run(self.run_deadline_s)
+        if self.lanes.watchdog_ok(self._last_ping):
+            self._good_at = now
         if not self.interval or self.triggered:
             return
-        if now - self._last_ping >= self.interval / 2 and self._progress_at > self._last_ping:
+        if now - self._last_ping >= self.interval / 2 and self._good_at > self._last_ping:
             self.notifier.send("WATCHDOG=1")
             self._last_ping = now
             self.pings += 1
-        elif now - self._progress_at >= self.interval:
-            # The loop is stuck even after cancelling its run: let systemd restart us.
+        elif now - self._good_at >= self.interval:
+            # A lane is down for good (restarts exhausted): let systemd restart the daemon.
             self.notifier.send("WATCHDOG=trigger")
             self.triggered = True

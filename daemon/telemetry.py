@@ -35,45 +35,52 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], hist, stage: in
 
 
 class DaemonCollector:
-    """Reads the daemon's state on every scrape."""
+    """Reads the daemon's state (the dispatch table the lanes write) on every scrape."""
 
     def __init__(self, daemon):
         self.daemon = daemon
 
     def collect(self):
         d = self.daemon
-        engine = d.engine
         streams = list(d.streams)
         stage = HistogramMetricFamily("edgeinfer_stage_duration_seconds",
                                       "Time per pipeline stage per frame (wait, age = capture to start, inference, "
-                                      "decode, publish).", labels=["stream", "stage"])
+                                      "decode, publish).", labels=["stream", "model", "stage"])
         e2e = HistogramMetricFamily("edgeinfer_e2e_latency_seconds",
-                                    "Producer capture clock to result published.", labels=["stream"])
+                                    "Producer capture clock to result published.", labels=["stream", "model"])
         frames = CounterMetricFamily("edgeinfer_frames", "Frames offered by producers, by outcome.",
-                                     labels=["stream", "outcome"])
+                                     labels=["stream", "model", "outcome"])
         # Exact rolling quantiles are a summary (the only type that may carry a "quantile" label).
         rolling = Metric("edgeinfer_e2e_latency_recent_seconds",
                          "Exact quantiles of end-to-end latency over the last 4096 frames.", "summary")
         connected = GaugeMetricFamily("edgeinfer_stream_connected",
                                       "1 while the stream's producer is connected (its connection is the liveness).",
-                                      labels=["stream"])
-        readers = GaugeMetricFamily("edgeinfer_stream_readers", "Result reader connections held.", labels=["stream"])
+                                      labels=["stream", "model"])
+        readers = GaugeMetricFamily("edgeinfer_stream_readers", "Result reader connections held.",
+                                    labels=["stream", "model"])
+        last_lane = GaugeMetricFamily("edgeinfer_stream_last_lane", "The lane that served the stream's last frame.",
+                                      labels=["stream", "model"])
         for s in streams:
+            ids = [s.name, s.model]
             for i, name in enumerate(STAGES):
                 if name == "e2e":
-                    _histogram(e2e, [s.name], s.stats.stages, i)
+                    _histogram(e2e, ids, s.stats.stages, i)
                 else:
-                    _histogram(stage, [s.name, name], s.stats.stages, i)
+                    _histogram(stage, [*ids, name], s.stats.stages, i)
             for o in OUTCOMES:
-                frames.add_metric([s.name, o], getattr(s.stats, o))
+                frames.add_metric([*ids, o], getattr(s.stats, o))
             quantiles, n, total_s = s.stats.rolling_window()
             for q, v in quantiles.items():
-                rolling.add_sample(rolling.name, {"stream": s.name, "quantile": q}, v)
-            rolling.add_sample(rolling.name + "_count", {"stream": s.name}, n)
-            rolling.add_sample(rolling.name + "_sum", {"stream": s.name}, total_s)
-            connected.add_metric([s.name], 1.0 if s.connected else 0.0)
-            readers.add_metric([s.name], float(s.reader_count))
-        yield from (stage, e2e, frames, rolling, connected, readers)
+                rolling.add_sample(rolling.name, {"stream": s.name, "model": s.model, "quantile": q}, v)
+            rolling.add_sample(rolling.name + "_count", {"stream": s.name, "model": s.model}, n)
+            rolling.add_sample(rolling.name + "_sum", {"stream": s.name, "model": s.model}, total_s)
+            connected.add_metric(ids, 1.0 if s.connected else 0.0)
+            readers.add_metric(ids, float(s.reader_count))
+            last_lane.add_metric(ids, float(s.stats.last_lane))
+        yield from (stage, e2e, frames, rolling, connected, readers, last_lane)
+
+        yield from self._lanes(d)
+        yield from self._models(d)
 
         refused = CounterMetricFamily("edgeinfer_ingress_refusals",
                                       "Connections refused, by stream ((unknown) for names not configured), role "
@@ -85,67 +92,94 @@ class DaemonCollector:
         yield CounterMetricFamily("edgeinfer_producers_restored",
                                   "Producers served on from systemd's fd store when this daemon started.",
                                   value=d.restored)
-        if d.model is not None:
-            yield GaugeMetricFamily("edgeinfer_model_sessions", "Model sessions held (one per frame geometry; "
-                                    "runtime.max_sessions caps them).", value=float(len(d.model.geometries)))
-            yield CounterMetricFamily("edgeinfer_model_session_evictions",
-                                      "Sessions dropped to stay within runtime.max_sessions.", value=d.model.evictions)
-
-        reloads = CounterMetricFamily("edgeinfer_model_reload_failures", "Reloads refused, by reason.",
-                                      labels=["reason"])
-        for reason in ("signature", "rollback", "load"):
-            reloads.add_metric([reason], d.reload_failures.get(reason, 0))
-        yield reloads
-        yield CounterMetricFamily("edgeinfer_model_reloads", "Successful model reloads.", value=d.reloads)
         yield CounterMetricFamily("edgeinfer_state_write_failures",
                                   "Failed writes of the anti-rollback state (full or read-only state directory).",
-                                  value=d.state_write_failures)
+                                  value=d.models.state_write_failures)
         yield CounterMetricFamily("edgeinfer_segment_truncations",
                                   "Reads of frame-ring pages that were gone (absorbed; the stream was dropped). A "
                                   "sealed ring cannot shrink, so this stays 0: defence in depth.",
                                   value=ring.sigbus_absorbed())
-        if d.model is not None:
-            info = GaugeMetricFamily("edgeinfer_model_info", "The model being served (value 1).",
-                                     labels=["name", "version", "sha256"])
-            info.add_metric([d.model.name, d.model.version, d.model.bundle.sha256], 1.0)
-            yield info
-        yield GaugeMetricFamily("edgeinfer_realtime_active", "1 when the loop runs with a real-time policy.",
-                                value=1.0 if engine and engine.realtime_active else 0.0)
-        yield GaugeMetricFamily("edgeinfer_ort_intra_op_threads", "ONNX Runtime intra-op threads (loop included).",
-                                value=float(d.cfg.runtime.ort_threads))
-        yield GaugeMetricFamily("edgeinfer_loop_progress", "Iterations of the real-time loop (it never stops "
-                                "counting while healthy, frames or not).", value=float(engine.progress if engine else 0))
         h = d.health
-        yield GaugeMetricFamily("edgeinfer_healthy", "1 when the loop made progress within its deadline.",
+        yield GaugeMetricFamily("edgeinfer_healthy", "1 when every lane made progress within its deadline.",
                                 value=1.0 if h.healthy() else 0.0)
-        yield GaugeMetricFamily("edgeinfer_ready", "1 when the model is verified, loaded and warm (and a stream is "
-                                "attached, if required).", value=1.0 if h.ready() else 0.0)
+        yield GaugeMetricFamily("edgeinfer_ready", "1 when every model is verified and loaded, the lanes run (and a "
+                                "stream is attached, if required).", value=1.0 if h.ready() else 0.0)
+
+    @staticmethod
+    def _lanes(d):
+        up = GaugeMetricFamily("edgeinfer_lane_up", "1 while the lane runs its loop.", labels=["lane"])
+        realtime = GaugeMetricFamily("edgeinfer_realtime_active", "1 when the lane's loop runs with a real-time "
+                                     "policy.", labels=["lane"])
+        progress = GaugeMetricFamily("edgeinfer_loop_progress", "Iterations of the lane's loop (it never stops "
+                                     "counting while healthy, frames or not).", labels=["lane"])
+        busy = CounterMetricFamily("edgeinfer_lane_busy_seconds", "Time the lane spent serving frames.",
+                                   labels=["lane"])
+        served = CounterMetricFamily("edgeinfer_lane_frames", "Results the lane published.", labels=["lane"])
+        restarts = CounterMetricFamily("edgeinfer_lane_restarts", "Times the lane was restarted (it died or hung).",
+                                       labels=["lane"])
+        cancelled = CounterMetricFamily("edgeinfer_runs_cancelled", "Inferences cancelled at runtime.run_deadline_ms.",
+                                        labels=["lane"])
+        holds = GaugeMetricFamily("edgeinfer_lane_model", "1 for each model the lane holds.", labels=["lane", "model"])
+        sessions = GaugeMetricFamily("edgeinfer_model_sessions", "Model sessions the lane holds (one per model and "
+                                     "frame geometry; runtime.max_sessions caps them per model).", labels=["lane"])
+        evictions = CounterMetricFamily("edgeinfer_model_session_evictions", "Sessions dropped to stay within "
+                                        "runtime.max_sessions.", labels=["lane"])
+        lanes = d.lanes.status(0) if d.lanes else {}
+        for name, ln in lanes.items():
+            up.add_metric([name], 1.0 if ln["state"] == "ready" else 0.0)
+            realtime.add_metric([name], 1.0 if ln["realtime"] else 0.0)
+            progress.add_metric([name], float(ln["progress"]))
+            busy.add_metric([name], ln["busy_ns"] / 1e9)
+            served.add_metric([name], ln["frames"])
+            restarts.add_metric([name], ln["restarts"])
+            cancelled.add_metric([name], ln["runs_cancelled"])
+            for m in ln["models"]:
+                holds.add_metric([name, m], 1.0)
+            sessions.add_metric([name], float(ln["sessions"]))
+            evictions.add_metric([name], ln["session_evictions"])
+        yield from (up, realtime, progress, busy, served, restarts, cancelled, holds, sessions, evictions)
+
+    @staticmethod
+    def _models(d):
+        info = GaugeMetricFamily("edgeinfer_model_info", "The version of each model being served (value 1).",
+                                 labels=["model", "name", "version", "sha256"])
+        failures = CounterMetricFamily("edgeinfer_model_reload_failures", "Reloads refused, by model and reason.",
+                                       labels=["model", "reason"])
+        reloads = CounterMetricFamily("edgeinfer_model_reloads", "Successful model reloads.", labels=["model"])
+        threads = GaugeMetricFamily("edgeinfer_ort_intra_op_threads", "ONNX Runtime intra-op threads per lane "
+                                    "(the loop included).", labels=["model"])
+        for name, m in d.models.served.items():
+            if m.runtime is not None:
+                info.add_metric([name, m.runtime.name, m.runtime.version, m.runtime.bundle.sha256], 1.0)
+            for reason, n in m.failures.items():
+                failures.add_metric([name, reason], n)
+            reloads.add_metric([name], m.reloads)
+            threads.add_metric([name], float(m.entry.ort_threads))
+        yield from (info, failures, reloads, threads)
 
 
 class Health:
-    """Liveness from the loop's progress counter, readiness from start-up state.
-    The main thread calls tick() often; the HTTP thread only reads."""
+    """Liveness from the lanes' progress counters, readiness from start-up state.
+    The control plane calls tick() often; the HTTP thread only reads."""
 
     def __init__(self, daemon, deadline_s: float, requires_stream: bool):
         self.daemon = daemon
         self.deadline_s = deadline_s
         self.requires_stream = requires_stream
         self.model_ready = False
-        self._last_progress = -1
-        self._last_change = time.monotonic()
 
     def tick(self) -> None:
-        e = self.daemon.engine
-        p = e.progress if e else -1
-        if p != self._last_progress:
-            self._last_progress = p
-            self._last_change = time.monotonic()
+        pass  # the lanes' progress is tracked by LaneSet.poll()
+
+    def stuck(self) -> list[str]:
+        """Lanes that are down or made no progress within the deadline."""
+        lanes = self.daemon.lanes
+        return lanes.stuck(self.deadline_s) if lanes is not None else []
 
     def healthy(self) -> bool:
-        e = self.daemon.engine
-        if e is None:
-            return not self.model_ready  # starting up: alive; the loop does not exist yet
-        return e.alive and time.monotonic() - self._last_change <= self.deadline_s
+        if not self.model_ready:
+            return True  # starting up (or stopping): alive; /readyz says the rest
+        return not self.stuck()
 
     def ready(self) -> bool:
         if not (self.model_ready and self.healthy()):
@@ -170,7 +204,7 @@ class MetricsServer:
                     body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
                 elif path in ("/healthz", "/readyz"):
                     ok = health.healthy() if path == "/healthz" else health.ready()
-                    body = json.dumps({"ok": ok}).encode() + b"\n"
+                    body = json.dumps({"ok": ok, "stuck_lanes": health.stuck()}).encode() + b"\n"
                     status, ctype = (200 if ok else 503), "application/json"
                 else:
                     body, status, ctype = b"not found\n", 404, "text/plain"

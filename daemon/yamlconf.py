@@ -79,6 +79,12 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
                 msg = "unknown key"
             problems.append(f"{source}:{line or '?'}: {_dotted(loc)}: {msg}")
         raise ConfigError(source, problems) from None
+    # Checks across sections (e.g. a stream naming a model that is not configured): errors with their lines.
+    cross_checks = getattr(obj, "cross_checks", None)
+    if cross_checks is not None:
+        problems = [f"{source}:{_line_of(lines, loc) or '?'}: {_dotted(loc)}: {msg}" for loc, msg in cross_checks()]
+        if problems:
+            raise ConfigError(source, problems)
     # Keys accepted only for compatibility: warnings with their lines, kept on the model.
     deprecations = getattr(obj, "deprecations", None)
     if deprecations is not None:

@@ -11,7 +11,7 @@ The RT loop is the only writer (plain 64-bit stores, no lock, no allocation:
 record() is a few integer operations); readers (the exporter on scrape) copy
 the counters and tolerate a count being one frame behind another.
 """
-from libc.stdint cimport uint64_t, int64_t
+from libc.stdint cimport uint8_t, uint64_t, int64_t
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -59,20 +59,33 @@ def bucket_bounds():
     return lo, hi
 
 
-cdef class StageHistograms:
-    """One histogram per pipeline stage of one stream (STAGES), in one block."""
-    cdef uint64_t counts[NSTAGES][NBUCKETS]  # per stage, per bucket: frames recorded
-    cdef uint64_t sums[NSTAGES]              # per stage: sum of recorded ns (for _sum)
-    cdef uint64_t totals[NSTAGES]            # per stage: frames recorded (for _count)
+HIST_BYTES = (NSTAGES * NBUCKETS + 2 * NSTAGES) * 8  # one StageHistograms block, in bytes
 
-    def __cinit__(self):
-        memset(self.counts, 0, sizeof(self.counts))
-        memset(self.sums, 0, sizeof(self.sums))
-        memset(self.totals, 0, sizeof(self.totals))
+
+cdef class StageHistograms:
+    """One histogram per pipeline stage of one stream (STAGES), in one block:
+    its own memory, or HIST_BYTES of a shared buffer (the lanes' dispatch
+    table: whichever lane serves the stream records, the control plane reads)."""
+    cdef uint64_t *counts  # borrowed: [NSTAGES][NBUCKETS] frames recorded per stage and bucket
+    cdef uint64_t *sums    # borrowed: [NSTAGES] sum of recorded ns (for _sum)
+    cdef uint64_t *totals  # borrowed: [NSTAGES] frames recorded (for _count)
+    cdef object memory     # owns the block `counts` starts (a bytearray, or the shared buffer)
+
+    def __cinit__(self, buffer=None, Py_ssize_t offset=0):
+        cdef uint8_t[::1] view
+        if buffer is None:
+            buffer, offset = bytearray(HIST_BYTES), 0  # zeroed
+        view = buffer
+        if offset < 0 or offset + HIST_BYTES > view.shape[0] or offset % 8:
+            raise ValueError(f"histogram block at {offset} outside the buffer or misaligned")
+        self.memory = buffer
+        self.counts = <uint64_t *>&view[offset]
+        self.sums = self.counts + NSTAGES * NBUCKETS
+        self.totals = self.sums + NSTAGES
 
     cdef inline void _add(self, int stage, int64_t ns) nogil:
         cdef uint64_t v = <uint64_t>ns if ns > 0 else 0
-        self.counts[stage][bucket_of(v)] += 1
+        self.counts[stage * NBUCKETS + bucket_of(v)] += 1
         self.sums[stage] += v
         self.totals[stage] += 1
 
@@ -97,7 +110,7 @@ cdef class StageHistograms:
             raise IndexError(stage)
         out = np.empty(NBUCKETS, np.uint64)
         cdef uint64_t[::1] view = out
-        memcpy(&view[0], &self.counts[stage][0], NBUCKETS * sizeof(uint64_t))
+        memcpy(&view[0], &self.counts[stage * NBUCKETS], NBUCKETS * sizeof(uint64_t))
         return out, self.sums[stage], self.totals[stage]
 
 

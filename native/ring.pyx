@@ -451,8 +451,11 @@ cdef class FrameConsumer:
     cdef readonly tuple batches # read-only (1, H, W, C) view per slot
     cdef readonly tuple flats   # read-only flat view per slot
     cdef readonly str name
+    cdef ei_lane_view lane      # with a dispatch-table cursor (share()): lanes take turns on this ring
+    cdef object table           # keeps the dispatch table's memory alive while `lane` points into it
+    cdef readonly bint shared   # share() was called: readiness and claims go through the cursor
 
-    def __cinit__(self, int fd, str name, uint64_t max_size=(<uint64_t>1) << 40):
+    def __cinit__(self, int fd, str name, uint64_t max_size=(<uint64_t>1) << 40, bint join=False):
         cdef ei_error err
         cdef uint64_t size
         cdef uint8_t *base
@@ -476,7 +479,10 @@ cdef class FrameConsumer:
         if self.mapping.guard < 0:
             raise RingError(f"{name}: cannot guard the mapping: {os.strerror(errno)}")
         with nogil:
-            rc = ei_frame_consumer_init(&self.c, base, size, cname, &err)
+            if join:  # another lane (process) already consumes it: keep the consumer's shared line as it is
+                rc = ei_frame_consumer_join(&self.c, base, size, cname, &err)
+            else:
+                rc = ei_frame_consumer_init(&self.c, base, size, cname, &err)
         if rc != EI_OK:
             _raise(&err)
         self.images, self.batches, self.flats = _slot_views(self.mapping, &self.c.layout, True)
@@ -511,8 +517,47 @@ cdef class FrameConsumer:
 
     @property
     def pending_since_ns(self):
-        """When this consumer first saw news not yet taken (its own clock); 0 if none."""
+        """When news not yet taken was first seen (the daemon's clock; by any lane once shared); 0 if none."""
+        if self.shared:
+            return ei_lane_pending_since(&self.lane)
         return self.c.pending_since_ns
+
+    # -------------------------------------------------- lanes taking turns (lanes.h)
+
+    def share(self, table, Py_ssize_t offset, uint32_t epoch):
+        """Consume through the cursor at `offset` of the writable dispatch table (a buffer shared with the
+        other lanes), for the producer generation `epoch`."""
+        cdef uint8_t[::1] view = table
+        if offset < 0 or <size_t>offset + EI_CURSOR_SIZE > <size_t>view.shape[0] or offset % 64:
+            raise ValueError(f"cursor offset {offset} outside the table or not cache-line aligned")
+        self.table = table
+        self.lane.c = &self.c
+        self.lane.cur = <ei_stream_cursor *>&view[offset]
+        self.lane.epoch = epoch
+        self.shared = True
+
+    def claim(self, uint32_t lane_id):
+        """True if this lane now serves the stream alone (until unclaim())."""
+        return ei_lane_claim(&self.lane, &self.c, lane_id) == 1
+
+    def unclaim(self):
+        """Stores the consumer state and frees the stream; True if it already has news again."""
+        return ei_lane_unclaim(&self.lane, &self.c) == 1
+
+    @property
+    def owner(self):
+        """Lane id serving the stream now, 0 if none (shared consumers only)."""
+        return self.lane.cur.owner if self.shared else 0
+
+    @property
+    def passed_over(self):
+        return ei_lane_passed_over(&self.lane)
+
+    def pass_over(self):
+        ei_lane_pass_over(&self.lane)
+
+    def picked(self):
+        ei_lane_picked(&self.lane)
 
     @property
     def counters(self):
@@ -531,6 +576,8 @@ cdef class FrameConsumer:
         return ei_guard_hit(self.mapping.guard) != 0
 
     def ready(self):
+        if self.shared:
+            return ei_lane_ready(&self.lane) != 0
         return ei_frame_consumer_ready(&self.c) != 0
 
     def has_frame(self):
@@ -599,16 +646,31 @@ cdef class FrameConsumer:
 # ---------------------------------------------------------------- waiting
 
 cdef class Doorbell:
-    """A process-private doorbell (doorbell.h) a WaitSet can sleep on next to
-    its rings: ring() from any thread wakes the waiter."""
-    cdef ei_doorbell bell  # the futex word and the pending flag; lives as long as this object
+    """A doorbell (doorbell.h) a WaitSet can sleep on next to its rings: ring()
+    from any thread wakes the waiter. Process-private by default; given a
+    writable shared buffer (the lanes' dispatch table), any process mapping it
+    can ring it."""
+    cdef ei_doorbell own   # the futex word and the pending flag, when not in a shared buffer
+    cdef ei_doorbell *bell # borrowed: &own, or a place in `table`
+    cdef object table      # keeps the shared buffer alive while `bell` points into it
+
+    def __cinit__(self, table=None, Py_ssize_t offset=0):
+        cdef uint8_t[::1] view
+        if table is None:
+            self.bell = &self.own
+            return
+        view = table
+        if offset < 0 or offset + 64 > view.shape[0] or offset % 64:
+            raise ValueError(f"doorbell offset {offset} outside the table or not cache-line aligned")
+        self.table = table
+        self.bell = <ei_doorbell *>&view[offset]
 
     def ring(self):
-        ei_doorbell_ring(&self.bell)
+        ei_doorbell_ring(self.bell)
 
     def take(self):
         """True if ring() was called since the last take()."""
-        return ei_doorbell_take(&self.bell) != 0
+        return ei_doorbell_take(self.bell) != 0
 
 
 cdef class WaitSet:
@@ -630,13 +692,15 @@ cdef class WaitSet:
             raise ValueError(f"can wait on at most {EI_MAX_WAIT} rings at once, got {n}")
         for i in range(n):
             obj = consumers[i]
-            if isinstance(obj, FrameConsumer):
+            if isinstance(obj, FrameConsumer) and (<FrameConsumer>obj).shared:
+                self.w[i] = ei_lane_waitable(&(<FrameConsumer>obj).lane)
+            elif isinstance(obj, FrameConsumer):
                 self.w[i] = ei_frame_waitable(&(<FrameConsumer>obj).c)
             else:
                 self.w[i] = ei_result_waitable(&(<ResultConsumer?>obj).r)
         total = n
         if bell is not None:
-            self.w[n] = ei_doorbell_waitable(&bell.bell)
+            self.w[n] = ei_doorbell_waitable(bell.bell)
             total = n + 1
         with nogil:
             mask = ei_wait_any(self.w, total, timeout_ns, spin_ns, use_waitv)
@@ -644,7 +708,10 @@ cdef class WaitSet:
             now = ei_now_ns(1)
             for i in range(n):
                 if mask >> i & 1 and isinstance(consumers[i], FrameConsumer):
-                    ei_frame_consumer_note(&(<FrameConsumer>consumers[i]).c, now)
+                    if (<FrameConsumer>consumers[i]).shared:
+                        ei_lane_note(&(<FrameConsumer>consumers[i]).lane, now)
+                    else:
+                        ei_frame_consumer_note(&(<FrameConsumer>consumers[i]).c, now)
         return mask
 
 
@@ -690,6 +757,11 @@ cdef class ResultProducer:
     def set_wake(self, bint wake):
         """FUTEX_WAKE on every commit (while readers are connected) or never."""
         self.wr.wake = 1 if wake else 0
+
+    def resume(self):
+        """Continue from the ring's head: lanes (forked processes sharing this writer's one writable mapping)
+        take turns writing a stream's records."""
+        ei_result_writer_resume(&self.wr)
 
     def write(self, uint64_t frame_seq, uint64_t frame_id, uint64_t capture_mono_ns, uint64_t capture_real_ns,
               uint64_t start_mono_ns, uint64_t done_mono_ns, uint32_t status, uint32_t payload_kind,

@@ -265,3 +265,29 @@ cdef extern from "doorbell.h" nogil:
     ei_waitable ei_doorbell_waitable(ei_doorbell *b)
     void ei_doorbell_ring(ei_doorbell *b)
     int ei_doorbell_take(ei_doorbell *b)
+
+
+# native/lanes.h: daemon-internal, not ABI. Lanes (processes) sharing a frame
+# ring one at a time through a cursor in the dispatch table.
+cdef extern from "lanes.h" nogil:
+    ctypedef struct ei_stream_cursor:
+        uint32_t owner            # lane id + 1 serving the stream, 0 = free (atomic)
+        uint32_t epoch            # producer generation of the state (atomic)
+        uint32_t passed_over      # picks that went to other streams while ready (atomic)
+    ctypedef struct ei_lane_view:
+        const ei_frame_consumer *c   # borrowed: the lane's consumer
+        ei_stream_cursor *cur        # borrowed: the cursor in the dispatch table
+        uint32_t epoch               # producer generation of the lane's ring
+        uint64_t claimed_since       # the cursor's arrival stamp when claimed
+    int ei_lane_ready(const void *v)
+    ei_waitable ei_lane_waitable(ei_lane_view *v)
+    uint64_t ei_lane_note(ei_lane_view *v, uint64_t now_ns)
+    int ei_lane_claim(ei_lane_view *v, ei_frame_consumer *c, uint32_t lane_id)
+    int ei_lane_unclaim(ei_lane_view *v, ei_frame_consumer *c)
+    uint32_t ei_lane_passed_over(const ei_lane_view *v)
+    void ei_lane_pass_over(ei_lane_view *v)
+    void ei_lane_picked(ei_lane_view *v)
+    uint64_t ei_lane_pending_since(const ei_lane_view *v)
+    int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
+    void ei_result_writer_resume(ei_result_writer *wr)
+    size_t EI_CURSOR_SIZE "sizeof(ei_stream_cursor)"

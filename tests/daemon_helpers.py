@@ -37,12 +37,22 @@ def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
 
 def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None,
                  trust_dir: str | None = None, metrics: dict | None = None, shm: dict | None = None,
-                 state_dir: str | None = None, ingress: dict | None = None) -> str:
+                 state_dir: str | None = None, ingress: dict | None = None, models: dict | None = None,
+                 lanes: list | None = None) -> str:
     """An edgeinferd.yaml for a test. Streams name their producer and readers (default: this process's
-    user); the sockets live in `tmp_path` unless `ingress` says otherwise (a value None leaves a key out)."""
+    user); the sockets live in `tmp_path` unless `ingress` says otherwise (a value None leaves a key out).
+    models: {name: bundle path or {bundle: ..., ort_threads: ...}} instead of the one `bundle_path`;
+    lanes: [{cpus: [...], models: [...]}]."""
     uid = os.getuid()
-    lines = [f"model:\n  bundle: {bundle_path}\n  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n"
-             f"  state_dir: {state_dir or tmp_path / 'state'}\nstreams:"]
+    lines = [f"model:\n" + (f"  bundle: {bundle_path}\n" if bundle_path else "") +
+             f"  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n  state_dir: {state_dir or tmp_path / 'state'}"]
+    if models:
+        lines.append("models:\n" + "\n".join(
+            f"  {name}: " + (json.dumps(m) if isinstance(m, dict) else json.dumps({"bundle": m}))
+            for name, m in models.items()))
+    if lanes is not None:
+        lines.append("lanes: " + json.dumps(lanes))
+    lines.append("streams:")
     for s in streams:
         s = {"producer": f"{{user: {uid}}}", "readers": f"{{users: [{uid}]}}", **s}
         lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items() if v is not None))

@@ -71,7 +71,7 @@ def test_good_config_loads_with_defaults(tmp_path):
     (GOOD.replace("    max_age_ms: 100", "    max_age_ms: 100\n    colour: red"), ":7: streams[0].colour: unknown key"),
     (GOOD.replace("max_age_ms: 100", "max_age_ms: -1"), ":6: streams[0].max_age_ms: Input should be greater than 0"),
     (GOOD.replace("scheduling: fifo", "scheduling: fast"), ":8: runtime.scheduling: Input should be 'fifo'"),
-    (GOOD.replace("  bundle: /tmp/bundle", "  warmup_runs: 3"), ":1: model.bundle: Field required"),
+    (GOOD.replace("  bundle: /tmp/bundle", "  warmup_runs: 3"), ":1: models: no model configured"),
     (GOOD.replace("name: cam0", "name: 'bad name!'"), ":4: streams[0].name: Value error"),
     (GOOD + "  loop_cpus: [99]\n", ":9: runtime.loop_cpus: Value error, CPUs [99] are not available"),
     (GOOD + "ingress:\n  max_pending: 0\n", ":10: ingress.max_pending: Input should be greater than or equal to 1"),

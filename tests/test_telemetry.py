@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, read_line, require_tool
-from daemon_helpers import edgeinferd_args, results, start_daemon, stop_daemon, wait_for, write_config
+from daemon_helpers import edgeinferd_args, poll, results, start_daemon, stop_daemon, wait_for, write_config
 from edgeinfer import _hist, ring
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
@@ -83,9 +83,13 @@ def test_metrics_promtool_and_a_real_prometheus_server(children, tmp_path, strea
         assert name in text, name
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
-    assert samples[("edgeinfer_stream_connected", (("stream", stream),))] == 1
-    assert samples[("edgeinfer_stream_readers", (("stream", stream),))] == 1
-    assert samples[("edgeinfer_model_sessions", ())] == 1  # one geometry: 224x224 bgr24
+    ids = (("model", "default"), ("stream", stream))
+    assert samples[("edgeinfer_stream_connected", ids)] == 1
+    assert samples[("edgeinfer_stream_readers", ids)] == 1
+    lanes = [dict(k[1])["lane"] for k in samples if k[0] == "edgeinfer_lane_up"]
+    assert lanes and all(samples[("edgeinfer_lane_up", (("lane", ln),))] == 1 for ln in lanes)
+    # one geometry (224x224 bgr24): one session in every lane (each holds the model)
+    assert all(samples[("edgeinfer_model_sessions", (("lane", ln),))] == 1 for ln in lanes)
     assert samples[("edgeinfer_ingress_refusals_total",
                     (("reason", "unknown_stream"), ("role", "producer"), ("stream", "(unknown)")))] == 1
     reader.close()
@@ -190,8 +194,8 @@ def test_status_and_top(children, tmp_path, stream, bundles):
     feed.terminate()
     feed.wait(10)
     # The camera's connection is its liveness: gone at once, and the table says so.
-    wait_for(lambda: f'edgeinfer_stream_connected{{stream="{stream}"}} 0.0'.encode() in get(url)[1], 5,
-             "the daemon to show the camera gone")
+    gone = poll(lambda: f'edgeinfer_stream_connected{{model="default",stream="{stream}"}} 0.0'.encode() in get(url)[1], 5)
+    assert gone, [ln for ln in get(url)[1].decode().splitlines() if "connected" in ln]
     s = subprocess.run([*CTL, "status", "--url", url], capture_output=True, text=True, timeout=60)
     row = next(x for x in s.stdout.splitlines() if x.startswith(stream))
     assert row.endswith("absent"), s.stdout

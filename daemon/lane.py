@@ -1,0 +1,242 @@
+"""A lane: one process, one real-time loop (engine.py) and its control thread.
+
+Forked by the zygote (zygote.py) with the dispatch table, the streams and their
+result writers already mapped. The control plane talks to it over one
+SOCK_SEQPACKET socket (protocol below); the lane never reads configuration,
+bundles or sockets of its own. Its control thread (normal priority) builds and
+warms ONNX Runtime sessions, hands them to the loop through the engine's
+mailbox, cancels a run past its deadline (the lane owns its runs), and
+forwards the loop's events as log lines. When the control plane goes away
+(its end of the socket closes), the lane stops.
+
+Control plane → lane (pickled tuple, fds alongside):
+  ("stage", name, geometries) + [bundle memfd]  build the model's sessions, warm  → ("staged", name, version, error)
+  ("commit", name) / ("discard", name)         serve the staged model / drop it
+  ("attach", stream, epoch, geometry) + [ring]  serve a producer's ring           → ("attached", stream, epoch, error)
+  ("detach", stream, epoch)                     stop serving that producer's ring
+  ("stall", seconds)                            fault injection (runtime.fault_injection only)
+Lane → control plane: the replies above, ("ready", pid), ("log", level, message), ("dropped", stream, epoch, why).
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import pickle
+import select
+import socket
+import sys
+import time
+
+from edgeinfer import dispatch, ring
+from edgeinfer.engine import Engine
+from edgeinfer.model import ModelRuntime, ThreadPlan
+
+MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
+TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
+
+
+def send(sock: socket.socket, msg: tuple, fds=()) -> bool:
+    """One message; False if the peer cannot take it now (a full socket) or is gone."""
+    try:
+        socket.send_fds(sock, [pickle.dumps(msg)], list(fds), socket.MSG_DONTWAIT)
+        return True
+    except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+        return False
+
+
+def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
+    """One message and its fds; (None, []) when the peer hung up."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 8)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return pickle.loads(data), fds  # from our own control plane only (a socketpair made by it)
+
+
+def bundle_to_memfd(bundle) -> int:
+    """The verified bundle, pickled into a sealed memfd: the lane runs exactly the bytes that were verified."""
+    data = memoryview(pickle.dumps(bundle))
+    fd = os.memfd_create("edgeinfer-bundle", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    written = 0
+    while written < len(data):
+        written += os.write(fd, data[written:])
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+def bundle_from_memfd(fd: int):
+    size = os.fstat(fd).st_size
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+        return pickle.loads(m)
+
+
+class Lane:
+    def __init__(self, lane: int, plan, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket):
+        self.id = lane
+        self.cfg = cfg
+        self.sock = sock
+        self.entries = cfg.model_entries()
+        self.model_names = list(plan.models)
+        self.cpus = tuple(plan.cpus)
+        rt = cfg.runtime
+        self.legacy_ort_cpus = tuple(rt.ort_cpus) if not cfg.models else ()
+        threaded = any(self.entries[m].ort_threads > 1 for m in self.model_names)
+        # With extra ORT threads the loop keeps the lane's first CPU and they get the others.
+        loop_cpus = self.cpus[:1] if threaded and len(self.cpus) > 1 else self.cpus
+        self.streams = {s.index: s for s in streams if s.model in self.model_names}
+        bells = [ring.Doorbell(table.memory, table.doorbell_offset(i)) for i in range(table.n_lanes)]
+        self.engine = Engine({}, list(self.streams.values()), lane=lane, counters=table.lane_counters(lane),
+                             bell=bells[lane], peers=[b for i, b in enumerate(bells) if i != lane],
+                             loop_cpus=loop_cpus, scheduling=rt.scheduling, priority=rt.priority,
+                             duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us, idle_timeout_ms=rt.idle_timeout_ms)
+        self.table = table
+        self.models: dict[str, ModelRuntime] = {}
+        self.staged: dict[str, ModelRuntime] = {}
+        self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
+
+    def thread_plan(self, name: str) -> ThreadPlan:
+        threads = self.entries[name].ort_threads
+        extra = self.legacy_ort_cpus or self.cpus[1:]
+        return ThreadPlan(threads, tuple(extra[: threads - 1]) if threads > 1 else ())
+
+    def log(self, level: str, message: str) -> None:
+        send(self.sock, ("log", level, message))
+
+    # ---------------------------------------------------------------- messages
+
+    def on_stage(self, name: str, geometries, fds) -> None:
+        rt = self.cfg.runtime
+        try:
+            bundle = bundle_from_memfd(fds[0])
+            model = ModelRuntime(bundle, self.thread_plan(name), self.cfg.model.warmup_runs,
+                                 warmup_deadline_s=max(5.0, 10 * rt.run_deadline_ms / 1e3),
+                                 max_sessions=rt.max_sessions)
+            for g in geometries:
+                model.session_for(*g)
+        except Exception as e:  # BundleError, or anything ORT raises: the control plane refuses the load
+            send(self.sock, ("staged", name, None, str(e) or type(e).__name__))
+            return
+        self.staged[name] = model
+        send(self.sock, ("staged", name, model.version, None))
+
+    def on_commit(self, name: str) -> None:
+        model = self.staged.pop(name)
+        sessions = {}
+        for s in self.streams.values():
+            if s.model == name and s.index in self.rings:
+                g = self.rings[s.index][1].geometry_key
+                sessions[s] = model.session_for(*g)
+        self.models[name] = model
+        self.engine.swap_model(name, model, sessions)
+
+    def on_attach(self, index: int, epoch: int, geometry, fds) -> None:
+        s = self.streams[index]
+        try:
+            reader = ring.FrameReader(fds[0], f"stream {s.name}", join=True)
+        finally:
+            os.close(fds[0])
+        reader.geometry_key = tuple(geometry)
+        reader.native.share(self.table.memory, self.table.cursor_offset(index), epoch)
+        try:
+            session = self.models[s.model].session_for(*geometry, pinned=self.pinned())
+        except Exception as e:
+            reader.close()
+            send(self.sock, ("attached", index, epoch, str(e)))
+            return
+        self.rings[index] = (epoch, reader)
+        self.engine.attach(s, reader, session, epoch)
+        send(self.sock, ("attached", index, epoch, None))
+
+    def pinned(self) -> set:
+        return {reader.geometry_key for _epoch, reader in self.rings.values()}
+
+    def on_detach(self, index: int, epoch: int) -> None:
+        held = self.rings.get(index)
+        if held is not None and held[0] == epoch:
+            del self.rings[index]
+            self.engine.detach(self.streams[index], held[1])
+
+    def handle(self, msg: tuple, fds: list[int]) -> bool:
+        kind = msg[0]
+        if kind == "stage":
+            self.on_stage(msg[1], msg[2], fds)
+        elif kind == "commit":
+            self.on_commit(msg[1])
+        elif kind == "discard":
+            self.staged.pop(msg[1], None)
+        elif kind == "attach":
+            self.on_attach(msg[1], msg[2], msg[3], fds)
+            fds = []
+        elif kind == "detach":
+            self.on_detach(msg[1], msg[2])
+        elif kind == "stall" and self.cfg.runtime.fault_injection:
+            self.engine.inject_stall(float(msg[1]))
+        elif kind == "stop":
+            return False
+        for fd in fds:
+            os.close(fd)
+        return True
+
+    # ---------------------------------------------------------------- run
+
+    def chores(self) -> None:
+        e = self.engine
+        counters = self.table.lane_counters(self.id)
+        held = list(self.models.values()) + list(self.staged.values())
+        counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in held)
+        counters[dispatch.LANE_EVICTIONS] = sum(m.evictions for m in held)
+        if e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3):
+            pass  # counted by the loop when the run returns
+        while e.events:
+            level, message = e.events.pop(0)
+            self.log(level, message)
+        while e.dropped:
+            s, reader, why = e.dropped.pop(0)
+            held = self.rings.get(s.index)
+            if held is not None and held[1] is reader:
+                del self.rings[s.index]
+                send(self.sock, ("dropped", s.index, held[0], why))
+            reader.close()
+
+    def run(self) -> int:
+        self.engine.start()
+        self.table.lane_counters(self.id)[dispatch.LANE_READY] = 1
+        send(self.sock, ("ready", os.getpid()))
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        try:
+            while self.engine.alive:
+                if poller.poll(TICK_S * 1000):
+                    msg, fds = receive(self.sock)
+                    if msg is None or not self.handle(msg, fds):
+                        break
+                self.chores()
+        finally:
+            self.table.lane_counters(self.id)[dispatch.LANE_READY] = 0
+            stopped = self.engine.stop(5.0)
+            self.chores()
+        return 0 if stopped else 1
+
+
+def lane_main(lane: int, plan, cfg, streams, table, sock: socket.socket) -> int:
+    """The forked lane's whole life (the zygote's child)."""
+    # The control thread (and what it starts, unless pinned: ORT's extra threads are, to the lane's CPUs) stays
+    # off the lane's CPUs where others exist: at normal priority next to the real-time loop it would not run
+    # until the frame was done, and it must be able to cancel an overdue run.
+    others = os.sched_getaffinity(0) - set(plan.cpus)
+    os.sched_setaffinity(0, others or set(plan.cpus))
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(f"edgeinfer-lane{lane}")
+    except OSError:
+        pass
+    started = time.monotonic()
+    try:
+        return Lane(lane, plan, cfg, streams, table, sock).run()
+    except Exception as e:
+        send(sock, ("log", "error", f"lane stopped after {time.monotonic() - started:.1f} s: "
+                                    f"{type(e).__name__}: {e}"))
+        print(f"edgeinferd lane {lane}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1

