@@ -5,13 +5,15 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# gcc/libc6-dev: the Cython extension and the C example; spin: the protocol model check;
-# python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3);
+# Debian packages in two sets, so that `make demo` installs only the first.
+# Building and running (demo, bench): gcc/libc6-dev: the Cython extension and the C example;
+# python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3).
+BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev
+# The test suite, in addition: spin: the protocol model check;
 # prometheus: promtool and a real Prometheus server for the telemetry tests;
 # debootstrap, systemd-container: the system tests boot the .deb in a container;
 # clang, libclang-rt-14-dev (libFuzzer, sanitizers), llvm (llvm-cov): coverage-guided fuzzing of ring.h.
-APT_PACKAGES := gcc libc6-dev make spin python3-venv python3-dev prometheus debootstrap systemd-container \
-	clang libclang-rt-14-dev llvm
+TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm
 NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
@@ -19,12 +21,17 @@ EXT_STAMP := daemon/.native-built
 
 all: native
 
-system-packages: .system-packages.stamp
-.system-packages.stamp: scripts/ensure-system-packages
-	scripts/ensure-system-packages $(APT_PACKAGES)
+# One stamp per set: each is checked once, not at every make.
+system-packages: .build-packages.stamp .test-packages.stamp
+.build-packages.stamp: scripts/ensure-system-packages
+	scripts/ensure-system-packages $(BUILD_PACKAGES)
+	@touch $@
+.test-packages.stamp: scripts/ensure-system-packages
+	scripts/ensure-system-packages $(TEST_PACKAGES)
 	@touch $@
 
-$(VENV)/.stamp: requirements/dev.txt .system-packages.stamp
+# Order-only (|): the packages must be there first, but checking them again reinstalls nothing.
+$(VENV)/.stamp: requirements/dev.txt | .build-packages.stamp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/dev.txt
@@ -52,7 +59,7 @@ models: $(MODELS_STAMP)
 # The whole suite, including the system tests that install build/deb/*.deb in a
 # booted systemd container: so the package is built first.
 # The short reliability profile (tests/reliability) is part of it; its table goes to build/reliability.md.
-test: native models deb
+test: .test-packages.stamp native models deb
 	EDGEINFER_RELIABILITY_REPORT=build/reliability.md EDGEINFER_RELIABILITY_COMMAND="make test" \
 		$(PY) -m pytest -q tests
 
@@ -60,7 +67,7 @@ test: native models deb
 # in tests/reliability plus the container's fault checks (so the .deb first).
 # PROFILE=short (~12 min, what make test runs) or PROFILE=long (~95 min, 1 h soak).
 PROFILE ?= short
-reliability: native models deb
+reliability: .test-packages.stamp native models deb
 	EDGEINFER_RELIABILITY_PROFILE=$(PROFILE) EDGEINFER_RELIABILITY_REPORT=docs/reliability.md \
 		$(PY) -m pytest -q tests/reliability tests/test_system_nspawn.py
 
@@ -88,5 +95,6 @@ clean:
 	rm -rf build native/ring.c native/hist.c daemon/_ring*.so daemon/_hist*.so $(EXT_STAMP) *.egg-info
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
+# .system-packages.stamp: the single stamp from before the two sets.
 distclean: clean
-	rm -rf $(VENV) .system-packages.stamp
+	rm -rf $(VENV) .build-packages.stamp .test-packages.stamp .system-packages.stamp

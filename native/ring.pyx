@@ -405,13 +405,16 @@ cdef class FrameProducer:
 
 cdef class Frame:
     """The frame a consumer holds: a zero-copy, read-only view of one slot plus
-    its metadata. Valid until release() (or the end of a `with` block). The
-    consumer reuses this one object for every frame, so acquiring allocates
-    nothing; copy out what must outlive the hold."""
+    its metadata. Its views (array, batch, flat, data) are valid until release()
+    (or the end of a `with` block); after it they raise RingStateError, because
+    the producer may already be rewriting the slot. The metadata stays readable.
+    The consumer reuses this one object for every frame, so acquiring allocates
+    nothing; copy out what must outlive the hold (a view taken out before
+    release() still points at the slot: that is the caller's contract)."""
     cdef FrameConsumer owner                 # the consumer holding the slot
-    cdef readonly object array               # (height, width, channels) uint8 view of the slot
-    cdef readonly object batch               # the same as a batch of one: (1, height, width, channels)
-    cdef readonly object flat                # the whole payload area as a flat uint8 view
+    cdef object _array                       # (height, width, channels) uint8 view of the slot; None once released
+    cdef object _batch                       # the same as a batch of one: (1, height, width, channels)
+    cdef object _flat                        # the whole payload area as a flat uint8 view
     cdef readonly uint64_t seq               # frame sequence number in this ring
     cdef readonly uint64_t frame_id          # producer's own frame number
     cdef readonly uint64_t capture_ns        # CLOCK_MONOTONIC at capture (the producer's word)
@@ -421,14 +424,34 @@ cdef class Frame:
     cdef readonly uint32_t slot              # slot index
     cdef readonly int64_t skipped            # frames published since the previous one taken
 
+    cdef object _view(self, object v):
+        if v is None:
+            raise RingStateError(f"frame {self.seq} released: its views are gone (copy out before release())")
+        return v
+
+    @property
+    def array(self):
+        return self._view(self._array)
+
+    @property
+    def batch(self):
+        return self._view(self._batch)
+
+    @property
+    def flat(self):
+        return self._view(self._flat)
+
     @property
     def data(self):
         """The payload bytes the producer declared (payload_len)."""
-        return memoryview(self.flat)[:self.payload_len]
+        return memoryview(self._view(self._flat))[:self.payload_len]
+
+    cdef void _drop_views(self):
+        self._array = self._batch = self._flat = None
 
     def release(self):
         if self.owner is not None:  # None once the consumer is closed (it released everything then)
-            self.owner.release()
+            self.owner.release()   # drops our views too
 
     def __enter__(self):
         return self
@@ -598,9 +621,9 @@ cdef class FrameConsumer:
         if rc == 1:
             self.status = 0
             f = self.frame
-            f.array = self.images[self.info.slot]
-            f.batch = self.batches[self.info.slot]
-            f.flat = self.flats[self.info.slot]
+            f._array = self.images[self.info.slot]  # preallocated per slot: handing them out allocates nothing
+            f._batch = self.batches[self.info.slot]
+            f._flat = self.flats[self.info.slot]
             f.seq = self.info.seq
             f.frame_id = self.info.frame_id
             f.capture_ns = self.info.capture_mono_ns
@@ -616,6 +639,7 @@ cdef class FrameConsumer:
         return None
 
     def release(self):
+        self.frame._drop_views()  # the slot is the producer's again: the Frame must not reach it
         ei_frame_consumer_release(&self.c)
 
     @property
@@ -638,6 +662,7 @@ cdef class FrameConsumer:
     def close(self):
         """Releases any held frame and our fd; memory stays mapped while views exist. The Frame lets go
         of us: its back reference made a cycle that kept every closed ring mapped until a full gc."""
+        self.frame._drop_views()
         ei_frame_consumer_release(&self.c)
         self.mapping.close_fd()
         self.frame.owner = None

@@ -1,22 +1,16 @@
 """Configuration: validation errors name the key and the YAML line; the CLI check; a 0.1 file still
-starts (with warnings); the shipped file documents every key of the schema."""
+starts (with warnings). The shipped file against the schema: test_shipped_config.py."""
 from __future__ import annotations
 
-import grp
 import re
 import subprocess
-import typing
 import uuid
 
 import pytest
-from pydantic import BaseModel
 
-from conftest import ROOT
 from daemon_helpers import edgeinferd_args
 from edgeinfer import cli, config, ring
 from edgeinfer.config import ConfigError, load_config
-
-SHIPPED = ROOT / "etc/edgeinfer/edgeinferd.yaml"
 
 GOOD = """\
 model:
@@ -268,111 +262,3 @@ def test_cli_default_sockets_are_ring_h_defaults():
     """edgeinferctl hard-codes the defaults (so that --help needs no native module): they must be ring.h's."""
     assert cli._INGRESS_SOCKET == ring.INGRESS_SOCKET
     assert cli._RESULTS_SOCKET == ring.RESULTS_SOCKET
-
-
-# ------------------------------------------------------------------ the shipped file
-
-
-# Keys the shipped file does not document as keys: the ABI 1 ones (named once, in the comment that says
-# they are accepted with a warning) and one that only the loader itself sets.
-ABI1_KEYS = {("shm", "dir"): "shm.dir", ("shm", "allowed_uids"): "shm.allowed_uids",
-             ("shm", "result_group"): "shm.result_group", ("streams", "segment"): "streams[].segment"}
-
-
-def _models_in(annotation) -> list[type[BaseModel]]:
-    """The pydantic models an annotation holds (X, list[X], X | None, ...)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
-
-
-def schema_keys(model: type[BaseModel] = config.Config, path: tuple = ()) -> list[tuple]:
-    """Every key path of the configuration schema, walked recursively through the models."""
-    out = []
-    for name, field in model.model_fields.items():
-        out.append((*path, name))
-        for sub in dict.fromkeys(_models_in(field.annotation)):
-            out += schema_keys(sub, (*path, name))
-    return list(dict.fromkeys(out))
-
-
-def _sections(text: str) -> dict[str, str]:
-    """Top-level key → its part of the file (from its line to the next top-level key)."""
-    out, current = {}, None
-    for line in text.splitlines():
-        m = re.match(r"(\w+):", line)
-        if m:
-            current = m[1]
-            out[current] = ""
-        if current is not None:
-            out[current] += line + "\n"
-    return out
-
-
-def mentioned(key: str, text: str) -> bool:
-    """`key:` appears in `text`, commented or not (not as the end of a longer key)."""
-    return re.search(rf"(?<![\w.-]){re.escape(key)}:(\s|$)", text) is not None
-
-
-def test_the_walk_sees_nested_keys():
-    keys = schema_keys()
-    for k in [("model", "trust_dir"), ("streams", "producer", "user"), ("streams", "readers", "groups"),
-              ("ingress", "max_ring_mib"), ("runtime", "geometry_cooldown_s"), ("metrics", "health_deadline_s")]:
-        assert k in keys
-    assert set(ABI1_KEYS) <= set(keys)  # the exceptions below name keys that exist
-    assert ("streams", "producer", "uids") not in keys  # shm.allowed_uids' producers are no key of their own
-
-
-def test_shipped_config_mentions_every_key_of_the_schema():
-    """The shipped file is the configuration's documentation: every key of daemon/config.py appears in
-    it, in its own section, so that the file cannot fall behind the code again."""
-    text = SHIPPED.read_text()
-    sections = _sections(text)
-    missing = []
-    for key in schema_keys():
-        if key in ABI1_KEYS:
-            continue
-        if len(key) == 1:
-            if key[0] not in sections:
-                missing.append(key[0])
-        elif not mentioned(key[-1], sections.get(key[0], "")):
-            missing.append(".".join(key))
-    assert missing == [], f"{SHIPPED} does not mention {missing}"
-    for key, dotted in ABI1_KEYS.items():  # only in the one comment that says they are accepted with a warning
-        assert not mentioned(key[-1], sections[key[0]]), f"{dotted} (ABI 1) is documented as a key"
-        assert dotted in text, f"the upgrade comment does not name {dotted}"
-    assert "signing lands" not in text and "/dev/shm" not in text
-
-
-@pytest.fixture
-def edgeinfer_group(monkeypatch):
-    """The shipped file names group edgeinfer, which the package creates (packaging/debian/edgeinfer.sysusers).
-    Where this host has none, the loader is shown one (in this process only)."""
-    try:
-        grp.getgrnam("edgeinfer")
-        return
-    except KeyError:
-        pass
-    real = grp.getgrnam
-
-    def getgrnam(name):
-        if name == "edgeinfer":
-            return grp.struct_group(("edgeinfer", "x", 64999, []))
-        return real(name)
-    monkeypatch.setattr(grp, "getgrnam", getgrnam)
-
-
-def test_shipped_config_is_valid_and_shows_the_defaults(edgeinfer_group):
-    """It loads without a warning, and every value it shows is the default (it documents defaults; an
-    operator changes them)."""
-    cfg = load_config(str(SHIPPED))
-    assert cfg.warnings == []
-    assert [s.name for s in cfg.streams] == ["cam0"] and cfg.model.bundle == "/var/lib/edgeinfer/models/current"
-    s = cfg.streams[0]
-    assert s.producer.group == "edgeinfer" and s.producer.user is None
-    assert s.readers == config.StreamConfig.model_fields["readers"].default
-    defaults = config.StreamConfig(name="cam0")
-    assert s.model_dump(exclude={"producer"}) == defaults.model_dump(exclude={"producer"})
-    assert cfg.model == config.ModelConfig(bundle=cfg.model.bundle)
-    assert (cfg.runtime, cfg.ingress, cfg.shm, cfg.metrics) == (config.RuntimeConfig(), config.IngressConfig(),
-                                                              config.ShmConfig(), config.MetricsConfig())

@@ -112,6 +112,30 @@ def test_short_payload_is_its_own_outcome_and_the_next_frame_is_served():
             assert f.seq == 2 and f.skipped == 0
 
 
+def test_views_are_gone_after_release():
+    """A Frame is valid until release(): after it, its views fail loudly instead of showing a slot the
+    producer may be rewriting. The metadata stays readable (the daemon stamps the result with it)."""
+    w, r = pair(16, 16)
+    with w, r:
+        publish_pattern(w, 1)
+        f = r.take()
+        assert f.batch.shape == (1, 16, 16, 3)
+        f.release()
+        for name in ("array", "batch", "flat", "data"):
+            with pytest.raises(ring.RingStateError, match="released"):
+                getattr(f, name)
+        assert f.seq == 1 and f.payload_len == 16 * 16 * 3
+        publish_pattern(w, 2)
+        with r.take() as f:  # the next take hands the views out again
+            assert is_whole(f.flat, 2, 16 * 16 * 3)
+        with pytest.raises(ring.RingStateError):
+            f.array  # the end of the `with` block released it
+        publish_pattern(w, 3)
+        f = r.take()
+    with pytest.raises(ring.RingStateError):
+        f.flat  # closing the reader released the frame it held
+
+
 def test_view_outlives_writer_and_reader():
     """The mapping stays alive while a view exists: no use-after-unmap, ever."""
     w, r = pair(16, 16)

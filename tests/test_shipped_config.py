@@ -1,0 +1,161 @@
+"""The shipped etc/edgeinfer/edgeinferd.yaml is the configuration's documentation: held here to the schema
+(daemon/config.py), walked recursively, so that a key added to the schema fails these tests until the file
+documents it.
+
+The file's convention (stated at its top): every key appears. A key that is set shows its default; a
+commented-out key ("# key: value", at the key's own indentation) has no default and shows an example.
+Exceptions: required keys, and streams[].producer (EXAMPLES below). A prose comment therefore never starts
+with a lower-case word and a colon, or it would read as a commented-out key.
+"""
+from __future__ import annotations
+
+import grp
+import re
+import typing
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from conftest import ROOT
+from edgeinfer import config
+from edgeinfer.config import load_config
+from edgeinfer.identity import Identity
+
+SHIPPED = ROOT / "etc/edgeinfer/edgeinferd.yaml"
+
+# Keys the file does not document as keys: the ABI 1 ones, named once in the comment that says they are
+# accepted with a warning.
+ABI1_KEYS = {("shm", "dir"): "shm.dir", ("shm", "allowed_uids"): "shm.allowed_uids",
+             ("shm", "result_group"): "shm.result_group", ("streams", "segment"): "streams[].segment"}
+# Set to something other than their default, on purpose: with no producer, a stream falls back to the
+# trust of 0.1 (any member of group edgeinfer) and warns at every start.
+EXAMPLES = {("streams", "producer")}
+# A commented-out key: '#', one space, then `key:` where the key would stand.
+COMMENTED_KEY = re.compile(r"^(\s*)# ([a-z_][a-z0-9_]*:(?: |$))", re.M)
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (X, list[X], X | None, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def schema_fields(model: type[BaseModel] = config.Config, path: tuple = ()) -> dict:
+    """Every key path of the schema → its pydantic field, walked recursively through the models."""
+    out = {}
+    for name, field in model.model_fields.items():
+        out[(*path, name)] = field
+        for sub in dict.fromkeys(_models_in(field.annotation)):
+            out.update(schema_fields(sub, (*path, name)))
+    return out
+
+
+def file_keys(data, schema: dict, path: tuple = ()) -> set[tuple]:
+    """Every key path in parsed YAML (list items share their list's path). Descends only into keys the
+    schema says hold a model, so a free-form mapping value would not read as keys."""
+    out = set()
+    if isinstance(data, list):
+        for item in data:
+            out |= file_keys(item, schema, path)
+    elif isinstance(data, dict):
+        for k, v in data.items():
+            key = (*path, k)
+            out.add(key)
+            if any(len(s) > len(key) and s[:len(key)] == key for s in schema):
+                out |= file_keys(v, schema, key)
+    return out
+
+
+def uncommented(text: str) -> str:
+    """The file with its commented-out keys put back: the key where its `#` stood, so YAML nests it there."""
+    return COMMENTED_KEY.sub(r"\1\2", text)
+
+
+def test_the_walk_sees_nested_keys():
+    keys = schema_fields()
+    for k in [("model", "trust_dir"), ("streams", "producer", "user"), ("streams", "readers", "groups"),
+              ("ingress", "max_ring_mib"), ("runtime", "geometry_cooldown_s"), ("metrics", "health_deadline_s")]:
+        assert k in keys
+    assert set(ABI1_KEYS) | EXAMPLES <= set(keys)  # the exceptions name keys that exist
+    assert ("streams", "producer", "uids") not in keys  # shm.allowed_uids' producers are no key of their own
+    text = "a:\n  # b: 1         # why\n  # Prose: not a key\n  # see x: no\n  c: 2\n"
+    assert yaml.safe_load(uncommented(text)) == {"a": {"b": 1, "c": 2}}
+
+
+def test_shipped_config_has_every_key_of_the_schema_and_no_other():
+    schema = schema_fields()
+    text = SHIPPED.read_text()
+    present = file_keys(yaml.safe_load(uncommented(text)), schema)
+    unknown = sorted(".".join(k) for k in present - set(schema))
+    assert unknown == [], f"{SHIPPED} shows keys the schema does not have (commented-out or not): {unknown}"
+    missing = sorted(".".join(k) for k in set(schema) - present - set(ABI1_KEYS))
+    assert missing == [], f"{SHIPPED} does not document {missing}"
+    for key, dotted in ABI1_KEYS.items():  # only in the one comment that says they are accepted with a warning
+        assert key not in present, f"{dotted} (ABI 1) is documented as a key"
+        assert dotted in text, f"the upgrade comment does not name {dotted}"
+    assert "signing lands" not in text and "/dev/shm" not in text
+
+
+def test_commented_out_keys_are_the_ones_without_a_default():
+    """A key with a default is set, showing it; only a key that is unset by default is commented out."""
+    schema = schema_fields()
+    text = SHIPPED.read_text()
+    commented = (file_keys(yaml.safe_load(uncommented(text)), schema)
+                 - file_keys(yaml.safe_load(text), schema))
+    assert commented, "the walk found no commented-out key (the file has some)"
+    wrong = sorted(".".join(k) for k in commented if schema[k].is_required() or schema[k].default is not None)
+    assert wrong == [], f"commented out in {SHIPPED}, but they have a default to show: {wrong}"
+
+
+@pytest.fixture
+def edgeinfer_group(monkeypatch):
+    """The shipped file names group edgeinfer, which the package creates (packaging/debian/edgeinfer.sysusers).
+    Where this host has none, the loader is shown one (in this process only)."""
+    try:
+        grp.getgrnam("edgeinfer")
+        return
+    except KeyError:
+        pass
+    real = grp.getgrnam
+
+    def getgrnam(name):
+        if name == "edgeinfer":
+            return grp.struct_group(("edgeinfer", "x", 64999, []))
+        return real(name)
+    monkeypatch.setattr(grp, "getgrnam", getgrnam)
+
+
+def not_defaults(m: BaseModel, path: tuple = (), defaults: BaseModel | None = None) -> list[str]:
+    """Keys of a loaded config whose value is not the schema's default (`defaults`: the default of the
+    model `m` stands for). A required key has no default: its own value stands, and the models in it
+    are checked field by field."""
+    out = []
+    for name, field in type(m).model_fields.items():
+        key, v = (*path, name), getattr(m, name)
+        if key in EXAMPLES:
+            continue
+        if defaults is not None:
+            d = getattr(defaults, name)
+        elif not field.is_required():
+            d = field.get_default(call_default_factory=True)
+        else:
+            for item in v if isinstance(v, list) else [v]:
+                if isinstance(item, BaseModel):
+                    out += not_defaults(item, key)
+            continue
+        if isinstance(v, BaseModel) and type(v) is type(d):
+            out += not_defaults(v, key, d)  # name the key itself, not its section
+        elif v != d:
+            out.append(f"{'.'.join(key)}: {v!r}, default {d!r}")
+    return out
+
+
+def test_shipped_config_is_valid_and_shows_the_defaults(edgeinfer_group):
+    """It loads without a warning, and every value it sets is the default (it documents defaults; an
+    operator changes them)."""
+    cfg = load_config(str(SHIPPED))
+    assert cfg.warnings == []
+    assert (wrong := not_defaults(cfg)) == [], f"{SHIPPED} sets values other than the defaults: {wrong}"
+    assert cfg.streams[0].producer == Identity(group="edgeinfer")  # the one example, see EXAMPLES
