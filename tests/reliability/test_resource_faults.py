@@ -217,10 +217,10 @@ def test_state_dir_full_then_read_only(request, matrix, tmp_path, small_fs, stre
     os.symlink(newer, bundle_now)
     failures_before = read_stats(stats).get("state_write_failures", 0)
     proc.send_signal(1)  # SIGHUP
-    poll(lambda: (read_stats(stats).get("model") or {}).get("version") == "1.0.1"
+    poll(lambda: (read_stats(stats).get("models", {}).get("default") or {}).get("version") == "1.0.1"
          and read_stats(stats).get("state_write_failures", 0) > failures_before, 20)
     st = read_stats(stats)
-    ro_serving = (st.get("model") or {}).get("version") == "1.0.1" and open(state_file, "rb").read() == after_retry
+    ro_serving = (st.get("models", {}).get("default") or {}).get("version") == "1.0.1" and open(state_file, "rb").read() == after_retry
     cli = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "model", "allow-downgrade", "fault-checksum", "0.5",
                           "--state-dir", state], capture_output=True, text=True, timeout=60)
     cli_clear = cli.returncode == 1 and "cannot write the anti-rollback state (Read-only file system)" in cli.stderr
