@@ -30,9 +30,11 @@ ABI1_KEYS = {("shm", "dir"): "shm.dir", ("shm", "allowed_uids"): "shm.allowed_ui
              ("shm", "result_group"): "shm.result_group", ("streams", "segment"): "streams[].segment"}
 # Set to something other than their default, on purpose: with no producer, a stream falls back to the
 # trust of 0.1 (any member of group edgeinfer) and warns at every start.
-EXAMPLES = {("streams", "producer")}
+# `models` has no default but the daemon needs one: the file names the package's bundle.
+EXAMPLES = {("streams", "producer"), ("models",)}
 # A commented-out key: '#', one space, then `key:` where the key would stand.
-COMMENTED_KEY = re.compile(r"^(\s*)# ([a-z_][a-z0-9_]*:(?: |$))", re.M)
+# A list item of a commented-out example ("# - key:") counts too.
+COMMENTED_KEY = re.compile(r"^(\s*)# ((?:- )?[a-z_][a-z0-9_]*:(?: |$))", re.M)
 
 
 def _models_in(annotation) -> list[type[BaseModel]]:
@@ -52,7 +54,7 @@ def schema_fields(model: type[BaseModel] = config.Config, path: tuple = ()) -> d
     return out
 
 
-def file_keys(data, schema: dict, path: tuple = ()) -> set[tuple]:
+def file_keys(data, schema: dict, path: tuple = (), entry: bool = False) -> set[tuple]:
     """Every key path in parsed YAML (list items share their list's path). Descends only into keys the
     schema says hold a model, so a free-form mapping value would not read as keys."""
     out = set()
@@ -60,7 +62,11 @@ def file_keys(data, schema: dict, path: tuple = ()) -> set[tuple]:
         for item in data:
             out |= file_keys(item, schema, path)
     elif isinstance(data, dict):
+        by_name = not entry and path in schema and typing.get_origin(schema[path].annotation) is dict
         for k, v in data.items():
+            if by_name:  # a mapping of entries by name (models:): each entry's keys under the map's path
+                out |= file_keys(v, schema, path, entry=True)
+                continue
             key = (*path, k)
             out.add(key)
             if any(len(s) > len(key) and s[:len(key)] == key for s in schema):
@@ -105,7 +111,9 @@ def test_commented_out_keys_are_the_ones_without_a_default():
     commented = (file_keys(yaml.safe_load(uncommented(text)), schema)
                  - file_keys(yaml.safe_load(text), schema))
     assert commented, "the walk found no commented-out key (the file has some)"
-    wrong = sorted(".".join(k) for k in commented if schema[k].is_required() or schema[k].default is not None)
+    # Keys inside a commented-out key are part of its example (lanes: - cpus: ...).
+    wrong = sorted(".".join(k) for k in commented if (schema[k].is_required() or schema[k].default is not None)
+                   and k[:-1] not in commented)
     assert wrong == [], f"commented out in {SHIPPED}, but they have a default to show: {wrong}"
 
 
