@@ -60,6 +60,14 @@ class ModelEntry(_Strict):
     ort_threads: int = Field(1, ge=1, le=256)  # intra-op threads per lane for this model, the lane's loop included
     batch: int = Field(1, ge=1, le=64)         # frames of one geometry run as one batch (1: no batching)
 
+    @field_validator("batch")
+    @classmethod
+    def _batch(cls, v: int) -> int:
+        if v != 1:  # refused rather than ignored: a key that silently did nothing would mislead the tuning
+            raise ValueError("micro-batching is not built yet (issue #13 item 6): every lane runs one frame "
+                             "at a time; use 1")
+        return v
+
     @field_validator("bundle")
     @classmethod
     def _bundle(cls, v: str) -> str:

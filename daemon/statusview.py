@@ -1,5 +1,6 @@
-"""`edgeinferctl status` and `edgeinferctl top`: the daemon's per-stream table,
-read from its /metrics endpoint (no other channel to the daemon needed)."""
+"""`edgeinferctl status` and `edgeinferctl top`: the daemon's lanes (busy %, fps,
+models), models (version, p50/p99) and streams, read from its /metrics
+endpoint (no other channel to the daemon needed)."""
 from __future__ import annotations
 
 import sys
@@ -10,39 +11,96 @@ from prometheus_client.parser import text_string_to_metric_families
 
 
 def scrape(url: str, timeout: float = 3.0) -> dict:
-    """The daemon's state from one scrape: {"model", "realtime", "streams": {name: {...}}}."""
+    """The daemon's state from one scrape: models, lanes, streams (and their e2e buckets per model)."""
     with urllib.request.urlopen(url, timeout=timeout) as r:
         text = r.read().decode()
-    out = {"model": None, "realtime": None, "ready": None, "streams": {}}
+    out = {"models": {}, "lanes": {}, "realtime": None, "ready": None, "streams": {}, "buckets": {}}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            stream = s.labels.get("stream")
+            stream, lane = s.labels.get("stream"), s.labels.get("lane")
             row = out["streams"].setdefault(stream, {}) if stream else None
+            lrow = out["lanes"].setdefault(lane, {"models": []}) if lane else None
             if s.name == "edgeinfer_frames_total":
                 row[s.labels["outcome"]] = int(s.value)
+                row["model"] = s.labels.get("model")
             elif s.name == "edgeinfer_e2e_latency_recent_seconds" and "quantile" in s.labels:
                 row["p" + s.labels["quantile"].replace("0.", "").ljust(2, "0")] = s.value * 1e3
+            elif s.name == "edgeinfer_e2e_latency_seconds_bucket":
+                le = float(s.labels["le"])
+                per_model = out["buckets"].setdefault(s.labels.get("model", ""), {})
+                per_model[le] = per_model.get(le, 0.0) + s.value
             elif s.name == "edgeinfer_stream_connected":
                 row["connected"] = bool(s.value)
             elif s.name == "edgeinfer_model_info":
-                out["model"] = f"{s.labels['name']} {s.labels['version']}"
+                out["models"][s.labels.get("model", "")] = f"{s.labels['name']} {s.labels['version']}"
             elif s.name == "edgeinfer_realtime_active":
-                out["realtime"] = bool(s.value)
+                lrow["realtime"] = bool(s.value)
+            elif s.name == "edgeinfer_lane_up":
+                lrow["up"] = bool(s.value)
+            elif s.name == "edgeinfer_lane_busy_seconds_total":
+                lrow["busy_s"] = s.value
+            elif s.name == "edgeinfer_lane_frames_total":
+                lrow["frames"] = s.value
+            elif s.name == "edgeinfer_lane_restarts_total":
+                lrow["restarts"] = int(s.value)
+            elif s.name == "edgeinfer_lane_model":
+                lrow["models"].append(s.labels["model"])
             elif s.name == "edgeinfer_ready":
                 out["ready"] = bool(s.value)
+    lanes = out["lanes"].values()
+    out["realtime"] = bool(lanes) and all(ln.get("realtime") for ln in lanes)
+    return out
+
+
+def quantile(buckets: dict, q: float) -> float:
+    """The q-quantile (s) of cumulative Prometheus buckets {le: count}, interpolated inside the bucket
+    (as histogram_quantile does); nan without observations."""
+    edges = sorted(buckets)
+    total = buckets[edges[-1]] if edges else 0
+    if not total:
+        return float("nan")
+    rank, lo, below = q * total, 0.0, 0.0
+    for le in edges:
+        if buckets[le] >= rank:
+            if le == float("inf"):
+                return lo
+            return lo + (le - lo) * (rank - below) / max(buckets[le] - below, 1e-12)
+        lo, below = le, buckets[le]
+    return lo
+
+
+def _recent(now: dict, before: dict | None) -> dict:
+    """Per model, the buckets of the frames between two scrapes (all of them without a previous one)."""
+    out = {}
+    for model, b in now["buckets"].items():
+        prev = (before or {}).get("buckets", {}).get(model, {})
+        out[model] = {le: c - prev.get(le, 0.0) for le, c in b.items()}
     return out
 
 
 def render(now: dict, before: dict | None, dt: float) -> str:
-    head = (f"model {now['model'] or '-'}   real-time {'on' if now['realtime'] else 'OFF'}   "
+    nan = float("nan")
+    names = ", ".join(f"{v} ({k})" for k, v in sorted(now["models"].items())) or "-"
+    head = (f"model {names}   real-time {'on' if now['realtime'] else 'OFF'}   "
             f"ready {'yes' if now['ready'] else 'no'}")
-    lines = [head, f"{'stream':<20}{'fps':>7}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'processed':>11}"
-                   f"{'stale':>8}{'overload':>10}{'torn':>6}{'error':>7}{'bad_ts':>8}  producer"]
+    lines = [head, f"{'lane':<10}{'state':>7}{'busy %':>8}{'fps':>8}{'restarts':>10}  models"]
+    for name, ln in sorted(now["lanes"].items()):
+        prev = (before or {}).get("lanes", {}).get(name, {})
+        rate = (lambda k: (ln.get(k, 0) - prev.get(k, 0)) / dt) if before and dt > 0 else (lambda k: nan)
+        lines.append(f"{name:<10}{'up' if ln.get('up') else 'DOWN':>7}{100 * rate('busy_s'):>8.1f}"
+                     f"{rate('frames'):>8.1f}{ln.get('restarts', 0):>10}  {','.join(ln['models'])}")
+    recent = _recent(now, before)
+    lines.append(f"{'model':<14}{'version':<28}{'p50 ms':>9}{'p99 ms':>9}")
+    for model, version in sorted(now["models"].items()):
+        b = recent.get(model, {})
+        lines.append(f"{model:<14}{version:<28}{1e3 * quantile(b, 0.5):>9.2f}{1e3 * quantile(b, 0.99):>9.2f}")
+    lines.append(f"{'stream':<20}{'fps':>7}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'processed':>11}"
+                 f"{'stale':>8}{'overload':>10}{'torn':>6}{'error':>7}{'bad_ts':>8}  producer")
     for name, r in sorted(now["streams"].items()):
         prev = (before or {}).get("streams", {}).get(name, {})
-        fps = (r.get("processed", 0) - prev.get("processed", 0)) / dt if before and dt > 0 else float("nan")
-        lines.append(f"{name:<20}{fps:>7.1f}{r.get('p50', float('nan')):>9.2f}{r.get('p95', float('nan')):>9.2f}"
-                     f"{r.get('p99', float('nan')):>9.2f}{r.get('processed', 0):>11}{r.get('stale', 0):>8}"
+        fps = (r.get("processed", 0) - prev.get("processed", 0)) / dt if before and dt > 0 else nan
+        lines.append(f"{name:<20}{fps:>7.1f}{r.get('p50', nan):>9.2f}{r.get('p95', nan):>9.2f}"
+                     f"{r.get('p99', nan):>9.2f}{r.get('processed', 0):>11}{r.get('stale', 0):>8}"
                      f"{r.get('overload', 0):>10}{r.get('torn', 0):>6}{r.get('error', 0):>7}{r.get('bad_timestamp', 0):>8}  "
                      f"{'connected' if r.get('connected') else 'absent'}")
     return "\n".join(lines)

@@ -271,6 +271,7 @@ def _flip(tmp_path, target: str) -> str:
     ("models: {a: {bundle: /x}, b: {bundle: /y}}\nlanes: [{cpus: [0], models: [a]}]\n"
      "streams: [{name: s, model: a}]\n", "models.b", "served by no lane"),
     ("models: {a: {bundle: /x}, b: {bundle: /y}}\nstreams: [{name: s}]\n", "streams[0].name", "names no model"),
+    ("models: {a: {bundle: /x, batch: 4}}\nstreams: [{name: s}]\n", "models.a.batch", "not built yet"),
 ])
 def test_config_errors_name_the_key_and_its_line(tmp_path, body, key, needle):
     path = tmp_path / "edgeinferd.yaml"

@@ -30,7 +30,7 @@ DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,uti
 CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "impersonation_refused", "outsider_refused",
           "reader_not_allowed", "reload", "fdstore_restart", "fdstore_kill", "daemon_sigkill_restart",
-          "watchdog_restart", "socket_activation", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
+          "lane_restarted_by_daemon", "watchdog_restart", "socket_activation", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
 # The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
 RELEASE_0_1 = ("f68a388", "0.1.0")
 
@@ -107,7 +107,8 @@ def system_run(tmp_path_factory, signing_key):
         "streams:\n  - name: cam0\n    producer: {user: cam}\n    readers: {groups: [edgeinfer]}\n"
         "    width: 224\n    height: 224\n"
         "  - name: cam1\n    producer: {user: cam2}\n    readers: {users: [cam2]}\n"
-        "runtime:\n  loop_cpus: [1]\n  scheduling: fifo\n  fault_injection: true\n"
+        "lanes: [{cpus: [0]}, {cpus: [1]}]\n"
+        "runtime:\n  scheduling: fifo\n  fault_injection: true\n  lane_hang_s: 1\n  lane_restarts: 2\n"
         "metrics:\n  ready_requires_stream: false\n")
     unit = root / "etc/systemd/system/edgeinfer-systemtest.service"
     unit.write_text("[Unit]\nDescription=edgeinfer system test\nAfter=basic.target\n\n[Service]\nType=oneshot\n"
@@ -159,7 +160,9 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
              "the camera never reconnects; results resume by themselves; the gap a reader sees, in ms"),
             ("daemon_sigkill_restart", "daemon", "SIGKILL under load, systemd as supervisor (Restart=on-failure)", 3,
              "systemd restarts it; results resume; producer untouched"),
-            ("watchdog_restart", "daemon", "real-time loop hung (fault hook), systemd watchdog", 1,
+            ("lane_restarted_by_daemon", "daemon", "a lane SIGKILLed (booted systemd, 2 lanes)", 1,
+             "the daemon restarts the lane, counted; results go on; systemd restarts nothing"),
+            ("watchdog_restart", "daemon", "a lane's recovery fails (killed beyond runtime.lane_restarts)", 1,
              "WATCHDOG=1 stops; systemd kills and restarts the daemon"),
             ("socket_activation", "daemon", "`systemctl stop` with a camera running (the socket unit stays)", 1,
              "the camera reconnects; the socket unit starts the daemon for it; served"),

@@ -132,12 +132,17 @@ def test_shipped_rules_and_dashboard_are_valid():
     promtool = require_tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(ROOT / "share/prometheus/edgeinfer-rules.yml")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "SUCCESS: 9 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 11 rules found" in r.stdout, r.stdout + r.stderr
+    # The lane and model alerts fire on series shaped like the daemon's (promtool's rule unit tests).
+    t = subprocess.run([promtool, "test", "rules", str(ROOT / "tests/promtool/lane_alerts_test.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert t.returncode == 0 and "SUCCESS" in t.stdout, t.stdout + t.stderr
     dash = json.loads((ROOT / "share/grafana/edgeinfer-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
     for metric in ("edgeinfer_e2e_latency_seconds_bucket", "edgeinfer_stage_duration_seconds_bucket",
                    "edgeinfer_frames_total", "edgeinfer_model_info", "edgeinfer_loop_progress",
-                   "edgeinfer_model_reload_failures_total"):
+                   "edgeinfer_model_reload_failures_total", "edgeinfer_lane_busy_seconds_total",
+                   "edgeinfer_lane_restarts_total"):
         assert metric in exprs, metric
 
 
@@ -184,6 +189,12 @@ def test_status_and_top(children, tmp_path, stream, bundles):
     s = subprocess.run([*CTL, "status", "--url", url], capture_output=True, text=True, timeout=60)
     assert s.returncode == 0, s.stderr
     assert "model ppocr-cls 2.0" in s.stdout and stream in s.stdout and "connected" in s.stdout
+    # Each lane (state, busy %, fps, restarts, models) and each model (version, p50/p99).
+    lane_rows = [x.split() for x in s.stdout.splitlines() if x.startswith("lane")][1:]
+    assert lane_rows and all(r[1] == "up" and r[-1] == "default" for r in lane_rows), s.stdout
+    assert sum(float(r[3]) for r in lane_rows) > 10  # the lanes' fps add up to the camera's
+    model_row = next(x.split() for x in s.stdout.splitlines() if x.startswith("default "))
+    assert model_row[1:3] == ["ppocr-cls", "2.0"] and float(model_row[3]) > 0 and float(model_row[4]) > 0
     row = next(x for x in s.stdout.splitlines() if x.startswith(stream)).split()
     assert 10 < float(row[1]) < 80  # fps of a 40 fps camera
     t = subprocess.run([*CTL, "top", "--url", url, "--iterations", "2"], capture_output=True, text=True, timeout=60)

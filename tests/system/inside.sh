@@ -44,10 +44,21 @@ check verify_unit bash -c 'systemd-analyze verify /lib/systemd/system/edgeinferd
 systemd-analyze security edgeinferd.service > /out/security.txt 2>&1
 check start bash -c 'systemctl start edgeinferd && sleep 1 && systemctl is-active edgeinferd edgeinferd.socket | tr "\n" " "'
 check sockets bash -c 'for s in ingress results; do stat -c "%n %A %U:%G" /run/edgeinfer/$s.sock; done | tee /dev/stderr | grep -c "srw-rw---- root:edgeinfer" | grep -qx 2 && echo "both sockets 0660 root:edgeinfer"'
+# Two lanes (lanes: cpus [0] and [1]): each a process; its loop thread SCHED_FIFO and pinned to its CPU, inside
+# the unit's CPUAffinity; the control plane's own threads stay normal.
 pid=$(systemctl show -P MainPID edgeinferd)
-tid=$(ps -L -o tid=,comm= -p "$pid" | awk '$2=="edgeinfer-rt"{print $1}')
-check loop_is_fifo bash -c "chrt -p $tid | grep -q SCHED_FIFO && chrt -p $tid"
-check loop_affinity bash -c "taskset -cp $tid | grep -q 'list: 1\$' && taskset -cp $tid"
+lane_rt_tid() { ps -L -o tid=,comm= -p "$(pgrep -x "edgeinfer-lane$1" | head -1)" | awk -v n="edgeinfer-rt$1" '$2==n{print $1}'; }
+lanes_fifo() {
+    local i t; for i in 0 1; do t=$(lane_rt_tid $i); [ -n "$t" ] && chrt -p "$t" | grep -q SCHED_FIFO || return 1; done
+    ps -L -o cls= -p "$pid" | grep -q FF && { echo "a control-plane thread is real-time"; return 1; }
+    echo "lane0, lane1 loops SCHED_FIFO; control plane normal"
+}
+lanes_pinned() {
+    local i t; for i in 0 1; do t=$(lane_rt_tid $i); taskset -cp "$t" | grep -q "list: $i\$" || { taskset -cp "$t"; return 1; }; done
+    [ "$(systemctl show -P CPUAffinity edgeinferd)" = "0 1" ] && echo "lane0 loop on CPU 0, lane1 on CPU 1, inside CPUAffinity=0 1"
+}
+check loop_is_fifo lanes_fifo
+check loop_affinity lanes_pinned
 
 # The camera of cam0 feeds frames; a reader gets results.
 runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 2> /tmp/feed.err &
@@ -93,10 +104,20 @@ done
 # The reliability matrix's row for systemd's Restart= (named as before).
 if grep -q '^PASS fdstore_kill' $R; then pass daemon_sigkill_restart "kills=3, systemd restarted it 3 times, results resumed, camera untouched: $(grep '^PASS fdstore_kill' $R | cut -d' ' -f3-)"; else fail daemon_sigkill_restart "see fdstore_kill"; fi
 
-# A hung loop is restarted by the watchdog.
+# A lane killed is restarted by the daemon itself: results go on, systemd restarts nothing.
 before=$(systemctl show -P NRestarts edgeinferd)
-kill -USR1 "$(systemctl show -P MainPID edgeinferd)"
-check watchdog_restart bash -c "for i in \$(seq 1 40); do [ \$(systemctl show -P NRestarts edgeinferd) -gt $before ] && wait_active_again=1 && break; sleep 0.5; done; [ \"\${wait_active_again:-0}\" = 1 ] && systemctl show -P NRestarts edgeinferd"
+kill -KILL "$(pgrep -x edgeinfer-lane0 | head -1)"
+lane_back() {
+    sleep 4
+    runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 20 > /dev/null || return 1
+    local row; row=$(edgeinferctl status --url http://127.0.0.1:9464/metrics | grep '^lane0 ')
+    echo "$row; NRestarts $(systemctl show -P NRestarts edgeinferd)"
+    [ "$(systemctl show -P NRestarts edgeinferd)" = "$before" ] && echo "$row" | awk '{exit !($2=="up" && $5==1)}'
+}
+check lane_restarted_by_daemon lane_back
+# When that recovery fails (lane0 killed beyond runtime.lane_restarts: 2), the watchdog stops being fed and
+# systemd restarts the daemon.
+check watchdog_restart bash -c "for k in 1 2 3; do kill -KILL \$(pgrep -x edgeinfer-lane0 | head -1) 2>/dev/null; sleep 1.5; done; for i in \$(seq 1 40); do [ \$(systemctl show -P NRestarts edgeinferd) -gt $before ] && wait_active_again=1 && break; sleep 0.5; done; [ \"\${wait_active_again:-0}\" = 1 ] && systemctl show -P NRestarts edgeinferd"
 wait_active
 
 # systemctl stop drops the fd store: the camera sees its connection close, reconnects with backoff, and the
