@@ -119,14 +119,13 @@ def config_one_lane(s: Setup, d: str) -> list[Spec]:
 
 
 def config_lanes(s: Setup, d: str) -> list[Spec]:
-    """N lanes: one daemon, one lane per usable CPU, each holding the model with one ORT thread. The schema of
-    issue 13 (`models:` by name, `lanes:`, streams naming their model). Where the trust store and the
-    anti-rollback state go in it is not settled: they stay in the model's entry, as in today's `model:`."""
+    """N lanes: one daemon, one lane per usable CPU, each holding the model with one ORT thread (`models:` by
+    name, `lanes:`, streams naming their model; trust and state stay under `model:`)."""
     os.makedirs(d, exist_ok=True)
     uid = os.getuid()
     cfg = {
-        "models": {MODEL: {"bundle": s.bundle, "ort_threads": 1, "warmup_runs": 1, "trust_dir": s.trust,
-                           "state_dir": os.path.join(d, "state")}},
+        "model": {"warmup_runs": 1, "trust_dir": s.trust, "state_dir": os.path.join(d, "state")},
+        "models": {MODEL: {"bundle": s.bundle, "ort_threads": 1}},
         "lanes": [{"cpus": [c], "models": [MODEL]} for c in s.cpus],
         "streams": [{**_stream(n), "model": MODEL, "producer": {"user": uid}, "readers": {"users": [uid]}}
                     for n in s.cameras],

@@ -272,7 +272,8 @@ class Config(_Strict):
         rt = self.runtime
         usable = sorted(os.sched_getaffinity(0))
         if rt.loop_cpus or (not self.models and rt.ort_threads > 1):
-            return [LaneConfig(cpus=list(rt.loop_cpus) or usable, models=every)]
+            cpus = list(dict.fromkeys([*rt.loop_cpus, *rt.ort_cpus])) if rt.loop_cpus else usable
+            return [LaneConfig(cpus=cpus, models=every)]
         lane_cpus = usable[1:] if len(usable) > 2 else usable
         return [LaneConfig(cpus=[c], models=every) for c in lane_cpus]
 

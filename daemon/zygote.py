@@ -51,6 +51,11 @@ class Zygote:
                 for sig in _IGNORED:  # the control plane stops lanes; a terminal's Ctrl-C reaches the group
                     signal.signal(sig, signal.SIG_IGN)
                 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # lanes are reaped by the kernel
+                try:  # for ps and top
+                    with open("/proc/self/comm", "w") as f:
+                        f.write("edgeinfer-zygote")
+                except OSError:
+                    pass
                 code = _serve(theirs, cfg, plans, streams, table)
             finally:
                 os._exit(code)
