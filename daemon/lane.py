@@ -30,10 +30,12 @@ import time
 
 from edgeinfer import dispatch, ring
 from edgeinfer.engine import Engine
+from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import ModelRuntime, ThreadPlan
 
 MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
+TRIM_DELAY_S = 3.0       # after a model swap, when to return the old version's freed memory to the kernel
 
 
 def send(sock: socket.socket, msg: tuple, fds=()) -> bool:
@@ -95,6 +97,7 @@ class Lane:
         self.models: dict[str, ModelRuntime] = {}
         self.staged: dict[str, ModelRuntime] = {}
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
+        self.trim_at: float | None = None  # when to give a replaced model's freed memory back to the kernel
 
     def thread_plan(self, name: str) -> ThreadPlan:
         threads = self.entries[name].ort_threads
@@ -130,6 +133,7 @@ class Lane:
                 sessions[s] = model.session_for(*g)
         self.models[name] = model
         self.engine.swap_model(name, model, sessions)
+        self.trim_at = time.monotonic() + TRIM_DELAY_S  # once the loop let go of the old version
 
     def on_attach(self, index: int, epoch: int, geometry, fds) -> None:
         s = self.streams[index]
@@ -183,6 +187,9 @@ class Lane:
 
     def chores(self) -> None:
         e = self.engine
+        if self.trim_at is not None and time.monotonic() >= self.trim_at:
+            self.trim_at = None
+            release_freed_memory()
         counters = self.table.lane_counters(self.id)
         held = list(self.models.values()) + list(self.staged.values())
         counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in held)

@@ -187,6 +187,35 @@ def process_sample(pid: int) -> dict:
             "ring_maps": mapped_memfds(pid)}
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the daemon: control plane, zygote, lanes)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def tree_sample(pid: int) -> dict:
+    """process_sample summed over the daemon's processes (a lane's leak is the daemon's), with their count."""
+    total = {"rss_kib": 0, "threads": 0, "fds": 0, "ring_fds": 0, "ring_maps": 0, "processes": 0}
+    for p in process_tree(pid):
+        try:
+            one = process_sample(p)
+        except (OSError, KeyError, ValueError):
+            continue  # gone meanwhile
+        for k, v in one.items():
+            total[k] += v
+        total["processes"] += 1
+    return total
+
+
 def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
