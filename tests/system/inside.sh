@@ -55,7 +55,9 @@ lanes_fifo() {
 }
 lanes_pinned() {
     local i t; for i in 0 1; do t=$(lane_rt_tid $i); taskset -cp "$t" | grep -q "list: $i\$" || { taskset -cp "$t"; return 1; }; done
-    [ "$(systemctl show -P CPUAffinity edgeinferd)" = "0 1" ] && echo "lane0 loop on CPU 0, lane1 on CPU 1, inside CPUAffinity=0 1"
+    local unit; unit=$(systemctl show -P CPUAffinity edgeinferd)  # "0 1" or "0-1", by systemd version
+    case "$unit" in "0 1"|"0-1") echo "lane0 loop on CPU 0, lane1 on CPU 1, inside CPUAffinity=$unit";;
+                    *) echo "the unit's CPUAffinity is '$unit'"; return 1;; esac
 }
 check loop_is_fifo lanes_fifo
 check loop_affinity lanes_pinned
