@@ -127,7 +127,7 @@ class Daemon:
                 log.info("metrics and health on http://%s", self.metrics.address)
                 print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
             self.lanes = LaneSet(cfg, self.plans, self.streams, self.table, self.zygote, self._lane_dropped)
-            self.lanes.start({n: m.bundle for n, m in self.model_runtimes.items()},
+            self.lanes.start(self.model_runtimes,
                              {n: self.declared_geometries(n) for n in self.models.served})
             log.info("%d lane(s): %s", len(self.plans), "; ".join(
                 f"lane{i} CPUs {','.join(map(str, p.cpus))} models {','.join(p.models)}"
@@ -238,13 +238,13 @@ class Daemon:
                 return True  # unchanged: nothing to do
             geometries = sorted({s.geometry_key for s in self.streams if s.model == name and s.ring is not None}
                                 | set(self.declared_geometries(name)))[-self.cfg.runtime.max_sessions:]
-            errors = self.lanes.stage(name, new.bundle, geometries)
+            errors = self.lanes.stage(name, new, geometries)
             if errors:
                 raise BundleError("; ".join(f"{lane}: {e}" for lane, e in errors.items()))
         except (BundleError, OSError) as e:
             self.models.refuse(name, e)
             return False
-        self.lanes.commit(name, new.bundle)
+        self.lanes.commit(name, new)
         self.models.accept(name, new)
         served.reloads += 1
         self._trim_at = time.monotonic() + TRIM_DELAY_S

@@ -41,7 +41,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeinfer import dispatch, ring
-from edgeinfer.model import FusedSession, ModelRuntime
+from edgeinfer.model import FusedSession, SessionSet
 from edgeinfer.stats import StreamStats
 
 _POLICIES = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "other": os.SCHED_OTHER}
@@ -87,11 +87,11 @@ class Stream:
 
 
 class Engine:
-    def __init__(self, models: dict[str, ModelRuntime], streams: list[Stream], *, lane: int = 0,
+    def __init__(self, models: dict[str, SessionSet], streams: list[Stream], *, lane: int = 0,
                  counters=None, bell: ring.Doorbell | None = None, peers=(), loop_cpus=(),
                  scheduling: str = "fifo", priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0,
                  idle_timeout_ms: int = 100):
-        self.models = dict(models)  # name → ModelRuntime: the lane's models
+        self.models = dict(models)  # name → SessionSet: the lane's models
         self.streams = streams
         self.lane_id = lane + 1     # the cursor's owner word (0 = free)
         # The lane's counters (dispatch.LANE_*), shared with the control plane; private without a table.
@@ -157,7 +157,7 @@ class Engine:
         """Stop serving `reader` (if it is still the stream's ring)."""
         self._post(("detach", stream, reader, None))
 
-    def swap_model(self, name: str, model: ModelRuntime, sessions: dict) -> None:
+    def swap_model(self, name: str, model: SessionSet, sessions: dict) -> None:
         """Serve model `name` as `model` from the next frame on, with `sessions` ({stream: FusedSession} for
         every attached stream of it). A frame never mixes two models: the loop applies it between frames."""
         self._post(("model", name, model, sessions))

@@ -10,9 +10,9 @@ forwards the loop's events as log lines. When the control plane goes away
 (its end of the socket closes), the lane stops.
 
 Control plane → lane (pickled tuple, fds alongside):
-  ("stage", name, geometries) + [bundle memfd]  build the model's sessions, warm  → ("staged", name, version, error)
+  ("stage", name) + [memfd: SessionSet + fused graphs]  build the sessions, warm → ("staged", name, version, error)
   ("commit", name) / ("discard", name)         serve the staged model / drop it
-  ("attach", stream, epoch, geometry) + [ring]  serve a producer's ring           → ("attached", stream, epoch, error)
+  ("attach", stream, epoch, geometry) + [ring, memfd: fused graph]  serve a ring  → ("attached", stream, epoch, error)
   ("detach", stream, epoch)                     stop serving that producer's ring
   ("stall", seconds)                            fault injection (runtime.fault_injection only)
 Lane → control plane: the replies above, ("ready", pid), ("log", level, message), ("dropped", stream, epoch, why).
@@ -31,7 +31,7 @@ import time
 from edgeinfer import dispatch, ring
 from edgeinfer.engine import Engine
 from edgeinfer.memtrim import release_freed_memory
-from edgeinfer.model import ModelRuntime, ThreadPlan
+from edgeinfer.model import SessionSet, ThreadPlan
 
 MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
@@ -57,10 +57,11 @@ def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
     return pickle.loads(data), fds  # from our own control plane only (a socketpair made by it)
 
 
-def bundle_to_memfd(bundle) -> int:
-    """The verified bundle, pickled into a sealed memfd: the lane runs exactly the bytes that were verified."""
-    data = memoryview(pickle.dumps(bundle))
-    fd = os.memfd_create("edgeinfer-bundle", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+def to_memfd(obj, label: str) -> int:
+    """`obj` pickled into a sealed memfd (the control plane's own objects: a model's SessionSet and fused
+    graphs, too large for a control message)."""
+    data = memoryview(pickle.dumps(obj))
+    fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     written = 0
     while written < len(data):
         written += os.write(fd, data[written:])
@@ -68,7 +69,7 @@ def bundle_to_memfd(bundle) -> int:
     return fd
 
 
-def bundle_from_memfd(fd: int):
+def from_memfd(fd: int):
     size = os.fstat(fd).st_size
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
         return pickle.loads(m)
@@ -94,8 +95,8 @@ class Lane:
                              loop_cpus=loop_cpus, scheduling=rt.scheduling, priority=rt.priority,
                              duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us, idle_timeout_ms=rt.idle_timeout_ms)
         self.table = table
-        self.models: dict[str, ModelRuntime] = {}
-        self.staged: dict[str, ModelRuntime] = {}
+        self.models: dict[str, SessionSet] = {}
+        self.staged: dict[str, SessionSet] = {}
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
         self.trim_at: float | None = None  # when to give a replaced model's freed memory back to the kernel
 
@@ -109,15 +110,18 @@ class Lane:
 
     # ---------------------------------------------------------------- messages
 
-    def on_stage(self, name: str, geometries, fds) -> None:
+    def on_stage(self, name: str, fds) -> None:
+        """A model's sessions, built from the fused graphs the control plane made and warmed, next to what the
+        loop serves (this thread's ORT calls still hold the GIL ~15 ms per session: docs/architecture.md)."""
         rt = self.cfg.runtime
         try:
-            bundle = bundle_from_memfd(fds[0])
-            model = ModelRuntime(bundle, self.thread_plan(name), self.cfg.model.warmup_runs,
-                                 warmup_deadline_s=max(5.0, 10 * rt.run_deadline_ms / 1e3),
-                                 max_sessions=rt.max_sessions)
-            for g in geometries:
-                model.session_for(*g)
+            payload = from_memfd(fds[0])
+            model = payload["sessions"]
+            model.threads = self.thread_plan(name)
+            model.warmup_runs = self.cfg.model.warmup_runs
+            model.warmup_deadline_s = max(5.0, 10 * rt.run_deadline_ms / 1e3)
+            for g, fused in payload["fused"].items():
+                model.add(g, fused)
         except Exception as e:  # BundleError, or anything ORT raises: the control plane refuses the load
             send(self.sock, ("staged", name, None, str(e) or type(e).__name__))
             return
@@ -130,7 +134,12 @@ class Lane:
         for s in self.streams.values():
             if s.model == name and s.index in self.rings:
                 g = self.rings[s.index][1].geometry_key
-                sessions[s] = model.session_for(*g)
+                session = model.get(g)
+                if session is None:  # cannot happen (the control plane staged every attached geometry): say so
+                    self.log("error", f"stream {s.name}: model {name} {model.version} has no session for {g}")
+                    self.on_detach(s.index, self.rings[s.index][0])
+                    continue
+                sessions[s] = session
         self.models[name] = model
         self.engine.swap_model(name, model, sessions)
         self.trim_at = time.monotonic() + TRIM_DELAY_S  # once the loop let go of the old version
@@ -139,12 +148,15 @@ class Lane:
         s = self.streams[index]
         try:
             reader = ring.FrameReader(fds[0], f"stream {s.name}", join=True)
+            fused = from_memfd(fds[1])
         finally:
-            os.close(fds[0])
-        reader.geometry_key = tuple(geometry)
+            for fd in fds:
+                os.close(fd)
+        geometry = tuple(geometry)
+        reader.geometry_key = geometry
         reader.native.share(self.table.memory, self.table.cursor_offset(index), epoch)
         try:
-            session = self.models[s.model].session_for(*geometry, pinned=self.pinned())
+            session = self.models[s.model].add(geometry, fused, pinned=self.pinned())
         except Exception as e:
             reader.close()
             send(self.sock, ("attached", index, epoch, str(e)))
@@ -165,7 +177,7 @@ class Lane:
     def handle(self, msg: tuple, fds: list[int]) -> bool:
         kind = msg[0]
         if kind == "stage":
-            self.on_stage(msg[1], msg[2], fds)
+            self.on_stage(msg[1], fds)
         elif kind == "commit":
             self.on_commit(msg[1])
         elif kind == "discard":

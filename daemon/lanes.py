@@ -1,8 +1,8 @@
 """The control plane's side of the lanes: spawn, feed, watch, restart.
 
 Each lane is a process (lane.py) forked by the zygote (zygote.py). The
-control plane sends it the models it holds (verified bundles in sealed
-memfds), and the rings of the streams of those models as producers attach.
+control plane sends it the models it holds (each verified here, its graphs
+fused and serialised here, sent in sealed memfds), and the rings of the streams of those models as producers attach.
 A lane that dies (its pidfd becomes readable, or its socket hangs up) or
 hangs (no loop progress for runtime.lane_hang_s) is killed, any stream it
 held is freed, and it is started again, counted; meanwhile the other lanes
@@ -23,7 +23,7 @@ import numpy as np
 
 from edgeinfer import dispatch
 from edgeinfer.bundle import BundleError
-from edgeinfer.lane import bundle_to_memfd, receive, send
+from edgeinfer.lane import receive, send, to_memfd
 
 log = logging.getLogger("edgeinferd")
 
@@ -56,7 +56,7 @@ class LaneSet:
         self.zygote = zygote
         self.streams = streams            # every Stream, by index order
         self.lanes = [LaneHandle(i, p) for i, p in enumerate(plans)]
-        self.bundles: dict[str, object] = {}  # model name → the verified Bundle being served
+        self.runtimes: dict[str, object] = {}  # model name → the verified ModelRuntime being served
         self.on_dropped = on_dropped      # (stream, epoch, why): a lane gave up on a ring
         self.kills = 0                    # lanes killed for hanging
 
@@ -65,13 +65,13 @@ class LaneSet:
 
     # ---------------------------------------------------------------- start
 
-    def start(self, bundles: dict, geometries: dict) -> None:
+    def start(self, runtimes: dict, geometries: dict) -> None:
         """Spawns every lane and loads its models; raises BundleError if a lane cannot load one."""
-        self.bundles = dict(bundles)
+        self.runtimes = dict(runtimes)
         for ln in self.lanes:
             self._spawn(ln)
-        for name, bundle in bundles.items():
-            errors = self.stage(name, bundle, geometries.get(name, []))
+        for name, model in runtimes.items():
+            errors = self.stage(name, model, geometries.get(name, []))
             if errors:
                 raise BundleError(f"model {name}: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
             self.commit(name)
@@ -106,14 +106,19 @@ class LaneSet:
 
     # ---------------------------------------------------------------- models
 
-    def stage(self, name: str, bundle, geometries) -> dict[str, str]:
-        """Every lane holding `name` builds and warms it next to what it serves. {lane: error} of refusals."""
+    def stage(self, name: str, model, geometries, lanes=None) -> dict[str, str]:
+        """Every lane holding `name` (or those of `lanes`) builds and warms `model` (a verified ModelRuntime)
+        next to what it serves, from the fused graphs made here. {lane: error} of refusals."""
         errors = {}
-        fd = bundle_to_memfd(bundle)
         try:
-            targets = [ln for ln in self.holding(name) if ln.sock is not None]
+            fd = to_memfd({"sessions": model.session_set(), "fused": {g: model.fused_model(*g) for g in geometries}},
+                          "edgeinfer-model")
+        except BundleError as e:  # the graph cannot take this geometry's preprocessing
+            return {"control plane": str(e)}
+        try:
+            targets = [ln for ln in (lanes or self.holding(name)) if ln.sock is not None]
             for ln in targets:
-                if not send(ln.sock, ("stage", name, list(geometries)), [fd]):
+                if not send(ln.sock, ("stage", name), [fd]):
                     errors[ln.name] = "its control socket is full or closed"
             for ln in targets:
                 if ln.name in errors:
@@ -131,10 +136,10 @@ class LaneSet:
                     send(ln.sock, ("discard", name))
         return errors
 
-    def commit(self, name: str, bundle=None) -> None:
+    def commit(self, name: str, model=None) -> None:
         """Every lane holding `name` serves its staged version from its next frame on."""
-        if bundle is not None:
-            self.bundles[name] = bundle
+        if model is not None:
+            self.runtimes[name] = model
         for ln in self.holding(name):
             if ln.sock is not None:
                 send(ln.sock, ("commit", name))
@@ -148,8 +153,12 @@ class LaneSet:
                 self._send_attach(ln, stream, reader, epoch, geometry)
 
     def _send_attach(self, ln: LaneHandle, stream, reader, epoch: int, geometry) -> None:
-        if not send(ln.sock, ("attach", stream.index, epoch, tuple(geometry)), [reader.fd]):
-            log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
+        fused = to_memfd(self.runtimes[stream.model].fused_model(*geometry), "edgeinfer-fused")
+        try:
+            if not send(ln.sock, ("attach", stream.index, epoch, tuple(geometry)), [reader.fd, fused]):
+                log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
+        finally:
+            os.close(fused)
 
     def detach(self, stream, epoch: int) -> None:
         for ln in self.holding(stream.model):
@@ -253,7 +262,8 @@ class LaneSet:
             self._spawn(ln)
             for name in ln.plan.models:
                 geometries = sorted({s.geometry_key for s in self.streams if s.model == name and s.ring is not None})
-                errors = self.stage(name, self.bundles[name], geometries) if ln.sock is not None else {"": "gone"}
+                errors = self.stage(name, self.runtimes[name], geometries, [ln]) if ln.sock is not None \
+                    else {"": "gone"}
                 if errors:
                     raise BundleError("; ".join(errors.values()))
                 send(ln.sock, ("commit", name))

@@ -1,8 +1,9 @@
 """A verified bundle turned into runnable ONNX Runtime sessions.
 
 One session per stream geometry (pixel format, height, width): each is the
-model with that geometry's preprocessing fused in front (fusion.py), built
-from the bundle's bytes in memory, and warmed up before use. At most
+model with that geometry's preprocessing fused in front (fusion.py, on the
+control plane), built from those bytes in memory (in a lane), and warmed up
+before use. At most
 `max_sessions` are kept (least recently used first out), never evicting one a
 stream is being served with: a camera that cycles frame sizes cannot grow the
 daemon without bound.
@@ -93,17 +94,72 @@ class SessionCapReached(BundleError):
     """Every session slot holds a geometry some stream is being served with."""
 
 
+class SessionSet:
+    """A model as a lane runs it: its decoder, and warmed ORT sessions by stream geometry (LRU, capped, never
+    evicting one in use), each built from a fused graph serialised elsewhere. Fusing and serialising a graph
+    hold the GIL in C for tens of ms (57 ms for the detector here): done on the control plane, never in a
+    lane's process, where the loop shares the lane's interpreter. Picklable without its sessions."""
+
+    def __init__(self, name: str, version: str, sha256: str, decoder: Decoder, where: str,
+                 threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3, warmup_deadline_s: float = 30.0,
+                 max_sessions: int = 8):
+        self.name, self.version, self.sha256 = name, version, sha256
+        self.decoder = decoder
+        self.where = where  # the bundle's model file, for messages
+        self.threads = threads
+        self.warmup_runs = warmup_runs
+        self.warmup_deadline_s = warmup_deadline_s
+        self.max_sessions = max_sessions
+        self._sessions: collections.OrderedDict[tuple[str, int, int], FusedSession] = collections.OrderedDict()
+        self.evictions = 0  # sessions dropped to stay within max_sessions
+
+    def __getstate__(self):
+        return {**self.__dict__, "_sessions": collections.OrderedDict(), "evictions": 0}
+
+    @property
+    def geometries(self) -> list[tuple[str, int, int]]:
+        """(pixel format, height, width) of the sessions held, least recently used first."""
+        return list(self._sessions)
+
+    def get(self, key: tuple) -> FusedSession | None:
+        s = self._sessions.get(key)
+        if s is not None:
+            self._sessions.move_to_end(key)
+        return s
+
+    def add(self, key: tuple, fused: bytes, pinned=()) -> FusedSession:
+        """Builds and warms the session of geometry `key` from its fused graph. To make room, the least recently
+        used session whose geometry is not in `pinned` (in use) is dropped; if every one is, SessionCapReached."""
+        s = self.get(key)
+        if s is not None:
+            return s
+        if len(self._sessions) >= self.max_sessions:
+            victim = next((k for k in self._sessions if k not in pinned), None)
+            if victim is None:
+                raise SessionCapReached(f"{self.where}: all {self.max_sessions} model sessions (runtime.max_sessions)"
+                                        f" serve other frame geometries in use; cannot add {key[2]}x{key[1]} {key[0]}")
+            del self._sessions[victim]
+            self.evictions += 1
+        try:
+            sess = ort.InferenceSession(fused, sess_options=self.threads.session_options(),
+                                        providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
+        s = FusedSession(sess, *key)
+        s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where)
+        self._sessions[key] = s
+        return s
+
+
 class ModelRuntime:
-    """A loaded bundle: metadata, decoder, and fused sessions by geometry (LRU, capped)."""
+    """A loaded bundle: metadata, decoder, the graph, and fused graphs by geometry (the control plane's side);
+    session_for() builds runnable sessions in this process too (tools, tests, benches)."""
 
     def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
                  warmup_deadline_s: float = 30.0, max_sessions: int = 8):
         self.bundle = bundle
         self.max_sessions = max_sessions
-        self.warmup_deadline_s = warmup_deadline_s
         self.meta = bundle.meta
-        self.threads = threads
-        self.warmup_runs = warmup_runs
         try:
             self.graph = onnx.load_from_string(bundle.model_bytes)
         except Exception as e:
@@ -125,8 +181,8 @@ class ModelRuntime:
                                                  spec.width, spec.height, out_shapes)
         except DecoderError as e:
             raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
-        self._sessions: collections.OrderedDict[tuple[str, int, int], FusedSession] = collections.OrderedDict()
-        self.evictions = 0  # sessions dropped to stay within max_sessions
+        self._fused: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()  # serialised, LRU
+        self.sessions = self.session_set(threads, warmup_runs, warmup_deadline_s)
         self.signer = None  # who signed the bundle (set by the verified loader's caller)
         self.target = None  # the bundle directory the configured path resolved to
 
@@ -138,35 +194,35 @@ class ModelRuntime:
     def version(self) -> str:
         return self.meta.version
 
+    def session_set(self, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
+                    warmup_deadline_s: float = 30.0) -> SessionSet:
+        """An empty set of sessions of this model, for a lane (picklable)."""
+        return SessionSet(self.name, self.version, self.bundle.sha256, self.decoder, f"{self.bundle.path}/model.onnx",
+                          threads, warmup_runs, warmup_deadline_s, self.max_sessions)
+
+    def fused_model(self, pixel_format: str, height: int, width: int) -> bytes:
+        """The model with this geometry's preprocessing in front, serialised (kept for the last max_sessions
+        geometries: a restarted lane or a reload asks again)."""
+        key = (pixel_format, height, width)
+        data = self._fused.get(key)
+        if data is None:
+            data = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess
+                        ).SerializeToString()
+            self._fused[key] = data
+            while len(self._fused) > self.max_sessions:
+                self._fused.popitem(last=False)
+        self._fused.move_to_end(key)
+        return data
+
     @property
     def geometries(self) -> list[tuple[str, int, int]]:
-        """(pixel format, height, width) of the sessions held, least recently used first."""
-        return list(self._sessions)
+        return self.sessions.geometries
+
+    @property
+    def evictions(self) -> int:
+        return self.sessions.evictions
 
     def session_for(self, pixel_format: str, height: int, width: int, pinned=()) -> FusedSession:
-        """The fused, warmed-up session for a stream geometry (built on first use). To make room, the
-        least recently used session whose geometry is not in `pinned` (in use) is dropped; if every
-        one is in use, SessionCapReached. One thread only (the control plane)."""
+        """The fused, warmed-up session for a stream geometry, built here on first use (see SessionSet.add)."""
         key = (pixel_format, height, width)
-        s = self._sessions.get(key)
-        if s is not None:
-            self._sessions.move_to_end(key)
-            return s
-        if len(self._sessions) >= self.max_sessions:
-            victim = next((k for k in self._sessions if k not in pinned), None)
-            if victim is None:
-                raise SessionCapReached(f"{self.bundle.path}: all {self.max_sessions} model sessions (runtime."
-                                        f"max_sessions) serve other frame geometries in use; cannot add {width}x"
-                                        f"{height} {pixel_format}")
-            del self._sessions[victim]
-            self.evictions += 1
-        fused = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess)
-        try:
-            sess = ort.InferenceSession(fused.SerializeToString(), sess_options=self.threads.session_options(),
-                                        providers=["CPUExecutionProvider"])
-        except Exception as e:
-            raise BundleError(f"{self.bundle.path}/model.onnx: ONNX Runtime refused the model: {e}") from None
-        s = FusedSession(sess, pixel_format, height, width)
-        s.warm_up(self.warmup_runs, self.warmup_deadline_s, f"{self.bundle.path}/model.onnx")
-        self._sessions[key] = s
-        return s
+        return self.sessions.get(key) or self.sessions.add(key, self.fused_model(*key), pinned)
