@@ -118,14 +118,22 @@ def config_one_lane(s: Setup, d: str) -> list[Spec]:
     return [_today(s, d, s.cameras, {"loop_cpus": [s.cpus[0]], "ort_threads": 1})]
 
 
-def config_lanes(s: Setup, d: str) -> list[Spec]:
+BATCH = 4  # the batched row's models.NAME.batch
+
+
+def config_batched(s: Setup, d: str) -> list[Spec]:
+    """N lanes with micro-batching: as `config_lanes`, with models.NAME.batch = BATCH."""
+    return config_lanes(s, d, batch=BATCH)
+
+
+def config_lanes(s: Setup, d: str, batch: int = 1) -> list[Spec]:
     """N lanes: one daemon, one lane per usable CPU, each holding the model with one ORT thread (`models:` by
     name, `lanes:`, streams naming their model; trust and state stay under `model:`)."""
     os.makedirs(d, exist_ok=True)
     uid = os.getuid()
     cfg = {
         "model": {"warmup_runs": 1, "trust_dir": s.trust, "state_dir": os.path.join(d, "state")},
-        "models": {MODEL: {"bundle": s.bundle, "ort_threads": 1}},
+        "models": {MODEL: {"bundle": s.bundle, "ort_threads": 1, "batch": batch}},
         "lanes": [{"cpus": [c], "models": [MODEL]} for c in s.cpus],
         "streams": [{**_stream(n), "model": MODEL, "producer": {"user": uid}, "readers": {"users": [uid]}}
                     for n in s.cameras],
@@ -164,6 +172,7 @@ class Row:
 def rows_for(n: int) -> list[Row]:
     return [Row("one_lane", "1 lane", config_one_lane, 1, 1),
             Row("lanes", f"{n} lanes", config_lanes, n, n),
+            Row("batched", f"{n} lanes, batch {BATCH}", config_batched, n, n),
             Row("intra_op", f"1 loop, {n} ORT threads", config_intra_op, 1, n),
             Row("daemons", f"{n} daemons, 1 CPU each", config_daemons, n, n)]
 
@@ -374,7 +383,7 @@ def run_row(row: Row, s: Setup, sat_fps: float, warm_s: float, window_s: float) 
     """One round of a row: start its daemon(s), saturate, then 70 % of the capacity just measured."""
     d = tempfile.mkdtemp(prefix=f"{row.key}-", dir=s.work)
     specs = row.config(s, d)
-    if row.key == "lanes":
+    if row.key in ("lanes", "batched"):
         why = refused(specs[0].config)
         if why:
             return {"skipped": why}
@@ -476,7 +485,7 @@ def account_line(a: dict, saturation: bool = False) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Rows: one_lane, lanes, intra_op, daemons. JSON summary as the last line.")
+                                 epilog="Rows: one_lane, lanes, batched, intra_op, daemons. JSON summary as the last line.")
     ap.add_argument("--quick", action="store_true", help="1 round, 2 s warm-up + 5 s windows (about a minute)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds of all rows, in turn (default 2; --quick 1)")
     ap.add_argument("--warmup", type=float, default=None, help="seconds before each window (default 3; --quick 2)")
@@ -486,7 +495,7 @@ def main() -> int:
     ap.add_argument("--sat-fps", type=float, default=None,
                     help=f"frames/s per camera at saturation (default: at least {SAT_FPS_MIN}, and enough to offer "
                          f"each daemon {SAT_MARGIN}x what it could serve)")
-    ap.add_argument("--rows", default="one_lane,lanes,intra_op,daemons", help="comma-separated subset")
+    ap.add_argument("--rows", default="one_lane,lanes,batched,intra_op,daemons", help="comma-separated subset")
     ap.add_argument("--bare-runs", type=int, default=None, help="bare session.run calls (default 1000; --quick 300)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still runs its finally: blocks
@@ -596,6 +605,8 @@ def main() -> int:
         "p99_70_lanes_over_one_lane": ratio(p99("lanes"), p99("one_lane")),
         "intra_op_over_one_lane": ratio(thr("intra_op"), thr("one_lane")),
         "daemons_over_one_lane": ratio(thr("daemons"), thr("one_lane")),
+        "batched_over_lanes": ratio(thr("batched"), thr("lanes")),
+        "p99_70_batched_over_lanes": ratio(p99("batched"), p99("lanes")),
     }
     for key, bar, cmp in (("lanes_over_daemons", 0.9, "≥"), ("lanes_over_one_lane", 1.8, "≥"),
                           ("p99_70_lanes_over_one_lane", 1.3, "≤")):
@@ -609,7 +620,9 @@ def main() -> int:
         print(f"  {what} {bar}: " + ("n/a (no N-lanes figures)" if v is None else
                                      f"{v:.2f} ({'met' if targets[key + '_met'] else 'NOT met'})"))
     for key, what in (("intra_op_over_one_lane", f"1 loop with {n} ORT threads ÷ 1 lane"),
-                      ("daemons_over_one_lane", f"{n} daemons ÷ 1 lane (the upper bound)")):
+                      ("daemons_over_one_lane", f"{n} daemons ÷ 1 lane (the upper bound)"),
+                      ("batched_over_lanes", f"{n} lanes batch {BATCH} ÷ {n} lanes unbatched (throughput)"),
+                      ("p99_70_batched_over_lanes", f"p99@70% batch {BATCH} ÷ unbatched")):
         if targets[key] is not None:
             print(f"  {what}: {targets[key]:.2f}")
     load_end = os.getloadavg()[0]

@@ -58,15 +58,7 @@ class ModelEntry(_Strict):
     """One model the daemon serves: its bundle and how each lane runs it."""
     bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
     ort_threads: int = Field(1, ge=1, le=256)  # intra-op threads per lane for this model, the lane's loop included
-    batch: int = Field(1, ge=1, le=64)         # frames of one geometry run as one batch (1: no batching)
-
-    @field_validator("batch")
-    @classmethod
-    def _batch(cls, v: int) -> int:
-        if v != 1:  # refused rather than ignored: a key that silently did nothing would mislead the tuning
-            raise ValueError("micro-batching is not built yet (issue #13 item 6): every lane runs one frame "
-                             "at a time; use 1")
-        return v
+    batch: int = Field(1, ge=1, le=64)         # ready frames of one geometry a lane runs as one batch (1: none)
 
     @field_validator("bundle")
     @classmethod

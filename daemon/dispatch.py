@@ -38,6 +38,8 @@ LANE_READY = 6     # 1 once the lane loaded its models and runs its loop
 LANE_CANCELLED = 7  # runs cancelled at run_deadline_ms (second line: the control thread's)
 LANE_SESSIONS = 8   # ONNX Runtime sessions held, all models
 LANE_EVICTIONS = 9  # sessions dropped to stay within runtime.max_sessions
+LANE_BATCHES = 10   # runs of more than one frame (micro-batching)
+LANE_COPIES = 11    # frames copied into a batch tensor (the only copy of a frame the daemon makes)
 
 
 class DispatchTable:

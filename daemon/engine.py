@@ -236,14 +236,19 @@ class Engine:
                 if not mask:
                     continue
                 self._waited = ring.monotonic_ns() - waited_from
-                stream = self._pick(mask)
-                if stream is None:  # another lane claimed them first
+                picked = self._pick(mask)
+                if picked is None:  # another lane claimed them first
                     continue
+                group = self._group(*picked)
                 started = ring.monotonic_ns()
                 try:
-                    self._serve(stream)
+                    self._serve(group)
                 finally:
-                    if stream.reader is not None and stream.reader.native.unclaim():
+                    news = False
+                    for s in group:
+                        if s.reader is not None and s.reader.native.unclaim():
+                            news = True
+                    if news:
                         for peer in self._peers:  # news while we served it: a free lane may take it now
                             peer.ring()
                 busy = ring.monotonic_ns() - started
@@ -253,10 +258,10 @@ class Engine:
             self.events.append(("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
             raise
 
-    def _pick(self, mask: int) -> Stream | None:
+    def _pick(self, mask: int) -> tuple[Stream, list[Stream]] | None:
         """Claims the ready stream with the earliest deadline (the daemon's own arrival time + max_age),
         except that a stream passed over as many times as there are other ready streams goes first: nobody
-        starves. None if other lanes claimed every ready stream first."""
+        starves. (It, the ready streams in that order), or None if other lanes claimed every one first."""
         attached = self._attached
         ready = [attached[i] for i in range(len(attached)) if mask >> i & 1]
         now = ring.monotonic_ns()
@@ -273,8 +278,23 @@ class Engine:
                 for other in ready:
                     if other is not s:
                         other.reader.native.pass_over()
-                return s
+                return s, ready
         return None
+
+    def _group(self, first: Stream, ready: list[Stream]) -> list[Stream]:
+        """`first`, and with micro-batching (models.NAME.batch > 1) up to batch - 1 more ready streams of the
+        same model and geometry, in the same order, claimed for this lane."""
+        limit = self.models[first.model].batch
+        if limit <= 1:
+            return [first]
+        group = [first]
+        for s in ready:
+            if len(group) >= limit:
+                break
+            if s is not first and s.session is first.session and s.reader.native.claim(self.lane_id):
+                s.reader.native.picked()  # served now: its pass-over count starts again
+                group.append(s)
+        return group
 
     def inject_stall(self, seconds: float) -> None:
         """Test fault hook: the loop stops making progress for `seconds` once."""
@@ -297,10 +317,10 @@ class Engine:
         self._attached = [x for x in self._attached if x is not s]
         self._natives = [x.reader.native for x in self._attached]
 
-    def _serve(self, s: Stream) -> None:
+    def _take(self, s: Stream):
+        """The stream's newest frame, or None (a drop, counted): (frame, start, age)."""
         st = s.stats
         st.last_lane = self.lane_id - 1
-        model = self.models[s.model]  # one model for the whole frame, even if a reload swaps it meanwhile
         reader = s.reader
         frame = reader.take()
         if frame is None:
@@ -312,7 +332,7 @@ class Engine:
                 st.torn += 1
             else:
                 reader.native.acknowledge_flags()  # woken by a flag (the producer closed the ring): seen
-            return
+            return None
         st.overload += frame.skipped
         start = ring.monotonic_ns()
         if frame.capture_ns == 0 or frame.capture_ns > start:
@@ -320,38 +340,81 @@ class Engine:
             # latency after it) would be meaningless, and out of int64 range for the histograms.
             frame.release()
             st.bad_timestamp += 1
-            return
+            return None
         age = start - frame.capture_ns
         if age > s.max_age_ns:
             frame.release()
             st.stale += 1
+            return None
+        return frame, start, age
+
+    def _serve(self, group: list[Stream]) -> None:
+        model = self.models[group[0].model]  # one model for the whole run, even if a reload swaps it meanwhile
+        taken = []
+        for s in group:
+            got = self._take(s)
+            if got is not None:
+                taken.append((s, *got))
+        if not taken:
             return
-        session = s.session
+        session = taken[0][0].session
+        if len(taken) == 1:
+            s, frame, start, age = taken[0]
+            frames = frame.batch  # the slot itself, read in place
+        else:
+            # Micro-batching: each frame copied once into the session's preallocated batch tensor, its slot
+            # returned to its camera at once.
+            for i, (s, frame, start, age) in enumerate(taken):
+                np.copyto(session.rows[i], frame.array)
+                frame.release()
+                if s.reader.truncated:
+                    s.stats.torn += 1
+                    self._give_up(s, "the ring lost pages while mapped (SIGBUS absorbed)")
+                    return
+            frames = session.firsts[len(taken)]
+            self.counters[dispatch.LANE_BATCHES] += 1
+            self.counters[dispatch.LANE_COPIES] += len(taken)
+        outputs = self._run_session(session, frames, taken)
+        if outputs is None:
+            return
+        if len(taken) == 1:
+            s, frame, start, age = taken[0]
+            frame.release()  # the slot goes back to the camera before we decode
+            if s.reader.truncated:  # defence in depth: a sealed ring cannot lose pages; if it did, ORT read zeros
+                s.stats.torn += 1
+                self._give_up(s, "the ring lost pages while mapped (SIGBUS absorbed)")
+                return
+        inferred = ring.monotonic_ns()
+        for i, (s, frame, start, age) in enumerate(taken):
+            rows = outputs if len(taken) == 1 else [o[i:i + 1] for o in outputs]
+            self._publish(s, model, frame, rows, start, age, inferred)
+
+    def _run_session(self, session: FusedSession, frames, taken):
+        """session.run on `frames`, cancellable at run_deadline_ms; None (each frame counted an error) on failure."""
         counters = self.counters
         self._run_options.terminate = False
-        # The run's own start, not the frame's `start`: waiting for the GIL in between must not count
+        # The run's own start, not the frames' `start`: waiting for the GIL in between must not count
         # against run_deadline_ms, or a slow pick gets a healthy run cancelled.
         counters[dispatch.LANE_RUN_STARTED] = ring.monotonic_ns()
         try:
-            outputs = session.run(frame.batch, self._run_options)  # the slot itself, read in place
+            return session.run(frames, self._run_options)
         except Exception as e:
-            counters[dispatch.LANE_RUN_STARTED] = 0
-            frame.release()
-            st.error += 1
+            names = ", ".join(s.name for s, *_ in taken)
+            for s, frame, *_ in taken:
+                frame.release()
+                s.stats.error += 1
             if self._run_options.terminate:
                 self.runs_cancelled += 1
                 counters[dispatch.LANE_CANCELLED] += 1
-                self.events.append(("error", f"stream {s.name}: inference passed its deadline and was cancelled"))
+                self.events.append(("error", f"stream {names}: inference passed its deadline and was cancelled"))
             else:
-                self.events.append(("error", f"stream {s.name}: inference failed: {e}"))
-            return
-        counters[dispatch.LANE_RUN_STARTED] = 0
-        frame.release()  # the slot goes back to the camera before we decode
-        if reader.truncated:  # defence in depth: a sealed ring cannot lose pages; if it did, ORT read zeros
-            st.torn += 1
-            self._give_up(s, "the ring lost pages while mapped (SIGBUS absorbed)")
-            return
-        inferred = ring.monotonic_ns()
+                self.events.append(("error", f"stream {names}: inference failed: {e}"))
+            return None
+        finally:
+            counters[dispatch.LANE_RUN_STARTED] = 0
+
+    def _publish(self, s: Stream, model, frame, outputs, start: int, age: int, inferred: int) -> None:
+        st = s.stats
         payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
         done = ring.monotonic_ns()
         writer = s.writer
@@ -363,7 +426,7 @@ class Engine:
                      model_name=model.name, model_version=model.version)
         published = ring.monotonic_ns()
         st.processed += 1
-        counters[dispatch.LANE_FRAMES] += 1
+        self.counters[dispatch.LANE_FRAMES] += 1
         st.record(published - frame.capture_ns, inferred - start, age, published)
         st.stages.record_frame(self._waited, age, inferred - start, done - inferred, published - done,
                                published - frame.capture_ns)

@@ -38,8 +38,10 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 
 def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputSpec, pre: PreprocessSpec,
-                     opset: int, ir_version: int) -> onnx.ModelProto:
-    """The ops between the camera's frame and the model's input, as a model of its own."""
+                     opset: int, ir_version: int, batched: bool = False) -> onnx.ModelProto:
+    """The ops between the camera's frame and the model's input, as a model of its own. batched: the batch
+    axis is dynamic (micro-batching: [k, H, W, C]), else 1."""
+    n = "batch" if batched else 1
     if opset < 11:
         raise BundleError(f"model opset {opset}: in-graph preprocessing needs opset >= 11 (Resize)")
     ch_in = len(FRAME_CHANNELS[frame_format])
@@ -53,8 +55,19 @@ def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputS
     if (frame_h, frame_w) != (spec.height, spec.width):
         # Resize the uint8 frame first: casting the full frame to float first costs far more.
         inits += [numpy_helper.from_array(np.zeros(0, np.float32), name("roi")),
-                  numpy_helper.from_array(np.zeros(0, np.float32), name("scales")),
-                  numpy_helper.from_array(np.array([1, spec.height, spec.width, ch_in], np.int64), name("sizes"))]
+                  numpy_helper.from_array(np.zeros(0, np.float32), name("scales"))]
+        if batched:  # sizes = [the frame's own batch, H', W', C]
+            inits += [numpy_helper.from_array(np.array([0], np.int64), name("zero")),
+                      numpy_helper.from_array(np.array([1], np.int64), name("one")),
+                      numpy_helper.from_array(np.array([spec.height, spec.width, ch_in], np.int64), name("hwc"))]
+            nodes += [helper.make_node("Shape", [cur], [name("shape")], name=name("shape_of")),
+                      helper.make_node("Slice", [name("shape"), name("zero"), name("one")], [name("n")],
+                                       name=name("batch_of")),
+                      helper.make_node("Concat", [name("n"), name("hwc")], [name("sizes")], axis=0,
+                                       name=name("sizes_of"))]
+        else:
+            inits.append(numpy_helper.from_array(np.array([1, spec.height, spec.width, ch_in], np.int64),
+                                                 name("sizes")))
         nodes.append(helper.make_node("Resize", [cur, name("roi"), name("scales"), name("sizes")], [name("resized")],
                                       mode="linear", name=name("resize")))
         cur = name("resized")
@@ -77,22 +90,23 @@ def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputS
               numpy_helper.from_array((-mean / std).astype(np.float32).reshape(shape), name("add"))]
     nodes.append(helper.make_node("Mul", [cur, name("mul")], [name("scaled")], name=name("scale")))
     nodes.append(helper.make_node("Add", [name("scaled"), name("add")], [name("out")], name=name("normalise")))
-    out_shape = [1, ch, spec.height, spec.width] if spec.layout == "nchw" else [1, spec.height, spec.width, ch]
+    out_shape = [n, ch, spec.height, spec.width] if spec.layout == "nchw" else [n, spec.height, spec.width, ch]
     graph = helper.make_graph(
         nodes, "edgeinfer_preprocess",
-        [helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, [1, frame_h, frame_w, ch_in])],
+        [helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, [n, frame_h, frame_w, ch_in])],
         [helper.make_tensor_value_info(name("out"), TensorProto.FLOAT, out_shape)],
         initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
 
 
 def fuse(model: onnx.ModelProto, frame_format: str, frame_h: int, frame_w: int, spec: InputSpec,
-         pre: PreprocessSpec) -> onnx.ModelProto:
-    """The model with preprocessing in front: input `frame` uint8 [1, H, W, C]."""
+         pre: PreprocessSpec, batched: bool = False) -> onnx.ModelProto:
+    """The model with preprocessing in front: input `frame` uint8 [1, H, W, C] ([k, H, W, C] when batched)."""
     names = [i.name for i in model.graph.input]
     if spec.name not in names:
         raise BundleError(f"model.yaml input.name '{spec.name}' is not a graph input (inputs: {names})")
-    pre_model = preprocess_graph(frame_format, frame_h, frame_w, spec, pre, default_opset(model), model.ir_version)
+    pre_model = preprocess_graph(frame_format, frame_h, frame_w, spec, pre, default_opset(model), model.ir_version,
+                                 batched)
     try:
         return compose.merge_models(pre_model, model, io_map=[(_PREFIX + "out", spec.name)])
     except Exception as e:  # onnx raises ValueError/checker errors with useful text

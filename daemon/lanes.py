@@ -304,6 +304,7 @@ class LaneSet:
                             "tid": int(c[dispatch.LANE_TID]), "runs_cancelled": int(c[dispatch.LANE_CANCELLED]),
                             "sessions": int(c[dispatch.LANE_SESSIONS]),
                             "session_evictions": int(c[dispatch.LANE_EVICTIONS]),
+                            "batches": int(c[dispatch.LANE_BATCHES]), "batch_copies": int(c[dispatch.LANE_COPIES]),
                             "last_error": ln.last_error}
         return out
 

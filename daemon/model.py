@@ -54,21 +54,29 @@ class ThreadPlan:
 class FusedSession:
     """The model with one geometry's preprocessing in front; input: the frame view."""
 
-    def __init__(self, session: ort.InferenceSession, pixel_format: str, height: int, width: int):
+    def __init__(self, session: ort.InferenceSession, pixel_format: str, height: int, width: int, batch: int = 1):
         self.session = session
         self.pixel_format, self.height, self.width = pixel_format, height, width
         self.output_names = [o.name for o in session.get_outputs()]
         self.channels = len(FRAME_CHANNELS[pixel_format])
+        # Micro-batching: the one tensor frames of this geometry are copied into (allocated here, not per frame).
+        self.batch = np.empty((batch, height, width, self.channels), np.uint8) if batch > 1 else None
+        # Its rows and its first k rows, as views made once: the loop indexes these, allocating nothing.
+        self.rows = [self.batch[i] for i in range(batch)] if batch > 1 else []
+        self.firsts = [self.batch[:k] for k in range(batch + 1)] if batch > 1 else []
 
     def run(self, frame: np.ndarray, run_options: ort.RunOptions | None = None) -> list[np.ndarray]:
-        """frame: uint8 [1, H, W, C] (a view of the shared-memory slot; read in place).
+        """frame: uint8 [1, H, W, C] (a view of the shared-memory slot; read in place), or [k, H, W, C]: the
+        first k frames of `batch`.
         run_options.terminate = True (from another thread) cancels the run."""
         return self.session.run(self.output_names, {FRAME_INPUT: frame}, run_options)
 
     def warm_up(self, runs: int, deadline_s: float, where: str) -> float:
         """Runs a synthetic frame `runs` times; returns the last run's seconds. A
         run that fails, or outlasts deadline_s (cancelled), refuses the model."""
-        frame = np.full((1, self.height, self.width, self.channels), 127, np.uint8)
+        frames = [np.full((1, self.height, self.width, self.channels), 127, np.uint8)]
+        if self.batch is not None:  # the full batch too: its first run allocates as well
+            frames.append(np.full_like(self.batch, 127))
         took = 0.0
         options = ort.RunOptions()
         timer = threading.Timer(deadline_s, setattr, (options, "terminate", True))
@@ -76,9 +84,10 @@ class FusedSession:
         timer.start()
         try:
             for _ in range(runs):
-                t = time.perf_counter()
-                self.run(frame, options)
-                took = time.perf_counter() - t
+                for frame in frames:
+                    t = time.perf_counter()
+                    self.run(frame, options)
+                    took = time.perf_counter() - t
         except Exception as e:
             if options.terminate:
                 raise BundleError(f"{where}: warm-up inference ({self.width}x{self.height} {self.pixel_format}) did "
@@ -102,8 +111,9 @@ class SessionSet:
 
     def __init__(self, name: str, version: str, sha256: str, decoder: Decoder, where: str,
                  threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3, warmup_deadline_s: float = 30.0,
-                 max_sessions: int = 8):
+                 max_sessions: int = 8, batch: int = 1):
         self.name, self.version, self.sha256 = name, version, sha256
+        self.batch = batch  # frames of one geometry run together at most (models.NAME.batch)
         self.decoder = decoder
         self.where = where  # the bundle's model file, for messages
         self.threads = threads
@@ -145,7 +155,7 @@ class SessionSet:
                                         providers=["CPUExecutionProvider"])
         except Exception as e:
             raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
-        s = FusedSession(sess, *key)
+        s = FusedSession(sess, *key, batch=self.batch)
         s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where)
         self._sessions[key] = s
         return s
@@ -156,9 +166,10 @@ class ModelRuntime:
     session_for() builds runnable sessions in this process too (tools, tests, benches)."""
 
     def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
-                 warmup_deadline_s: float = 30.0, max_sessions: int = 8):
+                 warmup_deadline_s: float = 30.0, max_sessions: int = 8, batch: int = 1):
         self.bundle = bundle
         self.max_sessions = max_sessions
+        self.batch = batch
         self.meta = bundle.meta
         try:
             self.graph = onnx.load_from_string(bundle.model_bytes)
@@ -175,6 +186,9 @@ class ModelRuntime:
         if len(dims) != 4 or any(d is not None and w is not None and d != w for d, w in zip(dims, want)):
             raise BundleError(f"{bundle.path}/model.yaml: input {spec.width}x{spec.height}x{ch} {spec.layout} "
                               f"does not match the graph input '{spec.name}' {dims}")
+        if batch > 1 and dims and dims[0] is not None:
+            raise BundleError(f"{bundle.path}/model.onnx: the graph input '{spec.name}' has a fixed batch of "
+                              f"{dims[0]}: this model cannot run {batch} frames at once (set its batch: 1)")
         out_shapes = [_dims(o) for o in self.graph.graph.output]
         try:
             self.decoder: Decoder = make_decoder(self.meta.decoder.model_dump(), list(self.meta.labels),
@@ -198,7 +212,7 @@ class ModelRuntime:
                     warmup_deadline_s: float = 30.0) -> SessionSet:
         """An empty set of sessions of this model, for a lane (picklable)."""
         return SessionSet(self.name, self.version, self.bundle.sha256, self.decoder, f"{self.bundle.path}/model.onnx",
-                          threads, warmup_runs, warmup_deadline_s, self.max_sessions)
+                          threads, warmup_runs, warmup_deadline_s, self.max_sessions, self.batch)
 
     def fused_model(self, pixel_format: str, height: int, width: int) -> bytes:
         """The model with this geometry's preprocessing in front, serialised (kept for the last max_sessions
@@ -206,8 +220,8 @@ class ModelRuntime:
         key = (pixel_format, height, width)
         data = self._fused.get(key)
         if data is None:
-            data = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess
-                        ).SerializeToString()
+            data = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess,
+                        batched=self.batch > 1).SerializeToString()
             self._fused[key] = data
             while len(self._fused) > self.max_sessions:
                 self._fused.popitem(last=False)

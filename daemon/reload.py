@@ -58,7 +58,7 @@ class Models:
         target = os.path.realpath(path)
         bundle, signer = load_verified_bundle(path, TrustStore(self.cfg.model.trust_dir))
         self.rollback.check(bundle.meta.name, bundle.meta.version, os.path.join(path, "model.yaml"))
-        model = ModelRuntime(bundle, max_sessions=self.cfg.runtime.max_sessions)
+        model = ModelRuntime(bundle, max_sessions=self.cfg.runtime.max_sessions, batch=self.served[name].entry.batch)
         model.signer, model.target = signer, target
         return model
 

@@ -124,6 +124,10 @@ class DaemonCollector:
                                      "frame geometry; runtime.max_sessions caps them per model).", labels=["lane"])
         evictions = CounterMetricFamily("edgeinfer_model_session_evictions", "Sessions dropped to stay within "
                                         "runtime.max_sessions.", labels=["lane"])
+        batches = CounterMetricFamily("edgeinfer_lane_batches", "Runs of more than one frame (micro-batching).",
+                                      labels=["lane"])
+        copies = CounterMetricFamily("edgeinfer_lane_batch_copies", "Frames copied into a batch tensor: the only "
+                                     "copy of a frame the daemon makes (micro-batching).", labels=["lane"])
         lanes = d.lanes.status(0) if d.lanes else {}
         for name, ln in lanes.items():
             up.add_metric([name], 1.0 if ln["state"] == "ready" else 0.0)
@@ -137,7 +141,10 @@ class DaemonCollector:
                 holds.add_metric([name, m], 1.0)
             sessions.add_metric([name], float(ln["sessions"]))
             evictions.add_metric([name], ln["session_evictions"])
-        yield from (up, realtime, progress, busy, served, restarts, cancelled, holds, sessions, evictions)
+            batches.add_metric([name], ln["batches"])
+            copies.add_metric([name], ln["batch_copies"])
+        yield from (up, realtime, progress, busy, served, restarts, cancelled, holds, sessions, evictions, batches,
+                    copies)
 
     @staticmethod
     def _models(d):

@@ -271,7 +271,6 @@ def _flip(tmp_path, target: str) -> str:
     ("models: {a: {bundle: /x}, b: {bundle: /y}}\nlanes: [{cpus: [0], models: [a]}]\n"
      "streams: [{name: s, model: a}]\n", "models.b", "served by no lane"),
     ("models: {a: {bundle: /x}, b: {bundle: /y}}\nstreams: [{name: s}]\n", "streams[0].name", "names no model"),
-    ("models: {a: {bundle: /x, batch: 4}}\nstreams: [{name: s}]\n", "models.a.batch", "not built yet"),
 ])
 def test_config_errors_name_the_key_and_its_line(tmp_path, body, key, needle):
     path = tmp_path / "edgeinferd.yaml"
@@ -283,3 +282,66 @@ def test_config_errors_name_the_key_and_its_line(tmp_path, body, key, needle):
     lineno = int(line.split(":")[1])
     want = next(i for i, ln in enumerate(body.splitlines(), 1) if key.split(".")[0].split("[")[0] in ln)
     assert lineno >= want  # the line of the key (or of the entry holding it), never a bare "invalid"
+
+
+def test_micro_batching_runs_ready_frames_together_and_each_result_equals_the_floor(bundles, children, tmp_path,
+                                                                                  stream):
+    """batch: 4 on one lane, 3 cameras publishing as fast as they can: the lane runs their ready frames as
+    one batch (each copied once into the batch tensor, counted), and every result, routed to its own stream,
+    equals plain ONNX Runtime on that stream's frame."""
+    path = bundles("orientation")
+    names = [f"{stream}-{i}" for i in range(3)]
+    cfg = write_config(tmp_path, None, [{"name": n, "model": "orientation", "width": 224, "height": 224,
+                                         "max_age_ms": 60000} for n in names],
+                       models={"orientation": {"bundle": path, "batch": 4}}, lanes=[{"cpus": [CPUS[-1]]}])
+    stats = str(tmp_path / "stats.json")
+    proc = start_daemon(children, cfg, stats_file=stats)
+    _, run = reference(path)
+    pool = [f for f, _ in make_frames(224, 224, pages=6)]
+    refs = [run(f)[0].reshape(-1) for f in pool]
+    from daemon_helpers import camera, results
+    readers = [results(proc, n) for n in names]
+    got = {n: [] for n in names}
+
+    def feed(k: int, n: str):
+        with camera(proc, n, 224, 224) as writer:
+            for i in range(150):
+                np.copyto(writer.begin(), pool[(i + k) % len(pool)])
+                writer.publish(frame_id=(i + k) % len(pool))
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=feed, args=(k, n)) for k, n in enumerate(names)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        for n, r in zip(names, readers):
+            rec = r.read(0.01)
+            if rec is not None:
+                got[n].append(rec)
+    for t in threads:
+        t.join(30)
+    for n, r in zip(names, readers):
+        while (rec := r.read(0.5)) is not None:
+            got[n].append(rec)
+        r.close()
+    lanes = _lanes(stats) if wait_for(lambda: _lanes(stats).get("lane0", {}).get("frames", 0) > 0, 10, "stats") \
+        else {}
+    for n in names:
+        assert len(got[n]) > 10, f"{n}: {len(got[n])} results"
+        for rec in got[n]:
+            rows = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 2)
+            out = np.zeros(4, np.float32)
+            out[rows[:, 0].astype(int)] = rows[:, 1]
+            np.testing.assert_allclose(out, refs[rec.frame_id], atol=1e-5)
+    ln = lanes["lane0"]
+    assert ln["batches"] > 0 and ln["batch_copies"] >= 2 * ln["batches"], ln
+    assert ln["batch_copies"] <= ln["frames"]
+    assert stop_daemon(proc) == 0
+
+
+def test_batch_on_a_model_with_a_fixed_batch_is_refused_with_the_reason(bundles, children, tmp_path, stream):
+    cfg = write_config(tmp_path, None, [{"name": stream, "model": "detector"}],
+                       models={"detector": {"bundle": bundles("detector"), "batch": 2}})
+    r = subprocess.run(edgeinferd_args(cfg), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "fixed batch of 1" in r.stderr and "batch: 1" in r.stderr, r.stderr
