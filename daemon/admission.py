@@ -90,7 +90,9 @@ class Admission:
                           f"{self.rt.geometry_changes} times in {self.rt.geometry_window_s:g} s: refused for "
                           f"another {s.cooldown_until - now:.0f} s (runtime.geometry_changes)")
         try:
-            reader = ring.FrameReader(fd, f"stream {name}", self.max_ring)
+            # Joined, not initialised: the same ring handed over again (a reconnect) may still have lanes asleep
+            # on it, counted in its `waiters`; resetting that line would lose their wake-ups.
+            reader = ring.FrameReader(fd, f"stream {name}", self.max_ring, join=True)
         except ring.RingError as e:
             status = next((k for k, v in ring.STATUS.items() if v == e.code), "refused")
             raise Refusal(status, "bad_ring", f"{client.peer}: {e}") from None

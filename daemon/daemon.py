@@ -126,7 +126,8 @@ class Daemon:
                 self.metrics.start()
                 log.info("metrics and health on http://%s", self.metrics.address)
                 print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
-            self.lanes = LaneSet(cfg, self.plans, self.streams, self.table, self.zygote, self._lane_dropped)
+            self.lanes = LaneSet(cfg, self.plans, self.streams, self.table, self.zygote, self._lane_dropped,
+                                 keepalive=self._keepalive)
             self.lanes.start(self.model_runtimes,
                              {n: self.declared_geometries(n) for n in self.models.served})
             log.info("%d lane(s): %s", len(self.plans), "; ".join(
@@ -206,11 +207,16 @@ class Daemon:
             except OSError:
                 pass
 
+    def _keepalive(self) -> None:
+        """While the control plane waits on lanes (a model loading): the watchdog still hears of their progress."""
+        if self.watchdog is not None:
+            self.watchdog.tick()
+
     # ---------------------------------------------------------------- the lanes' news
 
     def _lane_dropped(self, stream: Stream, epoch: int, why: str) -> None:
-        """A lane gave up on a producer's ring (it cannot be trusted any more): end that producer."""
-        if stream.conn is not None and stream.attach_count == epoch:
+        """A lane gave up on, or refused, a producer's ring (it cannot be trusted any more): end that producer."""
+        if stream.conn is not None and stream.attach_count == epoch and self.ingress is not None:
             self.ingress.drop(stream.conn, why, goodbye=f"stream {stream.name}: {why}")
 
     # ---------------------------------------------------------------- reload, model by model
@@ -270,6 +276,9 @@ class Daemon:
             try:
                 self.ingress.poll(0.05)  # sockets first: a camera waits for nothing but this
                 self.lanes.poll()
+                if self.lanes.fatal:
+                    log.error("%s; exiting", self.lanes.fatal)
+                    return 1
                 if self.reload_requested:
                     self.reload_requested = False
                     self.reload()

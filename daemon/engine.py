@@ -243,11 +243,18 @@ class Engine:
                 started = ring.monotonic_ns()
                 try:
                     self._serve(group)
+                except Exception as e:  # whatever a camera's ring makes go wrong is its stream's, not the lane's
+                    for s in group:
+                        s.stats.error += 1
+                    self.events.append(("error", f"stream {', '.join(s.name for s in group)}: "
+                                                 f"{type(e).__name__}: {e}"))
                 finally:
                     news = False
                     for s in group:
-                        if s.reader is not None and s.reader.native.unclaim():
-                            news = True
+                        if s.reader is not None:
+                            s.reader.native.release()  # a frame still held after a failure goes back
+                            if s.reader.native.unclaim():
+                                news = True
                     if news:
                         for peer in self._peers:  # news while we served it: a free lane may take it now
                             peer.ring()

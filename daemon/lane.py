@@ -34,17 +34,26 @@ from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import SessionSet, ThreadPlan
 
 MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
+REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIM_DELAY_S = 3.0       # after a model swap, when to return the old version's freed memory to the kernel
 
 
-def send(sock: socket.socket, msg: tuple, fds=()) -> bool:
-    """One message; False if the peer cannot take it now (a full socket) or is gone."""
-    try:
-        socket.send_fds(sock, [pickle.dumps(msg)], list(fds), socket.MSG_DONTWAIT)
-        return True
-    except (BlockingIOError, BrokenPipeError, ConnectionResetError):
-        return False
+def send(sock: socket.socket, msg: tuple, fds=(), wait_s: float = 0.0) -> bool:
+    """One message; False if the peer is gone, or cannot take it within wait_s (0: now; log lines may be
+    dropped, a command or a reply waits for room)."""
+    data = [pickle.dumps(msg)]
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            socket.send_fds(sock, data, list(fds), socket.MSG_DONTWAIT)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [sock], [], left)[1]:
+                return False
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return False
 
 
 def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
@@ -123,10 +132,10 @@ class Lane:
             for g, fused in payload["fused"].items():
                 model.add(g, fused)
         except Exception as e:  # BundleError, or anything ORT raises: the control plane refuses the load
-            send(self.sock, ("staged", name, None, str(e) or type(e).__name__))
+            send(self.sock, ("staged", name, None, str(e) or type(e).__name__), wait_s=REPLY_WAIT_S)
             return
         self.staged[name] = model
-        send(self.sock, ("staged", name, model.version, None))
+        send(self.sock, ("staged", name, model.version, None), wait_s=REPLY_WAIT_S)
 
     def on_commit(self, name: str) -> None:
         model = self.staged.pop(name)
@@ -147,8 +156,12 @@ class Lane:
     def on_attach(self, index: int, epoch: int, geometry, fds) -> None:
         s = self.streams[index]
         try:
+            # The camera may have rewritten its header since the control plane checked it: checked again here.
             reader = ring.FrameReader(fds[0], f"stream {s.name}", join=True)
             fused = from_memfd(fds[1])
+        except (ring.RingError, OSError, ValueError) as e:
+            send(self.sock, ("attached", index, epoch, str(e)), wait_s=REPLY_WAIT_S)
+            return
         finally:
             for fd in fds:
                 os.close(fd)
@@ -159,11 +172,11 @@ class Lane:
             session = self.models[s.model].add(geometry, fused, pinned=self.pinned())
         except Exception as e:
             reader.close()
-            send(self.sock, ("attached", index, epoch, str(e)))
+            send(self.sock, ("attached", index, epoch, str(e)), wait_s=REPLY_WAIT_S)
             return
         self.rings[index] = (epoch, reader)
         self.engine.attach(s, reader, session, epoch)
-        send(self.sock, ("attached", index, epoch, None))
+        send(self.sock, ("attached", index, epoch, None), wait_s=REPLY_WAIT_S)
 
     def pinned(self) -> set:
         return {reader.geometry_key for _epoch, reader in self.rings.values()}
@@ -216,7 +229,7 @@ class Lane:
             held = self.rings.get(s.index)
             if held is not None and held[1] is reader:
                 del self.rings[s.index]
-                send(self.sock, ("dropped", s.index, held[0], why))
+                send(self.sock, ("dropped", s.index, held[0], why), wait_s=REPLY_WAIT_S)
             reader.close()
 
     def run(self) -> int:
@@ -229,8 +242,13 @@ class Lane:
             while self.engine.alive:
                 if poller.poll(TICK_S * 1000):
                     msg, fds = receive(self.sock)
-                    if msg is None or not self.handle(msg, fds):
+                    if msg is None:
                         break
+                    try:
+                        if not self.handle(msg, fds):
+                            break
+                    except Exception as e:  # one bad command must not end the lane: said, and served on
+                        self.log("error", f"{msg[0]}: {type(e).__name__}: {e}")
                 self.chores()
         finally:
             self.table.lane_counters(self.id)[dispatch.LANE_READY] = 0

@@ -23,11 +23,11 @@ import numpy as np
 
 from edgeinfer import dispatch
 from edgeinfer.bundle import BundleError
-from edgeinfer.lane import receive, send, to_memfd
+from edgeinfer.lane import REPLY_WAIT_S, receive, send, to_memfd
 
 log = logging.getLogger("edgeinferd")
 
-REPLY_TIMEOUT_S = 120.0  # a lane building and warming a model's sessions
+REPLY_TIMEOUT_S = 60.0  # a lane building and warming a model's sessions (the watchdog is fed meanwhile)
 
 
 class LaneHandle:
@@ -50,15 +50,17 @@ class LaneHandle:
 
 
 class LaneSet:
-    def __init__(self, cfg, plans, streams, table: dispatch.DispatchTable, zygote, on_dropped):
+    def __init__(self, cfg, plans, streams, table: dispatch.DispatchTable, zygote, on_dropped, keepalive=None):
         self.cfg = cfg
         self.table = table
         self.zygote = zygote
         self.streams = streams            # every Stream, by index order
         self.lanes = [LaneHandle(i, p) for i, p in enumerate(plans)]
         self.runtimes: dict[str, object] = {}  # model name → the verified ModelRuntime being served
-        self.on_dropped = on_dropped      # (stream, epoch, why): a lane gave up on a ring
+        self.on_dropped = on_dropped      # (stream, epoch, why): a lane gave up on, or refused, a ring
+        self.keepalive = keepalive        # called while waiting on lanes (feeds the watchdog while they progress)
         self.kills = 0                    # lanes killed for hanging
+        self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -90,9 +92,12 @@ class LaneSet:
         """Waits for one reply of `kind` from a lane, handling whatever else it says meanwhile."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            r, _, _ = select.select([ln.sock], [], [], max(0.0, deadline - time.monotonic()))
+            r, _, _ = select.select([ln.sock], [], [], min(0.5, max(0.0, deadline - time.monotonic())))
+            if self.keepalive is not None:
+                self.refresh_progress()
+                self.keepalive()
             if not r:
-                break
+                continue
             msg, fds = receive(ln.sock)
             for fd in fds:
                 os.close(fd)
@@ -118,7 +123,7 @@ class LaneSet:
         try:
             targets = [ln for ln in (lanes or self.holding(name)) if ln.sock is not None]
             for ln in targets:
-                if not send(ln.sock, ("stage", name), [fd]):
+                if not send(ln.sock, ("stage", name), [fd], wait_s=REPLY_WAIT_S):
                     errors[ln.name] = "its control socket is full or closed"
             for ln in targets:
                 if ln.name in errors:
@@ -133,7 +138,7 @@ class LaneSet:
         if errors:
             for ln in self.holding(name):
                 if ln.sock is not None:
-                    send(ln.sock, ("discard", name))
+                    send(ln.sock, ("discard", name), wait_s=REPLY_WAIT_S)
         return errors
 
     def commit(self, name: str, model=None) -> None:
@@ -141,8 +146,8 @@ class LaneSet:
         if model is not None:
             self.runtimes[name] = model
         for ln in self.holding(name):
-            if ln.sock is not None:
-                send(ln.sock, ("commit", name))
+            if ln.sock is not None and not send(ln.sock, ("commit", name), wait_s=REPLY_WAIT_S):
+                self._lost(ln, "did not take the model's commit: restarted to serve one version")
 
     # ---------------------------------------------------------------- streams
 
@@ -155,7 +160,8 @@ class LaneSet:
     def _send_attach(self, ln: LaneHandle, stream, reader, epoch: int, geometry) -> None:
         fused = to_memfd(self.runtimes[stream.model].fused_model(*geometry), "edgeinfer-fused")
         try:
-            if not send(ln.sock, ("attach", stream.index, epoch, tuple(geometry)), [reader.fd, fused]):
+            if not send(ln.sock, ("attach", stream.index, epoch, tuple(geometry)), [reader.fd, fused],
+                        wait_s=REPLY_WAIT_S):
                 log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
         finally:
             os.close(fused)
@@ -163,7 +169,7 @@ class LaneSet:
     def detach(self, stream, epoch: int) -> None:
         for ln in self.holding(stream.model):
             if ln.sock is not None:
-                send(ln.sock, ("detach", stream.index, epoch))
+                send(ln.sock, ("detach", stream.index, epoch), wait_s=REPLY_WAIT_S)
 
     def stall(self, seconds: float) -> None:
         """Fault injection: every lane's loop stops for `seconds` once."""
@@ -180,10 +186,23 @@ class LaneSet:
         elif kind == "dropped":
             self.on_dropped(self.streams[msg[1]], msg[2], msg[3])
         elif kind == "attached" and msg[3]:
+            # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
+            # is dropped with the reason, and the lane serves on.
             log.error("%s: cannot serve stream %s: %s", ln.name, self.streams[msg[1]].name, msg[3])
+            self.on_dropped(self.streams[msg[1]], msg[2], f"refused by {ln.name}: {msg[3]}")
+
+    def refresh_progress(self) -> None:
+        now = time.monotonic()
+        for ln in self.lanes:
+            progress = int(self.table.lane_counters(ln.index)[dispatch.LANE_PROGRESS])
+            if progress != ln.last_progress:
+                ln.last_progress, ln.progress_at = progress, now
 
     def poll(self) -> None:
         """Control plane, every turn of its loop: messages, deaths, hangs, restarts. Never blocks long."""
+        if select.select([self.zygote.sock], [], [], 0)[0]:
+            self.fatal = "the lanes' zygote exited: no lane can be restarted"
+            return
         now = time.monotonic()
         for ln in self.lanes:
             if ln.sock is None:
@@ -215,11 +234,13 @@ class LaneSet:
                 self._lost(ln, f"made no progress for {now - ln.progress_at:.1f} s: killed")
 
     def _kill(self, ln: LaneHandle) -> None:
+        """SIGKILL through the pidfd, then waits (≤ 2 s) until it is gone. Without a pidfd the lane was gone
+        before the zygote could open one (its pid may be someone else's by now): nothing to kill."""
+        if ln.pidfd is None:
+            return
         try:
-            if ln.pidfd is not None:
-                signal.pidfd_send_signal(ln.pidfd, signal.SIGKILL)
-            else:
-                os.kill(ln.pid, signal.SIGKILL)
+            signal.pidfd_send_signal(ln.pidfd, signal.SIGKILL)
+            select.select([ln.pidfd], [], [], 2.0)
         except OSError:
             pass
 
@@ -233,7 +254,8 @@ class LaneSet:
         counters = self.table.lane_counters(ln.index)
         counters[dispatch.LANE_READY] = 0
         counters[dispatch.LANE_RUN_STARTED] = 0
-        # Free any stream it held mid-frame: otherwise nobody could claim it again.
+        # Free any stream it held mid-frame: otherwise nobody could claim it again. It is dead now (_kill
+        # waited), and no other lane writes an owner word that is not 0, so a plain store is safe.
         for s in self.streams:
             cur = np.frombuffer(self.table.memory, np.uint32, 1, self.table.cursor_offset(s.index))
             if cur[0] == ln.index + 1:

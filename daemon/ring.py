@@ -332,6 +332,10 @@ class ResultWriter:
     def payload_capacity(self) -> int:
         return self._p.payload_capacity
 
+    def drop_fd(self) -> None:
+        """Closes this process's fd of the ring, keeping the mapping (the lanes' zygote)."""
+        self._p.drop_fd()
+
     def resume(self) -> None:
         """Continue from the ring's head (lanes sharing this writer take turns writing)."""
         self._p.resume()

@@ -23,12 +23,24 @@ _WINDOWS = ("e2e_ns", "infer_ns", "age_ns", "done_ns")
 STATS_BYTES = _NCOUNTERS * 8 + len(_WINDOWS) * WINDOW * 8 + HIST_BYTES  # one stream's block
 
 
+_MAX = (1 << 63) - 1
+
+
 def _counter(i: int):
     def get(self) -> int:
         return int(self._c[i])
 
     def set_(self, v: int) -> None:
-        self._c[i] = v
+        self._c[i] = v if v <= _MAX else _MAX  # saturates: a camera's forged skips must not overflow it
+    return property(get, set_)
+
+
+def _frame_id():
+    def get(self) -> int:
+        return int(self._c.view(np.uint64)[8])
+
+    def set_(self, v: int) -> None:
+        self._c.view(np.uint64)[8] = v & 0xFFFFFFFFFFFFFFFF  # the producer's own 64-bit number
     return property(get, set_)
 
 
@@ -99,4 +111,4 @@ class StreamStats:
 
 
 for _i, _name in enumerate(_COUNTERS):
-    setattr(StreamStats, _name, _counter(_i))
+    setattr(StreamStats, _name, _frame_id() if _name == "last_frame_id" else _counter(_i))

@@ -51,6 +51,14 @@ class Zygote:
                 for sig in _IGNORED:  # the control plane stops lanes; a terminal's Ctrl-C reaches the group
                     signal.signal(sig, signal.SIG_IGN)
                 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # lanes are reaped by the kernel
+                # Every fd of the control plane (the fd store's rings and camera connections, listeners, the
+                # result rings' memfds) stays out of the zygote and the lanes: a lane writes a result ring
+                # through the mapping it inherits, and gets each frame ring by fd when it is attached.
+                for s in streams:
+                    s.writer.drop_fd()
+                keep = theirs.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
                 try:  # for ps and top
                     with open("/proc/self/comm", "w") as f:
                         f.write("edgeinfer-zygote")

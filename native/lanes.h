@@ -101,9 +101,18 @@ static inline int ei_lane_unclaim(ei_lane_view *v, ei_frame_consumer *c) {
     atomic_store(&cur->seen_flags, c->seen_flags);
     uint64_t consumed = v->claimed_since;
     if (consumed && c->pending_since_ns == 0) atomic_compare_exchange_strong(&cur->pending_since_ns, &consumed, 0);
-    atomic_store_explicit(&cur->owner, 0, memory_order_release);
+    /* seq_cst, not release: the load of `latest` below must not be ordered before this store (x86 would). */
+    atomic_store(&cur->owner, 0);
     uint64_t latest = atomic_load(&c->hdr->latest);
     return latest != 0 && latest != c->seen_latest;
+}
+
+/* Right after an acquire (taken or refused): what was consumed goes to the cursor at once, before the
+ * frame is run. A lane that dies while running it (a frame that crashes ONNX Runtime) must not leave the
+ * frame to the next lane, or one poison frame would take every lane down in turn. */
+static inline void ei_lane_consumed(ei_lane_view *v, const ei_frame_consumer *c) {
+    atomic_store(&v->cur->seen_latest, c->seen_latest);
+    atomic_store(&v->cur->last_seq, c->last_seq);
 }
 
 /* Fairness (engine.py's pick): how often the stream was passed over while ready, by any lane. */

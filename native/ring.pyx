@@ -616,6 +616,8 @@ cdef class FrameConsumer:
         cdef uint64_t before = self.c.last_seq
         cdef int rc = ei_frame_consumer_acquire(&self.c, &self.info)
         cdef Frame f
+        if self.shared:
+            ei_lane_consumed(&self.lane, &self.c)
         if rc == 1 or rc == EI_ERR_SHORT:
             self.skipped = <int64_t>(self.info.seq - before) - 1 if self.info.seq > before else 0
         if rc == 1:
@@ -782,6 +784,11 @@ cdef class ResultProducer:
     def set_wake(self, bint wake):
         """FUTEX_WAKE on every commit (while readers are connected) or never."""
         self.wr.wake = 1 if wake else 0
+
+    def drop_fd(self):
+        """Closes this process's fd of the ring and keeps the mapping (the lanes' zygote: lanes write through
+        the mapping they inherit and need no fd)."""
+        self.mapping.close_fd()
 
     def resume(self):
         """Continue from the ring's head: lanes (forked processes sharing this writer's one writable mapping)

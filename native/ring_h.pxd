@@ -284,6 +284,7 @@ cdef extern from "lanes.h" nogil:
     uint64_t ei_lane_note(ei_lane_view *v, uint64_t now_ns)
     int ei_lane_claim(ei_lane_view *v, ei_frame_consumer *c, uint32_t lane_id)
     int ei_lane_unclaim(ei_lane_view *v, ei_frame_consumer *c)
+    void ei_lane_consumed(ei_lane_view *v, const ei_frame_consumer *c)
     uint32_t ei_lane_passed_over(const ei_lane_view *v)
     void ei_lane_pass_over(ei_lane_view *v)
     void ei_lane_picked(ei_lane_view *v)

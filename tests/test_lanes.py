@@ -345,3 +345,28 @@ def test_batch_on_a_model_with_a_fixed_batch_is_refused_with_the_reason(bundles,
                        models={"detector": {"bundle": bundles("detector"), "batch": 2}})
     r = subprocess.run(edgeinferd_args(cfg), capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "fixed batch of 1" in r.stderr and "batch: 1" in r.stderr, r.stderr
+
+
+def test_a_frame_id_beyond_int64_is_served_and_counters_saturate(bundles, children, tmp_path, stream):
+    """A camera's frame id is its own 64-bit number: 2^63 and above are served and reported as such (a shared
+    int64 counter once took the lane down with OverflowError); forged skips saturate the counters."""
+    from daemon_helpers import camera, results
+    from edgeinfer.stats import StreamStats
+    cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream, "max_age_ms": 60000}])
+    stats = str(tmp_path / "stats.json")
+    proc = start_daemon(children, cfg, stats_file=stats)
+    reader = results(proc, stream)
+    with camera(proc, stream, 96, 48) as w:
+        for fid in (2**63, 2**64 - 1, 7):
+            w.begin()
+            w.publish(frame_id=fid)
+            rec = reader.read(20)
+            assert rec is not None and rec.frame_id == fid and rec.status == 0
+    reader.close()
+    wait_for(lambda: _streams(stats).get(stream, {}).get("last_frame_id") == 7, 10, "stats")
+    assert all(ln["restarts"] == 0 for ln in _lanes(stats).values())
+    assert stop_daemon(proc) == 0
+    st = StreamStats("x")
+    for _ in range(4):
+        st.overload += 2**62
+    assert st.overload == 2**63 - 1
