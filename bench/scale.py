@@ -349,6 +349,30 @@ def memory_kib(pids: list[int]) -> dict:
     return {"rss_kib": rss, "pss_kib": pss, "processes": n}
 
 
+def cpu_ticks(pids: list[int]) -> tuple[int, int]:
+    """(busy clock ticks of all CPUs, /proc/stat; ticks of `pids`, every thread: utime + stime)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    busy = sum(v) - v[3] - v[4]
+    mine = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            mine += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            pass
+    return busy, mine
+
+
+def others_share(before: tuple[int, int], after: tuple[int, int], seconds: float) -> float:
+    """The share of the host's CPUs that everything but this bench, its cameras and its daemons kept busy
+    (other work on a shared host, and the hypervisor's steal)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    other = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, other / (hz * seconds * os.cpu_count()))
+
+
 def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: float, window_s: float,
           memory: bool = False) -> dict:
     """The cameras at `fps` each: warm-up, then a window; results counted by their done_ns; then the cameras
@@ -359,9 +383,12 @@ def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: floa
     try:
         cams.start(res.pump)
         res.run_for(warm_s)
+        ours = [os.getpid(), *(c.pid for c in cams.procs), *(pid for p in procs for pid in process_tree(p.pid))]
+        cpu0 = cpu_ticks(ours)
         t0 = now_ns()
         res.run_for(window_s)
         t1 = now_ns()
+        others = others_share(cpu0, cpu_ticks(ours), (t1 - t0) / 1e9)
         mem = None
         if memory:
             pids = [pid for p in procs for pid in process_tree(p.pid)]
@@ -384,7 +411,7 @@ def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: floa
             "accounting": {"published": sum(published.values()), **delta,
                            "exact": delta["offered"] == sum(published.values()),
                            "dropped_share": 1 - delta["processed"] / max(delta["offered"], 1)},
-            "memory": mem}
+            "memory": mem, "others_cpu_share": others}
 
 
 def run_row(row: Row, s: Setup, sat_fps: float, warm_s: float, window_s: float) -> dict:
@@ -482,6 +509,8 @@ def summarize(row: Row, rounds: list[dict], bare_s: float, cameras: int) -> dict
         "memory": {**last, "rss_per_lane_kib": last.get("rss_kib", 0) / row.lanes,
                    "pss_per_lane_kib": (last["pss_kib"] / row.lanes) if last.get("pss_kib") is not None else None},
         "accounting": [{"saturation": r["sat"]["accounting"], "load_70": r["load"]["accounting"]} for r in rounds],
+        "others_cpu_share": {"saturation": [r["sat"]["others_cpu_share"] for r in rounds],
+                             "load_70": [r["load"]["others_cpu_share"] for r in rounds]},
         "missed_records": sum(r["missed"] for r in rounds),
     }
 
@@ -568,7 +597,8 @@ def main() -> int:
                 results[row.key].append(out)
                 print(f"  round {rnd + 1}: {row.label}: {out['sat']['throughput_fps']:.1f} results/s at saturation, "
                       f"p99 {e2e.q(out['load']['lat_ns']).get('p99', 0) / 1e3:.2f} ms at 70 % "
-                      f"({time.monotonic() - t:.0f} s)", flush=True)
+                      f"({time.monotonic() - t:.0f} s; other work kept {out['sat']['others_cpu_share']:.0%} / "
+                      f"{out['load']['others_cpu_share']:.0%} of the CPUs busy in the two windows)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -579,7 +609,7 @@ def main() -> int:
           f"({rounds} round(s) in turn; " + ("medians over the rounds, each round's results/s beside)" if rounds > 1
                                                else "one round)"))
     print(f"{'configuration':<26}{'results/s':>12}{'rounds':>18}{'÷ k/bare':>10}{'p50@70%':>10}{'p99@70%':>10}"
-          f"{'RSS/lane':>10}{'PSS/lane':>10}")
+          f"{'RSS/lane':>10}{'PSS/lane':>10}{'others':>8}")
     for r in rows:
         s = summary_rows[r.key]
         if s is None:
@@ -592,10 +622,12 @@ def main() -> int:
         pss = f"{m['pss_per_lane_kib'] / 1024:.0f} MiB" if m.get("pss_per_lane_kib") is not None else "n/a"
         print(f"{r.label:<26}{s['throughput_fps']:>12.1f}{' / '.join(f'{x:.0f}' for x in s['throughput_fps_rounds']):>18}"
               f"{s['share_of_bare'] * 100:>9.0f}%{lat.get('p50', 0) / 1e3:>8.2f}ms{lat.get('p99', 0) / 1e3:>8.2f}ms"
-              f"{m.get('rss_per_lane_kib', 0) / 1024:>6.0f} MiB{pss:>10}")
+              f"{m.get('rss_per_lane_kib', 0) / 1024:>6.0f} MiB{pss:>10}"
+              f"{np.mean([*s['others_cpu_share']['saturation'], *s['others_cpu_share']['load_70']]):>7.0%}")
     print(f"(÷ k/bare: results/s × bare run time ÷ k, k = the CPUs the configuration computes on: 1 for 1 lane, "
           f"{n} otherwise; memory: RSS/PSS of the daemon processes and their children at the end of a saturation "
-          f"window, ÷ lanes: the N daemons row counts each daemon as a lane)")
+          f"window, ÷ lanes: the N daemons row counts each daemon as a lane; others: the share of the host's CPUs that other "
+          f"work kept busy during the row's windows, /proc/stat less this bench's processes)")
     print("\naccounting (frames the cameras published = offered in the daemons' counters = processed + dropped):")
     for r in rows:
         for i, out in enumerate(results[r.key]):
