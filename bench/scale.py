@@ -164,9 +164,9 @@ class Row:
 
 def rows_for(n: int) -> list[Row]:
     return [Row("one_lane", "1 lane", config_one_lane, 1, 1),
-            Row("lanes", f"{n} lanes", config_lanes, n, n),
+            Row("lanes", f"{n} lane{'s' if n > 1 else ''}", config_lanes, n, n),
             Row("intra_op", f"1 loop, {n} ORT threads", config_intra_op, 1, n),
-            Row("daemons", f"{n} daemons, 1 CPU each", config_daemons, n, n)]
+            Row("daemons", f"{n} daemon{'s' if n > 1 else ''}, 1 CPU each", config_daemons, n, n)]
 
 
 # ------------------------------------------------------------------ cameras
