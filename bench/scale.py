@@ -460,9 +460,11 @@ def refused(config: str) -> str | None:
         return "edgeinferd --verify-only did not finish within 120 s"
     if p.returncode == 0:
         return None
-    # "edgeinferd: FILE: invalid:" then "  FILE:LINE: key: message" per problem: the lanes' first, without FILE.
+    # "edgeinferd: FILE: invalid:" then "  FILE:LINE: key: message" per problem: without FILE, the new top-level
+    # keys (lanes, models) first.
     lines = [ln.strip().replace(f"{config}:", "line ") for ln in (p.stderr or p.stdout).splitlines()]
-    lines = sorted((ln for ln in lines if ln and not ln.endswith("invalid:")), key=lambda ln: "lanes" not in ln)
+    lines = sorted((ln for ln in lines if ln and not ln.endswith("invalid:")),
+                   key=lambda ln: not any(f": {k}: " in ln for k in ("lanes", "models")))
     why = "; ".join(lines).replace("edgeinferd: ", "")
     return f"exit {p.returncode}: {why[:240]}{'…' if len(why) > 240 else ''}"
 
