@@ -171,18 +171,20 @@ class Row:
 
 def rows_for(n: int) -> list[Row]:
     return [Row("one_lane", "1 lane", config_one_lane, 1, 1),
-            Row("lanes", f"{n} lanes", config_lanes, n, n),
-            Row("batched", f"{n} lanes, batch {BATCH}", config_batched, n, n),
+            Row("lanes", f"{n} lane{'s' if n > 1 else ''}", config_lanes, n, n),
+            Row("batched", f"{n} lane{'s' if n > 1 else ''}, batch {BATCH}", config_batched, n, n),
             Row("intra_op", f"1 loop, {n} ORT threads", config_intra_op, 1, n),
-            Row("daemons", f"{n} daemons, 1 CPU each", config_daemons, n, n)]
+            Row("daemons", f"{n} daemon{'s' if n > 1 else ''}, 1 CPU each", config_daemons, n, n)]
 
 
 # ------------------------------------------------------------------ cameras
 
-def camera_main(stream: str, socket: str, fps: float, seed: int, events, stop, close) -> None:
-    """One synthetic camera (its own process, as a real one is): hands its ring to the daemon as `stream`,
-    publishes at `fps` (late: never bursts to catch up, as edgeinfer.producers.synthetic) until `stop`,
-    reports how many it published, and holds the ring until `close` so the daemon can serve the last one."""
+def camera_main(stream: str, socket: str, fps: float, seed: int, phase: float, events, go, epoch, stop,
+                close) -> None:
+    """One synthetic camera (its own process, as a real one is): hands its ring to the daemon as `stream`, then
+    from `epoch` + `phase` periods on publishes at `fps` on that grid (late: it skips the slots it missed, never
+    bursts) until `stop`, reports how many it published, and holds the ring until `close` so that the daemon can
+    serve the last frame."""
     try:
         frames = [f for f, _ in make_frames(W, H, pages=2, seed=seed)]
         w = ring.FrameWriter.connect(stream, W, H, "bgr24", socket=socket, wait=10)
@@ -191,19 +193,22 @@ def camera_main(stream: str, socket: str, fps: float, seed: int, events, stop, c
         return
     try:
         events.put(("connected", stream, 0))
+        if not go.wait(60):
+            return
         period = 1.0 / fps
+        next_t = epoch.value + phase * period
         n = 0
-        next_t = time.monotonic()
         while not stop.is_set():
+            delay = next_t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
             np.copyto(w.begin(), frames[n % len(frames)])
             w.publish(frame_id=n)
             n += 1
             next_t += period
-            delay = next_t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_t = time.monotonic()
+            late = time.monotonic() - next_t
+            if late > 0:
+                next_t += math.ceil(late / period) * period
         events.put(("published", stream, n))
         close.wait(60)
     except Exception as e:  # noqa: BLE001
@@ -213,16 +218,26 @@ def camera_main(stream: str, socket: str, fps: float, seed: int, events, stop, c
 
 
 class Cameras:
-    """The row's cameras, one process each; always reaped (bounded) by close()."""
+    """The row's cameras, one process each, their phases spread evenly over the period (camera i publishes
+    i/C of a period after camera 0: unsynchronised cameras at their best; started together and unstaggered,
+    they would publish in bursts of C and the latency at 70 % would measure the burst). close() reaps them
+    (bounded), always."""
 
     def __init__(self, sockets: dict[str, str], fps: float):
         ctx = mp.get_context("fork")  # the children use the ring only; the parent has no other thread
-        self.events, self.stop, self.done = ctx.Queue(), ctx.Event(), ctx.Event()
-        self.procs = [ctx.Process(target=camera_main, args=(name, sock, fps, i + 1, self.events, self.stop,
-                                                             self.done), daemon=True)
+        self.events, self.go, self.stop, self.done = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event()
+        self.epoch = ctx.Value("d", 0.0)
+        self.procs = [ctx.Process(target=camera_main, args=(name, sock, fps, i + 1, i / len(sockets), self.events,
+                                                             self.go, self.epoch, self.stop, self.done), daemon=True)
                       for i, (name, sock) in enumerate(sockets.items())]
         for p in self.procs:
             p.start()
+
+    def start(self, pump) -> None:
+        """Once every camera is connected: all publish from a common epoch (CLOCK_MONOTONIC is system-wide)."""
+        self.wait("connected", 30, pump)
+        self.epoch.value = time.monotonic() + 0.05
+        self.go.set()
 
     def wait(self, kind: str, timeout: float, pump=None) -> dict[str, int]:
         """{stream: value} once every camera sent `kind` (pump() runs meanwhile); raises on an error or timeout."""
@@ -244,6 +259,7 @@ class Cameras:
 
     def close(self) -> None:
         self.stop.set()
+        self.go.set()
         self.done.set()
         for p in self.procs:
             p.join(10)
@@ -341,6 +357,30 @@ def memory_kib(pids: list[int]) -> dict:
     return {"rss_kib": rss, "pss_kib": pss, "processes": n}
 
 
+def cpu_ticks(pids: list[int]) -> tuple[int, int]:
+    """(busy clock ticks of all CPUs, /proc/stat; ticks of `pids`, every thread: utime + stime)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    busy = sum(v) - v[3] - v[4]
+    mine = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            mine += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            pass
+    return busy, mine
+
+
+def others_share(before: tuple[int, int], after: tuple[int, int], seconds: float) -> float:
+    """The share of the host's CPUs that everything but this bench, its cameras and its daemons kept busy
+    (other work on a shared host, and the hypervisor's steal)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    other = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, other / (hz * seconds * os.cpu_count()))
+
+
 def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: float, window_s: float,
           memory: bool = False) -> dict:
     """The cameras at `fps` each: warm-up, then a window; results counted by their done_ns; then the cameras
@@ -349,11 +389,14 @@ def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: floa
     before = wait_counters(specs, streams, res.pump)
     cams = Cameras({n: p.ingress for sp, p in zip(specs, procs) for n in sp.streams}, fps)
     try:
-        cams.wait("connected", 30, res.pump)
+        cams.start(res.pump)
         res.run_for(warm_s)
+        ours = [os.getpid(), *(c.pid for c in cams.procs), *(pid for p in procs for pid in process_tree(p.pid))]
+        cpu0 = cpu_ticks(ours)
         t0 = now_ns()
         res.run_for(window_s)
         t1 = now_ns()
+        others = others_share(cpu0, cpu_ticks(ours), (t1 - t0) / 1e9)
         mem = None
         if memory:
             pids = [pid for p in procs for pid in process_tree(p.pid)]
@@ -376,7 +419,7 @@ def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: floa
             "accounting": {"published": sum(published.values()), **delta,
                            "exact": delta["offered"] == sum(published.values()),
                            "dropped_share": 1 - delta["processed"] / max(delta["offered"], 1)},
-            "memory": mem}
+            "memory": mem, "others_cpu_share": others}
 
 
 def run_row(row: Row, s: Setup, sat_fps: float, warm_s: float, window_s: float) -> dict:
@@ -425,9 +468,11 @@ def refused(config: str) -> str | None:
         return "edgeinferd --verify-only did not finish within 120 s"
     if p.returncode == 0:
         return None
-    # "edgeinferd: FILE: invalid:" then "  FILE:LINE: key: message" per problem: the lanes' first, without FILE.
+    # "edgeinferd: FILE: invalid:" then "  FILE:LINE: key: message" per problem: without FILE, the new top-level
+    # keys (lanes, models) first.
     lines = [ln.strip().replace(f"{config}:", "line ") for ln in (p.stderr or p.stdout).splitlines()]
-    lines = sorted((ln for ln in lines if ln and not ln.endswith("invalid:")), key=lambda ln: "lanes" not in ln)
+    lines = sorted((ln for ln in lines if ln and not ln.endswith("invalid:")),
+                   key=lambda ln: not any(f": {k}: " in ln for k in ("lanes", "models")))
     why = "; ".join(lines).replace("edgeinferd: ", "")
     return f"exit {p.returncode}: {why[:240]}{'…' if len(why) > 240 else ''}"
 
@@ -456,20 +501,26 @@ def ratio(a, b):
 
 
 def summarize(row: Row, rounds: list[dict], bare_s: float, cameras: int) -> dict:
+    """The row's figures: the median over the rounds (a burst of the shared host's other load spoils one round,
+    not the figure), each round's beside it."""
     sat = [r["sat"]["throughput_fps"] for r in rounds]
-    lat = [x for r in rounds for x in r["load"]["lat_ns"]]
+    per_round = [e2e.q(r["load"]["lat_ns"]) for r in rounds]
     mem = [r["sat"]["memory"] for r in rounds if r["sat"]["memory"]]
-    mean = float(np.mean(sat))
+    median = float(np.median(sat))
     last = mem[-1] if mem else {}
     return {
         "label": row.label, "lanes": row.lanes, "cpus": row.cpus,
-        "throughput_fps": mean, "throughput_fps_rounds": sat,
-        "share_of_bare": mean * bare_s / row.cpus,
+        "throughput_fps": median, "throughput_fps_rounds": sat,
+        "share_of_bare": median * bare_s / row.cpus,
         "load_fps_offered": [r["load"]["fps_per_camera"] * cameras for r in rounds],
-        "e2e_at_70_us": e2e.q(lat),
+        "e2e_at_70_us": {k: float(np.median([x[k] for x in per_round])) for k in ("p50", "p99", "p99.9")},
+        "e2e_at_70_us_rounds": per_round,
+        "e2e_at_70_us_pooled": e2e.q([x for r in rounds for x in r["load"]["lat_ns"]]),
         "memory": {**last, "rss_per_lane_kib": last.get("rss_kib", 0) / row.lanes,
                    "pss_per_lane_kib": (last["pss_kib"] / row.lanes) if last.get("pss_kib") is not None else None},
         "accounting": [{"saturation": r["sat"]["accounting"], "load_70": r["load"]["accounting"]} for r in rounds],
+        "others_cpu_share": {"saturation": [r["sat"]["others_cpu_share"] for r in rounds],
+                             "load_70": [r["load"]["others_cpu_share"] for r in rounds]},
         "missed_records": sum(r["missed"] for r in rounds),
     }
 
@@ -487,9 +538,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="Rows: one_lane, lanes, batched, intra_op, daemons. JSON summary as the last line.")
     ap.add_argument("--quick", action="store_true", help="1 round, 2 s warm-up + 5 s windows (about a minute)")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds of all rows, in turn (default 2; --quick 1)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of all rows, in turn; figures are medians (default 3; --quick 1)")
     ap.add_argument("--warmup", type=float, default=None, help="seconds before each window (default 3; --quick 2)")
-    ap.add_argument("--window", type=float, default=None, help="seconds counted per phase (default 20; --quick 5)")
+    ap.add_argument("--window", type=float, default=None, help="seconds counted per phase (default 12; --quick 5)")
     ap.add_argument("--lanes", type=int, default=None, help="N (default: the usable CPUs, os.sched_getaffinity)")
     ap.add_argument("--cameras", type=int, default=None, help="synthetic cameras (default: max(4, N))")
     ap.add_argument("--sat-fps", type=float, default=None,
@@ -499,9 +550,9 @@ def main() -> int:
     ap.add_argument("--bare-runs", type=int, default=None, help="bare session.run calls (default 1000; --quick 300)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still runs its finally: blocks
-    rounds = args.rounds or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 3)
     warm_s = args.warmup if args.warmup is not None else (2.0 if args.quick else 3.0)
-    window_s = args.window or (5.0 if args.quick else 20.0)
+    window_s = args.window or (5.0 if args.quick else 12.0)
     usable = sorted(os.sched_getaffinity(0))
     n = args.lanes or len(usable)
     if n > len(usable):
@@ -556,7 +607,8 @@ def main() -> int:
                 results[row.key].append(out)
                 print(f"  round {rnd + 1}: {row.label}: {out['sat']['throughput_fps']:.1f} results/s at saturation, "
                       f"p99 {e2e.q(out['load']['lat_ns']).get('p99', 0) / 1e3:.2f} ms at 70 % "
-                      f"({time.monotonic() - t:.0f} s)", flush=True)
+                      f"({time.monotonic() - t:.0f} s; other work kept {out['sat']['others_cpu_share']:.0%} / "
+                      f"{out['load']['others_cpu_share']:.0%} of the CPUs busy in the two windows)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -564,9 +616,10 @@ def main() -> int:
     summary_rows = {r.key: (summarize(r, results[r.key], bare_s, n_cams) if results[r.key] else None) for r in rows}
     print(f"\nbare run time (mean over the rounds): {bare_s * 1e3:.2f} ms → 1/(bare) = {1 / bare_s:.0f} runs/s")
     print(f"saturation throughput and e2e latency at {LOAD:.0%} of each configuration's own capacity "
-          f"({rounds} round(s), rounds in turn)")
-    print(f"{'configuration':<26}{'results/s':>12}{'per round':>18}{'÷ k/bare':>10}{'p50@70%':>10}{'p99@70%':>10}"
-          f"{'RSS/lane':>10}{'PSS/lane':>10}")
+          f"({rounds} round(s) in turn; " + ("medians over the rounds, each round's results/s beside)" if rounds > 1
+                                               else "one round)"))
+    print(f"{'configuration':<26}{'results/s':>12}{'rounds':>18}{'÷ k/bare':>10}{'p50@70%':>10}{'p99@70%':>10}"
+          f"{'RSS/lane':>10}{'PSS/lane':>10}{'others':>8}")
     for r in rows:
         s = summary_rows[r.key]
         if s is None:
@@ -579,10 +632,12 @@ def main() -> int:
         pss = f"{m['pss_per_lane_kib'] / 1024:.0f} MiB" if m.get("pss_per_lane_kib") is not None else "n/a"
         print(f"{r.label:<26}{s['throughput_fps']:>12.1f}{' / '.join(f'{x:.0f}' for x in s['throughput_fps_rounds']):>18}"
               f"{s['share_of_bare'] * 100:>9.0f}%{lat.get('p50', 0) / 1e3:>8.2f}ms{lat.get('p99', 0) / 1e3:>8.2f}ms"
-              f"{m.get('rss_per_lane_kib', 0) / 1024:>6.0f} MiB{pss:>10}")
+              f"{m.get('rss_per_lane_kib', 0) / 1024:>6.0f} MiB{pss:>10}"
+              f"{np.mean([*s['others_cpu_share']['saturation'], *s['others_cpu_share']['load_70']]):>7.0%}")
     print(f"(÷ k/bare: results/s × bare run time ÷ k, k = the CPUs the configuration computes on: 1 for 1 lane, "
           f"{n} otherwise; memory: RSS/PSS of the daemon processes and their children at the end of a saturation "
-          f"window, ÷ lanes: the N daemons row counts each daemon as a lane)")
+          f"window, ÷ lanes: the N daemons row counts each daemon as a lane; others: the share of the host's CPUs that other "
+          f"work kept busy during the row's windows, /proc/stat less this bench's processes)")
     print("\naccounting (frames the cameras published = offered in the daemons' counters = processed + dropped):")
     for r in rows:
         for i, out in enumerate(results[r.key]):
