@@ -61,6 +61,7 @@ class LaneSet:
         self.keepalive = keepalive        # called while waiting on lanes (feeds the watchdog while they progress)
         self.kills = 0                    # lanes killed for hanging
         self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
+        self.stopped = False              # stop() was called: nothing is restarted any more
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -200,7 +201,7 @@ class LaneSet:
 
     def poll(self) -> None:
         """Control plane, every turn of its loop: messages, deaths, hangs, restarts. Never blocks long."""
-        if select.select([self.zygote.sock], [], [], 0)[0]:
+        if not self.stopped and select.select([self.zygote.sock], [], [], 0)[0]:
             self.fatal = "the lanes' zygote exited: no lane can be restarted"
             return
         now = time.monotonic()
@@ -271,6 +272,8 @@ class LaneSet:
             ln.pidfd = None
 
     def _maybe_restart(self, ln: LaneHandle, now: float) -> None:
+        if self.stopped:
+            return  # the daemon is stopping: a lane that exited was told to
         rt = self.cfg.runtime
         while ln.recent and ln.recent[0] < now - rt.lane_restart_window_s:
             ln.recent.popleft()
@@ -331,6 +334,7 @@ class LaneSet:
         return out
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self.stopped = True
         for ln in self.lanes:
             if ln.sock is not None:
                 send(ln.sock, ("stop",))
