@@ -8,10 +8,9 @@ threaded HTTP server on the metrics listener (loopback by default) serves
 """
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -19,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edgeinfer import ring
 from edgeinfer._hist import STAGES, cumulative_at
+from edgeinfer.httplistener import CachedRoute, HttpListener, Response
 
 # Histogram buckets for 100 µs - 1 s (seconds).
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
@@ -120,6 +120,27 @@ class DaemonCollector:
                                 value=1.0 if h.healthy() else 0.0)
         yield GaugeMetricFamily("edgeinfer_ready", "1 when the model is verified, loaded and warm (and a stream is "
                                 "attached, if required).", value=1.0 if h.ready() else 0.0)
+        if d.metrics is not None:
+            yield from http_listener_metrics(d.metrics)
+
+
+def http_listener_metrics(server: "MetricsServer"):
+    """The HTTP listener's own counters: what a flood of slow or half-open clients cost."""
+    lst = server.listener
+    yield GaugeMetricFamily("edgeinfer_http_connections", "Open connections to the metrics listener.",
+                            value=float(lst.open_connections))
+    closed = CounterMetricFamily("edgeinfer_http_connections_closed",
+                                 "Connections the listener closed unanswered, by reason (evicted: the oldest "
+                                 "without a request when over the cap; refused: over the cap, every slot "
+                                 "answering; timeout: no whole request or answer within the timeout).",
+                                 labels=["reason"])
+    closed.add_metric(["evicted"], lst.evicted_connections)
+    closed.add_metric(["refused"], lst.refused_connections)
+    closed.add_metric(["timeout"], lst.timed_out_connections)
+    yield closed
+    yield CounterMetricFamily("edgeinfer_http_metrics_renders", "Times /metrics was rendered (at most once per "
+                              f"{server.METRICS_CACHE_S:g} s; scrapes in between share it).",
+                              value=server.metrics_route.renders)
 
 
 class Health:
@@ -154,7 +175,10 @@ class Health:
 
 
 class MetricsServer:
-    """/metrics, /healthz, /readyz on one listener, in a background thread."""
+    """/metrics, /healthz, /readyz on one bounded listener (daemon/httplistener.py), in its own thread.
+    /metrics is rendered at most once per METRICS_CACHE_S and shared by every scraper meanwhile."""
+
+    METRICS_CACHE_S = 0.5
 
     def __init__(self, daemon, listen: str):
         host, _, port = listen.rpartition(":")
@@ -163,35 +187,22 @@ class MetricsServer:
         health = daemon.health
         registry = self.registry
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-                elif path in ("/healthz", "/readyz"):
-                    ok = health.healthy() if path == "/healthz" else health.ready()
-                    body = json.dumps({"ok": ok}).encode() + b"\n"
-                    status, ctype = (200 if ok else 503), "application/json"
-                else:
-                    body, status, ctype = b"not found\n", 404, "text/plain"
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def metrics() -> Response:
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
 
-            def log_message(self, *args):  # scrapes are not log events
-                pass
+        def probe(check) -> Callable[[], Response]:
+            def answer() -> Response:
+                ok = check()
+                return (200 if ok else 503), "application/json", json.dumps({"ok": ok}).encode() + b"\n"
+            return answer
 
-        host = host.strip("[]")
-        self.server = http.server.ThreadingHTTPServer((host, int(port)), Handler)
-        self.server.daemon_threads = True
-        self.address = "%s:%d" % self.server.server_address[:2]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="edgeinfer-metrics", daemon=True)
+        self.metrics_route = CachedRoute(metrics, self.METRICS_CACHE_S)
+        self.listener = HttpListener(host.strip("[]"), int(port), {
+            "/metrics": self.metrics_route, "/healthz": probe(health.healthy), "/readyz": probe(health.ready)})
+        self.address = self.listener.address
 
     def start(self) -> None:
-        self.thread.start()
+        self.listener.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.listener.stop()
