@@ -127,7 +127,8 @@ class HttpListener:
         finally:
             self._waiting.pop(key, None)
             self.open_connections -= 1
-            writer.transport.abort()
+            if not writer.transport.is_closing():  # not answered (timeout, error, stop): drop it now
+                writer.transport.abort()
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: int) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -144,4 +145,5 @@ class HttpListener:
         header = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
                   f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
         writer.write(header if parts[0] == "HEAD" else header + body)
-        await writer.drain()
+        writer.close()  # a graceful close sends every byte first (drain() alone stops at the high-water mark)
+        await writer.wait_closed()

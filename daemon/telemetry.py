@@ -178,7 +178,7 @@ class MetricsServer:
     """/metrics, /healthz, /readyz on one bounded listener (daemon/httplistener.py), in its own thread.
     /metrics is rendered at most once per METRICS_CACHE_S and shared by every scraper meanwhile."""
 
-    METRICS_CACHE_S = 0.5
+    METRICS_CACHE_S = 0.1  # short: status and the isolation rows read liveness from /metrics
 
     def __init__(self, daemon, listen: str):
         host, _, port = listen.rpartition(":")
