@@ -1,8 +1,8 @@
 """Prometheus metrics and health endpoints, at the edge of the daemon.
 
 A custom prometheus-client collector reads the loop's native counters and
-histograms only when scraped (nothing is pushed from the hot path). One small
-threaded HTTP server on the metrics listener (loopback by default) serves
+histograms only when scraped (nothing is pushed from the hot path). One bounded
+HTTP listener (daemon/httplistener.py; loopback by default) serves
 /metrics, /healthz (the loop made progress within its deadline) and /readyz
 (model verified, loaded and warm; a stream attached, if configured).
 """
@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edgeinfer import ring
 from edgeinfer._hist import STAGES, cumulative_at
-from edgeinfer.httplistener import CachedRoute, HttpListener, Response
+from edgeinfer.httplistener import HttpListener, Response, SharedRender
 
 # Histogram buckets for 100 µs - 1 s (seconds).
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
@@ -120,27 +120,6 @@ class DaemonCollector:
                                 value=1.0 if h.healthy() else 0.0)
         yield GaugeMetricFamily("edgeinfer_ready", "1 when the model is verified, loaded and warm (and a stream is "
                                 "attached, if required).", value=1.0 if h.ready() else 0.0)
-        if d.metrics is not None:
-            yield from http_listener_metrics(d.metrics)
-
-
-def http_listener_metrics(server: "MetricsServer"):
-    """The HTTP listener's own counters: what a flood of slow or half-open clients cost."""
-    lst = server.listener
-    yield GaugeMetricFamily("edgeinfer_http_connections", "Open connections to the metrics listener.",
-                            value=float(lst.open_connections))
-    closed = CounterMetricFamily("edgeinfer_http_connections_closed",
-                                 "Connections the listener closed unanswered, by reason (evicted: the oldest "
-                                 "without a request when over the cap; refused: over the cap, every slot "
-                                 "answering; timeout: no whole request or answer within the timeout).",
-                                 labels=["reason"])
-    closed.add_metric(["evicted"], lst.evicted_connections)
-    closed.add_metric(["refused"], lst.refused_connections)
-    closed.add_metric(["timeout"], lst.timed_out_connections)
-    yield closed
-    yield CounterMetricFamily("edgeinfer_http_metrics_renders", "Times /metrics was rendered (at most once per "
-                              f"{server.METRICS_CACHE_S:g} s; scrapes in between share it).",
-                              value=server.metrics_route.renders)
 
 
 class Health:
@@ -175,15 +154,20 @@ class Health:
 
 
 class MetricsServer:
-    """/metrics, /healthz, /readyz on one bounded listener (daemon/httplistener.py), in its own thread.
-    /metrics is rendered at most once per METRICS_CACHE_S and shared by every scraper meanwhile."""
+    """/metrics, /healthz, /readyz on one bounded listener (daemon/httplistener.py): an asyncio thread that
+    answers the probes fresh, and one thread that renders /metrics, at most once per METRICS_CACHE_S, shared
+    by every scrape meanwhile unless liveness changed. Also the collector of the listener's own counters
+    (edgeinfer_http_*)."""
 
-    METRICS_CACHE_S = 0.1  # short: status and the isolation rows read liveness from /metrics
+    # Short, and no answer is older than this: at 0.5 s the isolation row that reads a killed camera's stream
+    # from /metrics saw 0.43-1.7 s (a render from before the kill); liveness never waits for it (the key).
+    METRICS_CACHE_S = 0.1
 
     def __init__(self, daemon, listen: str):
         host, _, port = listen.rpartition(":")
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DaemonCollector(daemon))
+        self.registry.register(self)
         health = daemon.health
         registry = self.registry
 
@@ -191,12 +175,16 @@ class MetricsServer:
             return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
 
         def probe(check) -> Callable[[], Response]:
-            def answer() -> Response:
+            def answer() -> Response:  # on the listener's loop, never cached: liveness is now
                 ok = check()
                 return (200 if ok else 503), "application/json", json.dumps({"ok": ok}).encode() + b"\n"
             return answer
 
-        self.metrics_route = CachedRoute(metrics, self.METRICS_CACHE_S)
+        def liveness():  # a scrape never gets a cached render that this has changed since
+            return (health.healthy(), health.ready(), id(daemon.model),
+                    tuple(s.connected for s in daemon.streams))
+
+        self.metrics_route = SharedRender(metrics, self.METRICS_CACHE_S, key=liveness)
         self.listener = HttpListener(host.strip("[]"), int(port), {
             "/metrics": self.metrics_route, "/healthz": probe(health.healthy), "/readyz": probe(health.ready)})
         self.address = self.listener.address
@@ -206,3 +194,24 @@ class MetricsServer:
 
     def stop(self) -> None:
         self.listener.stop()
+
+    def collect(self):
+        """The listener's own counters: what a flood of slow or half-open clients cost."""
+        lst = self.listener
+        yield GaugeMetricFamily("edgeinfer_http_connections", "Open connections to the metrics listener.",
+                                value=float(lst.open_connections))
+        closed = CounterMetricFamily("edgeinfer_http_connections_closed",
+                                     "Connections the listener closed unanswered, by reason (evicted: the oldest "
+                                     "without a request when over the cap; refused: over the cap, nothing "
+                                     "evictable; timeout: no whole request or answer within the timeout).",
+                                     labels=["reason"])
+        closed.add_metric(["evicted"], lst.evicted_connections)
+        closed.add_metric(["refused"], lst.refused_connections)
+        closed.add_metric(["timeout"], lst.timed_out_connections)
+        yield closed
+        route = self.metrics_route
+        yield CounterMetricFamily("edgeinfer_http_metrics_renders", "Times /metrics was rendered (a render starts "
+                                  f"at most once per {self.METRICS_CACHE_S:g} s; scrapes in between share it).",
+                                  value=route.renders)
+        yield CounterMetricFamily("edgeinfer_http_metrics_render_failures", "Renders of /metrics that raised "
+                                  "(answered 500; logged at most once a minute).", value=route.failures)
