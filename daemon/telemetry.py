@@ -1,17 +1,16 @@
 """Prometheus metrics and health endpoints, at the edge of the daemon.
 
 A custom prometheus-client collector reads the loop's native counters and
-histograms only when scraped (nothing is pushed from the hot path). One small
-threaded HTTP server on the metrics listener (loopback by default) serves
+histograms only when scraped (nothing is pushed from the hot path). One bounded
+HTTP listener (daemon/httplistener.py; loopback by default) serves
 /metrics, /healthz (the loop made progress within its deadline) and /readyz
 (model verified, loaded and warm; a stream attached, if configured).
 """
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -19,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edgeinfer import ring
 from edgeinfer._hist import STAGES, cumulative_at
+from edgeinfer.httplistener import HttpListener, Response, SharedRender
 
 # Histogram buckets for 100 µs - 1 s (seconds).
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
@@ -195,44 +195,66 @@ class Health:
 
 
 class MetricsServer:
-    """/metrics, /healthz, /readyz on one listener, in a background thread."""
+    """/metrics, /healthz, /readyz on one bounded listener (daemon/httplistener.py): an asyncio thread that
+    answers the probes fresh, and one thread that renders /metrics, at most once per METRICS_CACHE_S, shared
+    by every scrape meanwhile unless liveness changed. Also the collector of the listener's own counters
+    (edgeinfer_http_*)."""
+
+    # Short, and no answer is older than this: at 0.5 s the isolation row that reads a killed camera's stream
+    # from /metrics saw 0.43-1.7 s (a render from before the kill); liveness never waits for it (the key).
+    METRICS_CACHE_S = 0.1
 
     def __init__(self, daemon, listen: str):
         host, _, port = listen.rpartition(":")
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DaemonCollector(daemon))
+        self.registry.register(self)
         health = daemon.health
         registry = self.registry
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-                elif path in ("/healthz", "/readyz"):
-                    ok = health.healthy() if path == "/healthz" else health.ready()
-                    body = json.dumps({"ok": ok, "stuck_lanes": health.stuck()}).encode() + b"\n"
-                    status, ctype = (200 if ok else 503), "application/json"
-                else:
-                    body, status, ctype = b"not found\n", 404, "text/plain"
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def metrics() -> Response:
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
 
-            def log_message(self, *args):  # scrapes are not log events
-                pass
+        def probe(check) -> Callable[[], Response]:
+            def answer() -> Response:  # on the listener's loop, never cached: liveness is now
+                ok = check()
+                body = {"ok": ok, "stuck_lanes": health.stuck()}
+                return (200 if ok else 503), "application/json", json.dumps(body).encode() + b"\n"
+            return answer
 
-        host = host.strip("[]")
-        self.server = http.server.ThreadingHTTPServer((host, int(port)), Handler)
-        self.server.daemon_threads = True
-        self.address = "%s:%d" % self.server.server_address[:2]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="edgeinfer-metrics", daemon=True)
+        def liveness():  # a scrape never gets a cached render that this has changed since
+            return (health.healthy(), health.ready(),
+                    tuple(id(m.runtime) for m in daemon.models.served.values()),
+                    tuple(s.connected for s in daemon.streams))
+
+        self.metrics_route = SharedRender(metrics, self.METRICS_CACHE_S, key=liveness)
+        self.listener = HttpListener(host.strip("[]"), int(port), {
+            "/metrics": self.metrics_route, "/healthz": probe(health.healthy), "/readyz": probe(health.ready)})
+        self.address = self.listener.address
 
     def start(self) -> None:
-        self.thread.start()
+        self.listener.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.listener.stop()
+
+    def collect(self):
+        """The listener's own counters: what a flood of slow or half-open clients cost."""
+        lst = self.listener
+        yield GaugeMetricFamily("edgeinfer_http_connections", "Open connections to the metrics listener.",
+                                value=float(lst.open_connections))
+        closed = CounterMetricFamily("edgeinfer_http_connections_closed",
+                                     "Connections the listener closed unanswered, by reason (evicted: the oldest "
+                                     "without a request when over the cap; refused: over the cap, nothing "
+                                     "evictable; timeout: no whole request or answer within the timeout).",
+                                     labels=["reason"])
+        closed.add_metric(["evicted"], lst.evicted_connections)
+        closed.add_metric(["refused"], lst.refused_connections)
+        closed.add_metric(["timeout"], lst.timed_out_connections)
+        yield closed
+        route = self.metrics_route
+        yield CounterMetricFamily("edgeinfer_http_metrics_renders", "Times /metrics was rendered (a render starts "
+                                  f"at most once per {self.METRICS_CACHE_S:g} s; scrapes in between share it).",
+                                  value=route.renders)
+        yield CounterMetricFamily("edgeinfer_http_metrics_render_failures", "Renders of /metrics that raised "
+                                  "(answered 500; logged at most once a minute).", value=route.failures)
