@@ -340,7 +340,6 @@ class Chores:
         if d._trim_at is not None and now >= d._trim_at:
             d._trim_at = None
             release_freed_memory()
-        d.health.tick()
         if d.watchdog:
             d.watchdog.tick()
         d.models.record_accepted()

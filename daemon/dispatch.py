@@ -68,6 +68,10 @@ class DispatchTable:
         at = (self._lanes_at + lane * LANE_BYTES + LINE) // 8
         return self._words[at: at + 2 * LINE // 8]
 
-    def cursor_owner(self, stream: int) -> int:
-        """Lane id + 1 serving the stream now, 0 if none (the cursor's first word)."""
-        return int(np.frombuffer(self.memory, np.uint32, 1, stream * STREAM_BYTES)[0])
+    def free_cursors_of(self, lane: int) -> None:
+        """Frees every stream cursor lane `lane` holds (the owner word, first of a cursor: lane id + 1).
+        Only for a lane known dead: no other lane writes an owner word that is not 0."""
+        for stream in range(self.n_streams):
+            owner = np.frombuffer(self.memory, np.uint32, 1, stream * STREAM_BYTES)
+            if owner[0] == lane + 1:
+                owner[0] = 0

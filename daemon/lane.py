@@ -219,8 +219,7 @@ class Lane:
         held = list(self.models.values()) + list(self.staged.values())
         counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in held)
         counters[dispatch.LANE_EVICTIONS] = sum(m.evictions for m in held)
-        if e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3):
-            pass  # counted by the loop when the run returns
+        e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)  # counted by the loop when the run returns
         while e.events:
             level, message = e.events.pop(0)
             self.log(level, message)

@@ -19,8 +19,6 @@ import select
 import signal
 import time
 
-import numpy as np
-
 from edgeinfer import dispatch
 from edgeinfer.bundle import BundleError
 from edgeinfer.lane import REPLY_WAIT_S, receive, send, to_memfd
@@ -59,7 +57,6 @@ class LaneSet:
         self.runtimes: dict[str, object] = {}  # model name → the verified ModelRuntime being served
         self.on_dropped = on_dropped      # (stream, epoch, why): a lane gave up on, or refused, a ring
         self.keepalive = keepalive        # called while waiting on lanes (feeds the watchdog while they progress)
-        self.kills = 0                    # lanes killed for hanging
         self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
         self.stopped = False              # stop() was called: nothing is restarted any more
 
@@ -230,7 +227,6 @@ class LaneSet:
             if progress != ln.last_progress:
                 ln.last_progress, ln.progress_at = progress, now
             elif now - ln.progress_at > self.cfg.runtime.lane_hang_s:
-                self.kills += 1
                 self._kill(ln)
                 self._lost(ln, f"made no progress for {now - ln.progress_at:.1f} s: killed")
 
@@ -257,10 +253,7 @@ class LaneSet:
         counters[dispatch.LANE_RUN_STARTED] = 0
         # Free any stream it held mid-frame: otherwise nobody could claim it again. It is dead now (_kill
         # waited), and no other lane writes an owner word that is not 0, so a plain store is safe.
-        for s in self.streams:
-            cur = np.frombuffer(self.table.memory, np.uint32, 1, self.table.cursor_offset(s.index))
-            if cur[0] == ln.index + 1:
-                cur[0] = 0
+        self.table.free_cursors_of(ln.index)
         self._maybe_restart(ln, time.monotonic())
 
     def _close(self, ln: LaneHandle) -> None:

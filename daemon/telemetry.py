@@ -9,7 +9,6 @@ HTTP listener (daemon/httplistener.py; loopback by default) serves
 from __future__ import annotations
 
 import json
-import time
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -174,9 +173,6 @@ class Health:
         self.deadline_s = deadline_s
         self.requires_stream = requires_stream
         self.model_ready = False
-
-    def tick(self) -> None:
-        pass  # the lanes' progress is tracked by LaneSet.poll()
 
     def stuck(self) -> list[str]:
         """Lanes that are down or made no progress within the deadline."""

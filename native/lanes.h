@@ -121,22 +121,6 @@ static inline void ei_lane_pass_over(ei_lane_view *v) { atomic_fetch_add(&v->cur
 static inline void ei_lane_picked(ei_lane_view *v) { atomic_store(&v->cur->passed_over, 0); }
 static inline uint64_t ei_lane_pending_since(const ei_lane_view *v) { return atomic_load(&v->cur->pending_since_ns); }
 
-/* ei_frame_consumer_init for the second and later lanes of a ring: the same
- * checks, without resetting the consumer's line (other lanes may be asleep
- * on it, counted in `waiters`). */
-static inline int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name,
-                                         ei_error *err) {
-    memset(c, 0, sizeof *c);
-    int rc = ei_frame_ring_check(base, size, name, &c->layout, err);
-    if (rc) return rc;
-    if (mprotect(base + EI_HEADER_SIZE, (size_t)size - EI_HEADER_SIZE, PROT_READ) != 0)
-        return ei_fail(err, EI_ERR_SYS, errno, "%s: mprotect: %s", name, strerror(errno));
-    c->base = base;
-    c->hdr = (ei_frame_ring_header *)base;
-    c->held = EI_NO_SLOT;
-    return EI_OK;
-}
-
 /* A writer of a result ring shared by the lanes (each inherited the one
  * writable mapping): continue from the ring's head, whoever wrote it last. */
 static inline void ei_result_writer_resume(ei_result_writer *wr) {

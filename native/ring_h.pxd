@@ -208,6 +208,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
                                        uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len)
 
     int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
+    int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
     int ei_frame_consumer_ready(const ei_frame_consumer *c)
     uint64_t ei_frame_consumer_note(ei_frame_consumer *c, uint64_t now_ns)
     int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info *out)
@@ -289,6 +290,5 @@ cdef extern from "lanes.h" nogil:
     void ei_lane_pass_over(ei_lane_view *v)
     void ei_lane_picked(ei_lane_view *v)
     uint64_t ei_lane_pending_since(const ei_lane_view *v)
-    int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
     void ei_result_writer_resume(ei_result_writer *wr)
     size_t EI_CURSOR_SIZE "sizeof(ei_stream_cursor)"

