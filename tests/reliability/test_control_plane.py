@@ -6,8 +6,8 @@ own scheduling (they are normal processes competing with the abuser for the same
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import sys
 import threading
 import time
 import urllib.request
@@ -31,7 +31,10 @@ def _collect(readers, phase, out, stop):
 
 
 def test_control_plane_abuse_does_not_delay_the_lanes(request, matrix, tmp_path, stream, children, c_producer,
-                                                       bundles, signing_key, users):
+                                                       bundles, signing_key, users, sandbox):
+    flood_script = sandbox / "http_flood.py"
+    shutil.copy(ROOT / "tests/adversary/http_flood.py", flood_script)
+    os.chmod(flood_script, 0o644)
     names = [f"{stream}-{i}" for i in range(2)]
     current = tmp_path / "current"
     os.symlink(bundles("orientation"), current)
@@ -56,9 +59,10 @@ def test_control_plane_abuse_does_not_delay_the_lanes(request, matrix, tmp_path,
         for _ in range(ROUNDS):
             phase[0] = "quiet"
             time.sleep(WINDOW_S)
-            flood = children.spawn([*users.run_as(users.outsider), sys.executable,
-                                    str(ROOT / "tests/adversary/http_flood.py"), "127.0.0.1", port,
-                                    str(WINDOW_S + 2)])
+            # The outsider runs the system's python on a copy in the sandbox: a fresh clone may sit in a 0700
+            # directory, its .venv included (the script needs nothing but the standard library).
+            flood = children.spawn([*users.run_as(users.outsider), "/usr/bin/python3", str(flood_script),
+                                    "127.0.0.1", port, str(WINDOW_S + 2)])
             held = read_line(flood, timeout=60)
             phase[0] = "abused"
             end = time.monotonic() + WINDOW_S
