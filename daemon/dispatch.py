@@ -40,6 +40,8 @@ LANE_SESSIONS = 8   # ONNX Runtime sessions held, all models
 LANE_EVICTIONS = 9  # sessions dropped to stay within runtime.max_sessions
 LANE_BATCHES = 10   # runs of more than one frame (micro-batching)
 LANE_COPIES = 11    # frames copied into a batch tensor (the only copy of a frame the daemon makes)
+LANE_DOORBELL_MUTES = 12  # times a camera's doorbell was muted: rung without frames (ring.h ei_wake_guard)
+LANE_WORDS = 2 * LINE // 8  # the counter words a lane has
 
 
 class DispatchTable:
@@ -66,7 +68,7 @@ class DispatchTable:
 
     def lane_counters(self, lane: int) -> np.ndarray:
         at = (self._lanes_at + lane * LANE_BYTES + LINE) // 8
-        return self._words[at: at + 2 * LINE // 8]
+        return self._words[at: at + LANE_WORDS]
 
     def free_cursors_of(self, lane: int) -> None:
         """Frees every stream cursor lane `lane` holds (the owner word, first of a cursor: lane id + 1).

@@ -95,7 +95,7 @@ class Engine:
         self.streams = streams
         self.lane_id = lane + 1     # the cursor's owner word (0 = free)
         # The lane's counters (dispatch.LANE_*), shared with the control plane; private without a table.
-        self.counters = counters if counters is not None else np.zeros(8, np.int64)
+        self.counters = counters if counters is not None else np.zeros(dispatch.LANE_WORDS, np.int64)
         self.loop_cpus = tuple(loop_cpus)
         self.scheduling = scheduling
         self.priority = priority
@@ -104,6 +104,7 @@ class Engine:
         self.idle_timeout = idle_timeout_ms / 1e3
         self.events: list[tuple[str, str]] = []  # (level, message) for the control thread to log
         self.dropped: list[tuple[Stream, ring.FrameReader, str]] = []  # rings the loop gave up on
+        self.muted: list[str] = []  # streams whose doorbell the loop stopped sleeping on, for the control thread
         self.realtime_active = False
         self.native_tid = 0
         self._stop = False
@@ -214,6 +215,13 @@ class Engine:
             self._attached = [s for s in self.streams if s.reader is not None]
             self._natives = [s.reader.native for s in self._attached]
 
+    def _note_muted(self, muted: int) -> None:
+        """At most once per EI_MUTE_NS per stream and lane (ring.h), so bounded whatever the camera does."""
+        for i, s in enumerate(self._attached):
+            if muted >> i & 1:
+                self.counters[dispatch.LANE_DOORBELL_MUTES] += 1
+                self.muted.append(s.name)
+
     def _run(self) -> None:
         self._setup_thread()
         bell = self._bell
@@ -229,6 +237,8 @@ class Engine:
                     time.sleep((resume_at - now) / 1e9)
                 waited_from = ring.monotonic_ns()
                 mask = self._waitset.wait(self._natives, self.idle_timeout, self.spin, True, bell)
+                if self._waitset.muted:  # a camera rang its doorbell without frames: now polled (ring.h)
+                    self._note_muted(self._waitset.muted)
                 if self._fault_stall:  # test-only fault hook (runtime.fault_injection), off in production
                     stall, self._fault_stall = self._fault_stall, 0.0
                     time.sleep(stall)

@@ -34,6 +34,7 @@ from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import SessionSet, ThreadPlan
 
 MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
+MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stream
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIM_DELAY_S = 3.0       # after a model swap, when to return the old version's freed memory to the kernel
@@ -108,6 +109,7 @@ class Lane:
         self.staged: dict[str, SessionSet] = {}
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
         self.trim_at: float | None = None  # when to give a replaced model's freed memory back to the kernel
+        self.mutes_logged: dict[str, tuple[float | None, int]] = {}  # stream → (last logged, mutes since)
 
     def thread_plan(self, name: str) -> ThreadPlan:
         threads = self.entries[name].ort_threads
@@ -223,6 +225,8 @@ class Lane:
         while e.events:
             level, message = e.events.pop(0)
             self.log(level, message)
+        while e.muted:
+            self.report_muted(e.muted.pop(0))
         while e.dropped:
             s, reader, why = e.dropped.pop(0)
             held = self.rings.get(s.index)
@@ -230,6 +234,19 @@ class Lane:
                 del self.rings[s.index]
                 send(self.sock, ("dropped", s.index, held[0], why), wait_s=REPLY_WAIT_S)
             reader.close()
+
+    def report_muted(self, stream: str) -> None:
+        """A camera rang its doorbell without frames: said once per MUTE_LOG_S per stream (the loop may
+        mute it ten times a second for as long as the camera keeps at it)."""
+        now = time.monotonic()
+        last, count = self.mutes_logged.get(stream, (None, 0))
+        count += 1
+        if last is None or now - last >= MUTE_LOG_S:
+            self.log("warning", f"stream {stream}: its camera rang the ring's doorbell over 32 times in 10 ms "
+                                f"without a frame ({count} times muted by this lane); its ring is polled every "
+                                f"1 ms instead, for 100 ms at a time (its frames only may be up to 1 ms late)")
+            last, count = now, 0
+        self.mutes_logged[stream] = (last, count)
 
     def run(self) -> int:
         self.engine.start()

@@ -323,6 +323,7 @@ class LaneSet:
                             "sessions": int(c[dispatch.LANE_SESSIONS]),
                             "session_evictions": int(c[dispatch.LANE_EVICTIONS]),
                             "batches": int(c[dispatch.LANE_BATCHES]), "batch_copies": int(c[dispatch.LANE_COPIES]),
+                            "doorbell_mutes": int(c[dispatch.LANE_DOORBELL_MUTES]),
                             "last_error": ln.last_error}
         return out
 

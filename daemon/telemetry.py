@@ -127,6 +127,9 @@ class DaemonCollector:
                                       labels=["lane"])
         copies = CounterMetricFamily("edgeinfer_lane_batch_copies", "Frames copied into a batch tensor: the only "
                                      "copy of a frame the daemon makes (micro-batching).", labels=["lane"])
+        mutes = CounterMetricFamily("edgeinfer_lane_doorbell_mutes", "Times the lane stopped sleeping on a "
+                                    "camera's doorbell for 100 ms because it rang without frames (polled every "
+                                    "1 ms meanwhile; the log names the stream).", labels=["lane"])
         lanes = d.lanes.status(0) if d.lanes else {}
         for name, ln in lanes.items():
             up.add_metric([name], 1.0 if ln["state"] == "ready" else 0.0)
@@ -142,8 +145,9 @@ class DaemonCollector:
             evictions.add_metric([name], ln["session_evictions"])
             batches.add_metric([name], ln["batches"])
             copies.add_metric([name], ln["batch_copies"])
+            mutes.add_metric([name], ln["doorbell_mutes"])
         yield from (up, realtime, progress, busy, served, restarts, cancelled, holds, sessions, evictions, batches,
-                    copies)
+                    copies, mutes)
 
     @staticmethod
     def _models(d):

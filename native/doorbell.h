@@ -23,7 +23,7 @@ static inline int ei__doorbell_ready(const void *b) {
 }
 
 static inline ei_waitable ei_doorbell_waitable(ei_doorbell *b) {
-    ei_waitable w = {&b->word, NULL, ei__doorbell_ready, b}; /* no waiter count: ring() always wakes */
+    ei_waitable w = {&b->word, NULL, ei__doorbell_ready, b, NULL}; /* no waiter count: ring() always wakes; ours: no guard */
     return w;
 }
 

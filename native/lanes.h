@@ -54,7 +54,7 @@ static inline int ei_lane_ready(const void *p) {
 
 static inline ei_waitable ei_lane_waitable(ei_lane_view *v) {
     ei_frame_consumer *c = (ei_frame_consumer *)v->c;
-    ei_waitable w = {&c->hdr->doorbell, &c->hdr->waiters, ei_lane_ready, v};
+    ei_waitable w = {&c->hdr->doorbell, &c->hdr->waiters, ei_lane_ready, v, NULL}; /* the caller sets the guard */
     return w;
 }
 

@@ -477,6 +477,7 @@ cdef class FrameConsumer:
     cdef ei_lane_view lane      # with a dispatch-table cursor (share()): lanes take turns on this ring
     cdef object table           # keeps the dispatch table's memory alive while `lane` points into it
     cdef readonly bint shared   # share() was called: readiness and claims go through the cursor
+    cdef ei_wake_guard guard    # wake-up spam defence for this ring, kept across waits (ring.h)
 
     def __cinit__(self, int fd, str name, uint64_t max_size=(<uint64_t>1) << 40, bint join=False):
         cdef ei_error err
@@ -704,6 +705,8 @@ cdef class WaitSet:
     """Preallocated waiting room for up to EI_MAX_WAIT rings: wait() builds
     the C array in place and sleeps with the GIL released."""
     cdef ei_waitable w[65]     # filled per call from the current consumers (+ a doorbell)
+    cdef uint64_t mutes[64]    # each frame consumer's guard.mutes before the call
+    cdef readonly uint64_t muted  # bit n: consumers[n]'s doorbell was muted during the last wait()
 
     def wait(self, consumers, double timeout, double spin=0.0, bint use_waitv=True, Doorbell bell=None):
         """Sleeps until one of `consumers` (FrameConsumer or ResultConsumer) is
@@ -725,12 +728,19 @@ cdef class WaitSet:
                 self.w[i] = ei_frame_waitable(&(<FrameConsumer>obj).c)
             else:
                 self.w[i] = ei_result_waitable(&(<ResultConsumer?>obj).r)
+            if isinstance(obj, FrameConsumer):  # a camera's ring: its doorbell may be rung without news
+                self.w[i].guard = &(<FrameConsumer>obj).guard
+                self.mutes[i] = (<FrameConsumer>obj).guard.mutes
         total = n
         if bell is not None:
             self.w[n] = ei_doorbell_waitable(bell.bell)
             total = n + 1
         with nogil:
             mask = ei_wait_any(self.w, total, timeout_ns, spin_ns, use_waitv)
+        self.muted = 0
+        for i in range(n):
+            if self.w[i].guard != NULL and self.w[i].guard.mutes != self.mutes[i]:
+                self.muted |= (<uint64_t>1) << i
         if mask:
             now = ei_now_ns(1)
             for i in range(n):

@@ -133,8 +133,12 @@ cdef extern from "edgeinfer/ring.h" nogil:
         uint32_t slot             # slot index
         uint32_t generation       # informational
 
+    ctypedef struct ei_wake_guard:
+        uint64_t muted_until_ns   # not slept on before this time
+        uint64_t mutes            # times muted
+
     ctypedef struct ei_waitable:
-        pass
+        ei_wake_guard *guard      # borrowed: the caller's guard for the ring, or NULL
 
     ctypedef struct ei_result_ring_header:
         uint64_t head             # newest complete record number (atomic)

@@ -14,6 +14,8 @@
  *   short           publish T s of frames whose payload_len is 100 bytes
  *   geometry-cycle  N times: a new ring of a new size as S, one frame, hang up: ACCEPTED=<n> REFUSED=<n>
  *   flood           publish as fast as possible for T s
+ *   bell-spam       for T s, bump the ring's doorbell and FUTEX_WAKE it as fast as possible, publishing a real
+ *                   frame only at F fps: WAKES=<calls> WOKEN=<sleepers the kernel woke> PUBLISHED=<frames>
  *   procfd          try to open every /proc/PID/fd/N of --target-pid read-write: OPENED=<n> DENIED=<n>
  *   fd-KIND         a hello for S with a bad fd: KIND = none, pipe, socket, unsealed, devshm, write-sealed,
  *                   huge (a sparse ring over any sane limit), many (8 fds), garbage (random bytes, no fd),
@@ -214,6 +216,32 @@ int main(int argc, char **argv) {
         printf("CONNECTED\n");
         publish_for(&p, &in, seconds, !strcmp(attack, "backdate") ? (uint64_t)count * 1000000ull : 0,
                     !strcmp(attack, "short") ? 100 : 0, !strcmp(attack, "latest-jump"));
+        return 0;
+    }
+    if (!strcmp(attack, "bell-spam")) {
+        make_ring(&p, width, height);
+        int rc = hand_over(&in, stream, p.fd, &e);
+        if (rc != EI_OK) { printf("REFUSED=%d %s\n", rc, e.msg); return 0; }
+        printf("CONNECTED\n");
+        uint64_t now = ei_now_ns(CLOCK_MONOTONIC), end = now + (uint64_t)(seconds * 1e9), next = now;
+        uint64_t period = fps > 0 ? (uint64_t)(1e9 / fps) : 0;
+        long wakes = 0, woken = 0, published = 0;
+        while ((now = ei_now_ns(CLOCK_MONOTONIC)) < end) {
+            if (period && now >= next) {
+                ei_frame_producer_begin(&p);
+                ei_frame_producer_publish(&p, now, ei_now_ns(CLOCK_REALTIME), p.next_seq, ei_frame_bytes(&p.layout));
+                published++;
+                next += period;
+            }
+            for (int k = 0; k < 64; k++) { /* rung, with nothing new in the ring */
+                atomic_fetch_add(&p.hdr->doorbell, 1);
+                int n = ei_futex_wake(&p.hdr->doorbell);
+                wakes++;
+                if (n > 0) woken += n;
+            }
+            ei_ingress_step(&in, now);
+        }
+        printf("WAKES=%ld\nWOKEN=%ld\nPUBLISHED=%ld\n", wakes, woken, published);
         return 0;
     }
     if (!strcmp(attack, "geometry-cycle")) {

@@ -19,20 +19,22 @@ import re
 import socket
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
 import fault_models
 from conftest import ROOT, Children, compile_c, read_line
 from daemon_helpers import daemon_log, poll, read_stats, start_daemon, stop_daemon, write_config
-from rel_helpers import checksum_ok, drain, http_status, process_sample
+from rel_helpers import checksum_ok, drain, http_status, process_sample, process_tree
 from reliability_matrix import COUNTS
 
 from edgeinfer import ring
+from edgeinfer.statusview import scrape
 
 W, H = 64, 48
 VICTIM_FPS = 30
-ATTACKS = ("jump", "backdate", "short", "shrink", "geometry", "fdabuse", "restart", "flood")
+ATTACKS = ("jump", "backdate", "short", "shrink", "geometry", "fdabuse", "restart", "flood", "bell")
 ATTACKER_STREAMS = {a: f"evil-{a}" for a in ATTACKS}
 
 
@@ -295,6 +297,63 @@ def test_flooding_camera_gets_its_share_and_no_more(request, matrix, arena, user
     row(matrix, request, "a camera publishes as fast as it can (6 s)", int(r.get("PUBLISHED", 0)),
         "newest frame wins on its own stream; the neighbour keeps >= 90 %", observed,
         ok and int(r.get("PUBLISHED", 0)) > 1000)
+
+
+def loop_switches(pid: int) -> int:
+    """Voluntary context switches of the lanes' real-time loop threads (each sleep on a futex is one)."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/comm") as f:
+                    if not f.read().startswith("edgeinfer-rt"):
+                        continue
+                with open(f"/proc/{p}/task/{tid}/status") as f:
+                    total += int(next(ln for ln in f if ln.startswith("voluntary_ctxt_switches")).split()[1])
+        except (OSError, StopIteration):
+            continue
+    return total
+
+
+def test_ringing_the_doorbell_without_frames_cannot_keep_the_lanes_awake(request, matrix, arena, users):
+    """A camera owns its ring's futex word: it can bump it and FUTEX_WAKE in a loop, and every lane asleep on
+    it wakes, finds nothing, sleeps again. ring.h's wake guard mutes such a doorbell for 100 ms after 33 empty
+    wakes in 10 ms, so the kernel can wake a lane for it at most ~33 times per 100 ms; its own frames are
+    still seen (polled every 1 ms)."""
+    w = Watch(arena)
+    name = ATTACKER_STREAMS["bell"]
+    before = arena.stream_stats(name)
+    lanes = len(scrape(arena.daemon.metrics_url + "/metrics").get("lanes", {})) or 1
+    mutes0 = lane_mutes(arena.daemon.metrics_url)
+    switches0 = loop_switches(arena.daemon.pid)
+    seconds = 4
+    r = arena.attack(users.cam_b, "evil_producer", "--socket", arena.ingress, "--stream", name, "--attack",
+                     "bell-spam", "--fps", "10", "--seconds", seconds)
+    switches = loop_switches(arena.daemon.pid) - switches0
+    after = arena.wait_stats(lambda st: st["streams"][name]["processed"] - before.get("processed", 0) >= 20, 10,
+                             "the spammer's own frames to be served")["streams"][name]
+    ok, text = w.verdict()
+    wakes, woken = int(r.get("WAKES", 0)), int(r.get("WOKEN", 0))
+    mutes = lane_mutes(arena.daemon.metrics_url) - mutes0
+    # Each lane: at most 33 empty wakes, then 100 ms muted: ~330 wakes a second, whatever the camera does.
+    bound = lanes * 40 * 10 * (seconds + 1)
+    served = after["processed"] - before.get("processed", 0)
+    logged = f"stream {name}: its camera rang the ring's doorbell" in daemon_log(arena.daemon)
+    observed = (f"{wakes:,} FUTEX_WAKE calls woke lanes {woken:,} times (bound {bound:,} for {lanes} lanes); "
+                f"lane loops slept {switches:,} times; {mutes} mutes counted, logged {logged}; its own frames: "
+                f"{served} of {r.get('PUBLISHED')} served; {text}")
+    row(matrix, request, "a camera rings its doorbell without frames, as fast as it can (4 s)", wakes,
+        "lanes woken at most ~330/s each, the spammer's frames still served, the neighbour keeps >= 90 %",
+        observed, wakes > 100 * bound and woken <= bound and mutes >= 1 and logged and served >= 20 and ok)
+
+
+def lane_mutes(url: str) -> int:
+    """edgeinfer_lane_doorbell_mutes_total over all lanes, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as f:
+        text = f.read().decode()
+    return int(sum(s.value for fam in text_string_to_metric_families(text)
+                   if fam.name == "edgeinfer_lane_doorbell_mutes" for s in fam.samples if s.name.endswith("_total")))
 
 
 def test_short_payloads_are_counted_and_never_served(request, matrix, arena, users):

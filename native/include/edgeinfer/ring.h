@@ -850,18 +850,50 @@ struct ei_futex_waitv { /* the kernel's struct futex_waitv (Linux >= 5.16) */
     uint32_t reserved;
 };
 
+/* A consumer's defence against a ring whose writer rings the doorbell without news (a camera that
+ * wants to keep the consumer's CPU busy with wake-ups). More than EI_SPURIOUS_LIMIT wakes without news
+ * within EI_SPURIOUS_WINDOW_NS, and ei_wait_any stops sleeping on that doorbell for EI_MUTE_NS: it
+ * looks at the ring every EI_MUTED_POLL_NS instead. So that ring's own frames are seen up to 1 ms late
+ * meanwhile, and nobody else's are. An honest producer wakes once per frame: it would need 3,200
+ * frames/s to be muted. The caller keeps one guard per ring, across calls. */
+#define EI_SPURIOUS_LIMIT 32u
+#define EI_SPURIOUS_WINDOW_NS 10000000ull /* 10 ms */
+#define EI_MUTE_NS 100000000ull           /* 100 ms */
+#define EI_MUTED_POLL_NS 1000000ull       /* 1 ms */
+
+typedef struct ei_wake_guard {
+    uint64_t window_start_ns; /* start of the current counting window (CLOCK_MONOTONIC) */
+    uint64_t muted_until_ns;  /* not slept on before this time; 0 = never muted */
+    uint64_t mutes;           /* times muted: for the caller's counters */
+    uint32_t spurious;        /* wakes without news in the current window */
+    uint32_t reserved;
+} ei_wake_guard;
+
 /* Anything whose readiness can be waited for: a doorbell, a waiter counter and a predicate. */
 typedef struct ei_waitable {
     const _Atomic uint32_t *doorbell; /* borrowed: futex word (shared, or private to the process) */
     _Atomic uint32_t *waiters;        /* borrowed: waiter counter next to it, or NULL (a read-only ring) */
     int (*ready)(const void *);       /* true when the caller has something to do */
     const void *obj;                  /* borrowed: argument of ready() */
+    ei_wake_guard *guard;             /* borrowed: the caller's guard for this ring, or NULL (a trusted writer) */
 } ei_waitable;
+
+static inline void ei__wake_guard_note(ei_wake_guard *g, uint64_t now) {
+    if (now - g->window_start_ns > EI_SPURIOUS_WINDOW_NS) {
+        g->window_start_ns = now;
+        g->spurious = 0;
+    }
+    if (++g->spurious > EI_SPURIOUS_LIMIT) {
+        g->muted_until_ns = now + EI_MUTE_NS;
+        g->spurious = 0;
+        g->mutes++;
+    }
+}
 
 static inline int ei__frame_ready_cb(const void *c) { return ei_frame_consumer_ready((const ei_frame_consumer *)c); }
 
 static inline ei_waitable ei_frame_waitable(ei_frame_consumer *c) {
-    ei_waitable w = {&c->hdr->doorbell, &c->hdr->waiters, ei__frame_ready_cb, c};
+    ei_waitable w = {&c->hdr->doorbell, &c->hdr->waiters, ei__frame_ready_cb, c, NULL};
     return w;
 }
 
@@ -872,13 +904,44 @@ static inline uint64_t ei__ready_mask(const ei_waitable *w, uint32_t n) {
     return mask;
 }
 
+/* Sleeps until `until`, on the doorbells of w[i] for the i in `slept` (none: a plain sleep). */
+static inline void ei__sleep_on(const ei_waitable *w, uint32_t n, uint64_t slept, const uint32_t *bell,
+                                uint64_t now, uint64_t until, int use_waitv) {
+    static _Atomic int waitv_missing = 0;
+    struct ei_futex_waitv fw[EI_MAX_WAIT];
+    uint32_t idx[EI_MAX_WAIT], m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (slept >> i & 1) idx[m++] = i;
+    if (m == 0) {
+        struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+    } else if (m == 1) {
+        ei_futex_wait(w[idx[0]].doorbell, bell[idx[0]], until - now);
+    } else if (use_waitv && !atomic_load_explicit(&waitv_missing, memory_order_relaxed)) {
+        for (uint32_t k = 0; k < m; k++) {
+            fw[k].val = bell[idx[k]];
+            fw[k].uaddr = (uint64_t)(uintptr_t)w[idx[k]].doorbell;
+            fw[k].flags = FUTEX2_SIZE_U32; /* shared: no FUTEX2_PRIVATE */
+            fw[k].reserved = 0;
+        }
+        struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+        if (syscall(SYS_futex_waitv, fw, m, 0, &ts, CLOCK_MONOTONIC) < 0 && errno == ENOSYS)
+            atomic_store_explicit(&waitv_missing, 1, memory_order_relaxed);
+    } else {
+        /* Fallback: sleep on each ring in turn for a short slice. */
+        uint64_t slice = 1000000ull / m + 1;
+        if (slice > until - now) slice = until - now;
+        for (uint32_t k = 0; k < m && !ei__ready_mask(w, n); k++) ei_futex_wait(w[idx[k]].doorbell, bell[idx[k]], slice);
+    }
+}
+
 /* Waits until at least one of w[0..n) is ready, at most timeout_ns, first
  * spinning up to spin_ns. Returns a bitmask of the ready ones (0 = timed out).
  * use_waitv = 0 forces the fallback (per-ring timed waits in 1 ms slices),
- * which is also used automatically when the kernel lacks futex_waitv. */
+ * which is also used automatically when the kernel lacks futex_waitv.
+ * A ring with a guard that rings without news is muted (ei_wake_guard). */
 static inline uint64_t ei_wait_any(const ei_waitable *w, uint32_t n, uint64_t timeout_ns, uint64_t spin_ns,
                                    int use_waitv) {
-    static _Atomic int waitv_missing = 0;
     if (n == 0 || n > EI_MAX_WAIT) return 0;
     uint64_t mask = ei__ready_mask(w, n);
     if (mask) return mask;
@@ -892,41 +955,34 @@ static inline uint64_t ei_wait_any(const ei_waitable *w, uint32_t n, uint64_t ti
         }
         if (mask) return mask;
     }
-    struct ei_futex_waitv fw[EI_MAX_WAIT];
     uint32_t bell[EI_MAX_WAIT];
     for (;;) {
+        /* The doorbells slept on this round: all but the muted ones. */
+        now = ei_now_ns(CLOCK_MONOTONIC);
+        uint64_t slept = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (!w[i].guard || w[i].guard->muted_until_ns <= now) slept |= 1ull << i;
+        const uint64_t all = n == 64 ? ~0ull : (1ull << n) - 1;
         /* Dekker with the producer: count ourselves as waiting, read the bells, re-check. (A read-only
          * ring has no counter: its writer wakes on every commit while readers are connected.) */
         for (uint32_t i = 0; i < n; i++)
-            if (w[i].waiters) atomic_fetch_add(w[i].waiters, 1);
+            if ((slept >> i & 1) && w[i].waiters) atomic_fetch_add(w[i].waiters, 1);
         for (uint32_t i = 0; i < n; i++) bell[i] = atomic_load(w[i].doorbell);
         mask = ei__ready_mask(w, n);
-        now = ei_now_ns(CLOCK_MONOTONIC);
         if (!mask && now < deadline) {
-            if (n == 1) {
-                ei_futex_wait(w[0].doorbell, bell[0], deadline - now);
-            } else if (use_waitv && !atomic_load_explicit(&waitv_missing, memory_order_relaxed)) {
-                for (uint32_t i = 0; i < n; i++) {
-                    fw[i].val = bell[i];
-                    fw[i].uaddr = (uint64_t)(uintptr_t)w[i].doorbell;
-                    fw[i].flags = FUTEX2_SIZE_U32; /* shared: no FUTEX2_PRIVATE */
-                    fw[i].reserved = 0;
-                }
-                struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
-                if (syscall(SYS_futex_waitv, fw, n, 0, &ts, CLOCK_MONOTONIC) < 0 && errno == ENOSYS)
-                    atomic_store_explicit(&waitv_missing, 1, memory_order_relaxed);
-            } else {
-                /* Fallback: sleep on each ring in turn for a short slice. */
-                uint64_t slice = 1000000ull / n + 1;
-                for (uint32_t i = 0; i < n && !ei__ready_mask(w, n); i++)
-                    ei_futex_wait(w[i].doorbell, bell[i], slice);
-            }
+            uint64_t until = deadline;
+            if (slept != all && now + EI_MUTED_POLL_NS < until) until = now + EI_MUTED_POLL_NS;
+            ei__sleep_on(w, n, slept, bell, now, until, use_waitv);
         }
         for (uint32_t i = 0; i < n; i++)
-            if (w[i].waiters) atomic_fetch_sub(w[i].waiters, 1);
+            if ((slept >> i & 1) && w[i].waiters) atomic_fetch_sub(w[i].waiters, 1);
         if (mask) return mask;
         mask = ei__ready_mask(w, n);
-        if (mask || ei_now_ns(CLOCK_MONOTONIC) >= deadline) return mask;
+        now = ei_now_ns(CLOCK_MONOTONIC);
+        for (uint32_t i = 0; i < n; i++) /* rang, and nothing to do: count it against that ring */
+            if ((slept >> i & 1) && w[i].guard && !(mask >> i & 1) && atomic_load(w[i].doorbell) != bell[i])
+                ei__wake_guard_note(w[i].guard, now);
+        if (mask || now >= deadline) return mask;
     }
 }
 
@@ -1103,7 +1159,7 @@ static inline int ei_result_reader_ready(const ei_result_reader *rd) {
 static inline int ei__result_ready_cb(const void *r) { return ei_result_reader_ready((const ei_result_reader *)r); }
 
 static inline ei_waitable ei_result_waitable(ei_result_reader *rd) {
-    ei_waitable w = {&rd->hdr->doorbell, NULL, ei__result_ready_cb, rd}; /* no waiter count: read-only */
+    ei_waitable w = {&rd->hdr->doorbell, NULL, ei__result_ready_cb, rd, NULL}; /* no waiter count: read-only */
     return w;
 }
 
