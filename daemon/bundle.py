@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edgeinfer.vocabulary import ModelFormat, channels
 from edgeinfer.yamlconf import ConfigError, load_yaml_model
 
 MODEL_FILE = "model.onnx"
@@ -31,7 +32,7 @@ class InputSpec(_Strict):
     name: str                                   # the graph input the frames feed
     width: int = Field(ge=1, le=16384)
     height: int = Field(ge=1, le=16384)
-    pixel_format: Literal["rgb24", "bgr24", "gray8"] = "rgb24"  # channel order the model expects
+    pixel_format: ModelFormat = "rgb24"  # channel order the model expects
     layout: Literal["nchw", "nhwc"] = "nchw"
 
 
@@ -63,7 +64,7 @@ class ModelMeta(_Strict):
 
     @model_validator(mode="after")
     def _channels(self):
-        ch = 1 if self.input.pixel_format == "gray8" else 3
+        ch = channels(self.input.pixel_format)
         for key in ("mean", "std"):
             n = len(getattr(self.preprocess, key))
             if n not in (1, ch):

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from edgeinfer.vocabulary import MODEL_FORMATS
+
 # Set by SIGTERM/SIGINT from the first moment of edgeinferd_main, before the
 # slow imports (numpy, ONNX Runtime), so a stop during start-up is orderly.
 _stop_requested = []
@@ -47,7 +49,7 @@ def setup_logging(level: str) -> None:
 def _print_status(st: dict) -> None:
     for name, s in st["streams"].items():
         e2e = s.get("e2e_ms") or {}
-        from edgeinfer.stats import OUTCOMES
+        from edgeinfer.vocabulary import OUTCOMES
         drops = "  ".join(f"{o} {s[o]}" for o in OUTCOMES)
         print(f"{name}: {s['fps']:5.1f} fps  e2e p50 {e2e.get('p50', 0):6.2f} ms  p99 {e2e.get('p99', 0):6.2f} ms  "
               f"{drops}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
@@ -124,12 +126,13 @@ def _cmd_results(args) -> int:
     import numpy as np
 
     from edgeinfer import ring
+    from edgeinfer.vocabulary import ITEM_VALUES
     reader = ring.ResultReader.connect(args.stream, socket=args.socket, from_oldest=args.from_oldest)
     n = 0
     try:
         for rec in reader.follow(timeout=args.timeout):
             items = np.frombuffer(rec.payload, np.float32)
-            cols = {1: 2, 2: 6}.get(rec.kind)
+            cols = ITEM_VALUES.get(rec.kind)
             out = {"number": rec.number, "frame_seq": rec.frame_seq, "frame_id": rec.frame_id,
                    "model": rec.model_name, "version": rec.model_version, "status": rec.status, "kind": rec.kind,
                    "latency_ms": round((rec.done_ns - rec.capture_ns) / 1e6, 3), "missed": rec.missed,
@@ -253,7 +256,7 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("--version", required=True)
     b.add_argument("--input-name", help="default: the graph's first input")
     b.add_argument("--size", help="WxH; default: the graph input's static size")
-    b.add_argument("--pixel-format", choices=["rgb24", "bgr24", "gray8"], default="rgb24")
+    b.add_argument("--pixel-format", choices=MODEL_FORMATS, default="rgb24")
     b.add_argument("--layout", choices=["nchw", "nhwc"], default="nchw")
     b.add_argument("--scale", type=float, default=1.0)
     b.add_argument("--mean", default="0", help="comma-separated, per channel")

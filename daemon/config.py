@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from edgeinfer import ring
 from edgeinfer.identity import Acl, Identity, LegacyUids, group_id
+from edgeinfer.vocabulary import FrameFormat, Geometry
 from edgeinfer.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
 
 # ABI 1 segment names (deprecated key): a plain file name, never a path.
@@ -97,7 +98,7 @@ class StreamConfig(_Strict):
     segment: str | None = None  # ABI 1 (deprecated): ignored, with a warning
     max_age_ms: float = Field(200.0, gt=0)
     priority: int = Field(0, ge=0, le=99)
-    pixel_format: Literal["gray8", "rgb24", "bgr24", "rgba32", "bgra32"] = "bgr24"
+    pixel_format: FrameFormat = "bgr24"
     width: int | None = Field(None, ge=1, le=16384)   # declare to build and warm the session at start
     height: int | None = Field(None, ge=1, le=16384)
 
@@ -234,7 +235,7 @@ class Config(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"stream names must be unique; repeated: {dup}")
-        declared = {(s.pixel_format, s.height, s.width) for s in self.streams if s.width is not None}
+        declared = {Geometry(s.pixel_format, s.height, s.width) for s in self.streams if s.width is not None}
         if len(declared) > self.runtime.max_sessions:
             raise ValueError(f"{len(declared)} different frame geometries are declared, more than runtime."
                              f"max_sessions ({self.runtime.max_sessions}) sessions can hold")

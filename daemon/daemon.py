@@ -29,6 +29,7 @@ from edgeinfer.ingress import Ingress, bind_listener
 from edgeinfer.lanes import LaneSet
 from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import ModelRuntime
+from edgeinfer.vocabulary import Geometry
 from edgeinfer.reload import Models
 from edgeinfer.systemd import Notifier, Watchdog, listen_fds
 from edgeinfer.telemetry import Health, MetricsServer
@@ -95,7 +96,7 @@ class Daemon:
         return {name: self.models.load(name) for name in self.models.served}
 
     def declared_geometries(self, model: str) -> list:
-        return sorted({(s.pixel_format, s.height, s.width) for s in self.cfg.streams
+        return sorted({Geometry(s.pixel_format, s.height, s.width) for s in self.cfg.streams
                        if s.width is not None and self.cfg.model_of(s) == model})
 
     @property

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgeinfer import ring
 from edgeinfer.signing import throwaway_signed_copy
-from edgeinfer.stats import OUTCOMES
+from edgeinfer.vocabulary import DROPS
 
 LABELS = ["0", "90", "180", "270"]
 
@@ -120,6 +120,6 @@ def _print_line(name: str, d: dict, st: dict) -> None:
     last = d["last"]
     pred = f"{LABELS[last[0]]:>3}° vs truth {LABELS[last[1]]:>3}°" if last and last[0] >= 0 else "no result yet"
     acc = 100.0 * d["correct"] / d["n"] if d["n"] else 0.0
-    drops = " ".join(f"{o} {st.get(o, 0)}" for o in OUTCOMES if o != "processed")
+    drops = " ".join(f"{o} {st.get(o, 0)}" for o in DROPS)
     print(f"{name}: {len(lat):3d} fps  e2e p50 {p50:6.2f} ms p99 {p99:6.2f} ms  drops {drops}  last {pred}  "
           f"accuracy {acc:5.1f}% of {d['n']}", flush=True)

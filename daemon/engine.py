@@ -43,9 +43,9 @@ import onnxruntime as ort
 from edgeinfer import dispatch, ring
 from edgeinfer.model import FusedSession, SessionSet
 from edgeinfer.stats import StreamStats
+from edgeinfer.vocabulary import RESULT_OK
 
 _POLICIES = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "other": os.SCHED_OTHER}
-STATUS_OK = 0
 
 
 class Stream:
@@ -439,7 +439,7 @@ class Engine:
         writer.set_wake(s.flags is None or s.flags[dispatch.FLAG_WAKE] != 0)
         writer.write(frame_seq=frame.seq, frame_id=frame.frame_id, capture_ns=frame.capture_ns,
                      capture_realtime_ns=frame.capture_realtime_ns, start_ns=start, done_ns=done,
-                     status=STATUS_OK, kind=model.decoder.kind, payload=payload, item_count=items,
+                     status=RESULT_OK, kind=model.decoder.kind, payload=payload, item_count=items,
                      model_name=model.name, model_version=model.version)
         published = ring.monotonic_ns()
         st.processed += 1

@@ -13,12 +13,10 @@ import onnx
 from onnx import TensorProto, compose, helper, numpy_helper
 
 from edgeinfer.bundle import BundleError, InputSpec, PreprocessSpec
+from edgeinfer.vocabulary import FRAME_CHANNELS, MODEL_CHANNELS
 
 FRAME_INPUT = "frame"
 _PREFIX = "ei_pre_"
-# Channel order of each frame pixel format, and what each model format wants.
-FRAME_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR", "rgba32": "RGBA", "bgra32": "BGRA"}
-MODEL_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR"}
 
 
 def channel_map(frame_format: str, model_format: str) -> list[int] | None:

@@ -21,7 +21,8 @@ import onnxruntime as ort
 
 from edgeinfer.bundle import Bundle, BundleError
 from edgeinfer.decoders import Decoder, DecoderError, make_decoder
-from edgeinfer.fusion import FRAME_CHANNELS, FRAME_INPUT, fuse
+from edgeinfer.fusion import FRAME_INPUT, fuse
+from edgeinfer.vocabulary import Geometry, channels
 
 
 def _dims(value_info) -> list[int | None]:
@@ -58,7 +59,7 @@ class FusedSession:
         self.session = session
         self.pixel_format, self.height, self.width = pixel_format, height, width
         self.output_names = [o.name for o in session.get_outputs()]
-        self.channels = len(FRAME_CHANNELS[pixel_format])
+        self.channels = channels(pixel_format)
         # Micro-batching: the one tensor frames of this geometry are copied into (allocated here, not per frame).
         self.batch = np.empty((batch, height, width, self.channels), np.uint8) if batch > 1 else None
         # Its rows and its first k rows, as views made once: the loop indexes these, allocating nothing.
@@ -127,7 +128,7 @@ class SessionSet:
         return {**self.__dict__, "_sessions": collections.OrderedDict(), "evictions": 0}
 
     @property
-    def geometries(self) -> list[tuple[str, int, int]]:
+    def geometries(self) -> list[Geometry]:
         """(pixel format, height, width) of the sessions held, least recently used first."""
         return list(self._sessions)
 
@@ -181,7 +182,7 @@ class ModelRuntime:
             raise BundleError(f"{bundle.path}/model.yaml: input.name '{spec.name}' is not a graph input "
                               f"(inputs: {sorted(inputs)})")
         dims = _dims(inputs[spec.name])
-        ch = 1 if spec.pixel_format == "gray8" else 3
+        ch = channels(spec.pixel_format)
         want = [None, ch, spec.height, spec.width] if spec.layout == "nchw" else [None, spec.height, spec.width, ch]
         if len(dims) != 4 or any(d is not None and w is not None and d != w for d, w in zip(dims, want)):
             raise BundleError(f"{bundle.path}/model.yaml: input {spec.width}x{spec.height}x{ch} {spec.layout} "
@@ -217,7 +218,7 @@ class ModelRuntime:
     def fused_model(self, pixel_format: str, height: int, width: int) -> bytes:
         """The model with this geometry's preprocessing in front, serialised (kept for the last max_sessions
         geometries: a restarted lane or a reload asks again)."""
-        key = (pixel_format, height, width)
+        key = Geometry(pixel_format, height, width)
         data = self._fused.get(key)
         if data is None:
             data = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess,
@@ -229,7 +230,7 @@ class ModelRuntime:
         return data
 
     @property
-    def geometries(self) -> list[tuple[str, int, int]]:
+    def geometries(self) -> list[Geometry]:
         return self.sessions.geometries
 
     @property
@@ -238,5 +239,5 @@ class ModelRuntime:
 
     def session_for(self, pixel_format: str, height: int, width: int, pinned=()) -> FusedSession:
         """The fused, warmed-up session for a stream geometry, built here on first use (see SessionSet.add)."""
-        key = (pixel_format, height, width)
+        key = Geometry(pixel_format, height, width)
         return self.sessions.get(key) or self.sessions.add(key, self.fused_model(*key), pinned)

@@ -14,7 +14,6 @@ import logging
 import os
 import time
 
-from edgeinfer.bundle import BundleError
 from edgeinfer.model import ModelRuntime
 from edgeinfer.rollback import RollbackRefused, RollbackState, StateWriteError
 from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle

@@ -288,7 +288,7 @@ def wait_any(readers, timeout: float, spin: float = 0.0) -> list:
 
 # ------------------------------------------------------------------ results
 
-RESULT_OK = 0
+from edgeinfer.vocabulary import RESULT_OK  # noqa: E402,F401  (re-exported: the readers' API)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

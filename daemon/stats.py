@@ -13,8 +13,8 @@ import numpy as np
 import numpy.ma  # noqa: F401  np.percentile imports it lazily: at the fd limit that import would fail
 
 from edgeinfer._hist import HIST_BYTES, StageHistograms
+from edgeinfer.vocabulary import OUTCOMES
 
-OUTCOMES = ("processed", "stale", "overload", "torn", "short", "error", "bad_timestamp")
 WINDOW = 4096  # recent frames kept for quantiles
 # Counter slots: the outcomes, then frames recorded in the windows, the last frame id, the lane that served last.
 _COUNTERS = OUTCOMES + ("count", "last_frame_id", "last_lane")
@@ -45,10 +45,8 @@ def _frame_id():
 
 
 class StreamStats:
-    """processed: results published; stale: acquired, but older than max_age_ms: dropped; overload: published,
-    never acquired (newer frames won while the lanes were busy or shedding); torn: refused by the ring's checks;
-    short: payload_len shorter than the frame; error: inference or decoding failed; bad_timestamp: capture time
-    zero or later than the moment it was served."""
+    """A stream's counters (one per outcome: edgeinfer.vocabulary.OUTCOMES says what each means) and its
+    recent latencies, in a block of shared memory the serving lane writes and the control plane reads."""
 
     def __init__(self, name: str, buffer=None, offset: int = 0):
         self.name = name

@@ -9,6 +9,14 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from edgeinfer.vocabulary import DROPS
+
+_SHORT = {"bad_timestamp": "bad_ts"}  # column headers: the outcome's name, shortened where it is long
+
+
+def _width(outcome: str) -> int:
+    return max(6, len(_SHORT.get(outcome, outcome)) + 2)
+
 
 def scrape(url: str, timeout: float = 3.0) -> dict:
     """The daemon's state from one scrape: models, lanes, streams (and their e2e buckets per model)."""
@@ -94,14 +102,14 @@ def render(now: dict, before: dict | None, dt: float) -> str:
     for model, version in sorted(now["models"].items()):
         b = recent.get(model, {})
         lines.append(f"{model:<14}{version:<28}{1e3 * quantile(b, 0.5):>9.2f}{1e3 * quantile(b, 0.99):>9.2f}")
-    lines.append(f"{'stream':<20}{'fps':>7}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'processed':>11}"
-                 f"{'stale':>8}{'overload':>10}{'torn':>6}{'error':>7}{'bad_ts':>8}  producer")
+    drops = "".join(f"{_SHORT.get(o, o):>{_width(o)}}" for o in DROPS)
+    lines.append(f"{'stream':<20}{'fps':>7}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'processed':>11}{drops}  producer")
     for name, r in sorted(now["streams"].items()):
         prev = (before or {}).get("streams", {}).get(name, {})
         fps = (r.get("processed", 0) - prev.get("processed", 0)) / dt if before and dt > 0 else nan
+        drops = "".join(f"{r.get(o, 0):>{_width(o)}}" for o in DROPS)
         lines.append(f"{name:<20}{fps:>7.1f}{r.get('p50', nan):>9.2f}{r.get('p95', nan):>9.2f}"
-                     f"{r.get('p99', nan):>9.2f}{r.get('processed', 0):>11}{r.get('stale', 0):>8}"
-                     f"{r.get('overload', 0):>10}{r.get('torn', 0):>6}{r.get('error', 0):>7}{r.get('bad_timestamp', 0):>8}  "
+                     f"{r.get('p99', nan):>9.2f}{r.get('processed', 0):>11}{drops}  "
                      f"{'connected' if r.get('connected') else 'absent'}")
     return "\n".join(lines)
 

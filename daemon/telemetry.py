@@ -22,7 +22,7 @@ from edgeinfer.httplistener import HttpListener, Response, SharedRender
 # Histogram buckets for 100 µs - 1 s (seconds).
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
            0.25, 0.5, 1.0)
-from edgeinfer.stats import OUTCOMES
+from edgeinfer.vocabulary import OUTCOMES
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], hist, stage: int) -> None:

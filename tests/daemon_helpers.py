@@ -44,7 +44,7 @@ def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime:
     models: {name: bundle path or {bundle: ..., ort_threads: ...}} instead of the one `bundle_path`;
     lanes: [{cpus: [...], models: [...]}]."""
     uid = os.getuid()
-    lines = [f"model:\n" + (f"  bundle: {bundle_path}\n" if bundle_path else "") +
+    lines = ["model:\n" + (f"  bundle: {bundle_path}\n" if bundle_path else "") +
              f"  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n  state_dir: {state_dir or tmp_path / 'state'}"]
     if models:
         lines.append("models:\n" + "\n".join(

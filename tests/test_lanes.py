@@ -162,7 +162,7 @@ def test_a_killed_lane_and_a_hung_lane_are_restarted_while_the_other_serves(bund
     os.kill(first["lane0"]["pid"], signal.SIGKILL)
     killed_at = _streams(stats)[stream]["processed"]
     # Served meanwhile, and back: a new process, counted once.
-    back = wait_for(lambda: (ln := _lanes(stats).get("lane0")) and ln["restarts"] == 1 and ln["state"] == "ready"
+    wait_for(lambda: (ln := _lanes(stats).get("lane0")) and ln["restarts"] == 1 and ln["state"] == "ready"
                     and ln["pid"] != first["lane0"]["pid"] and ln, 30, "lane0 to be restarted")
     wait_for(lambda: _streams(stats)[stream]["processed"] > killed_at + 30, 20, "results after the kill")
     assert _metric(proc.metrics_url, "edgeinfer_lane_restarts_total", 'lane="lane0"') == 1.0

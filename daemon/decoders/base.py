@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# payload_kind codes of the result record (docs/abi.md)
-KIND_NONE, KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW = 0, 1, 2, 3
+from edgeinfer.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION, KIND_NONE, KIND_RAW  # noqa: F401 (decoders' kinds)
 
 _REGISTRY: dict[str, type["Decoder"]] = {}
 
