@@ -14,6 +14,8 @@
  *   short           publish T s of frames whose payload_len is 100 bytes
  *   geometry-cycle  N times: a new ring of a new size as S, one frame, hang up: ACCEPTED=<n> REFUSED=<n>
  *   flood           publish as fast as possible for T s
+ *   forge-ids       serve S at F fps for T s with frame ids 2^63 + n and 2^64 - 1 in turn, and every 10th
+ *                   frame a seq jump of 2^50 (a forged skip): PUBLISHED=<frames> JUMPS=<n>
  *   bell-spam       for T s, bump the ring's doorbell and FUTEX_WAKE it as fast as possible, publishing a real
  *                   frame only at F fps: WAKES=<calls> WOKEN=<sleepers the kernel woke> PUBLISHED=<frames>
  *   procfd          try to open every /proc/PID/fd/N of --target-pid read-write: OPENED=<n> DENIED=<n>
@@ -216,6 +218,30 @@ int main(int argc, char **argv) {
         printf("CONNECTED\n");
         publish_for(&p, &in, seconds, !strcmp(attack, "backdate") ? (uint64_t)count * 1000000ull : 0,
                     !strcmp(attack, "short") ? 100 : 0, !strcmp(attack, "latest-jump"));
+        return 0;
+    }
+    if (!strcmp(attack, "forge-ids")) {
+        make_ring(&p, width, height);
+        int rc = hand_over(&in, stream, p.fd, &e);
+        if (rc != EI_OK) { printf("REFUSED=%d %s\n", rc, e.msg); return 0; }
+        printf("CONNECTED\n");
+        uint64_t now = ei_now_ns(CLOCK_MONOTONIC), end = now + (uint64_t)(seconds * 1e9);
+        long published = 0, jumps = 0;
+        while ((now = ei_now_ns(CLOCK_MONOTONIC)) < end) {
+            if (published % 10 == 9) { /* the daemon sees 2^50 frames skipped: counters must saturate, not wrap */
+                p.next_seq += UINT64_C(1) << 50;
+                jumps++;
+            }
+            uint8_t *px = ei_frame_producer_begin(&p);
+            memset(px, (int)(published & 0xff), ei_frame_bytes(&p.layout));
+            uint64_t id = published % 2 ? UINT64_MAX : (UINT64_C(1) << 63) + (uint64_t)published;
+            ei_frame_producer_publish(&p, now, ei_now_ns(CLOCK_REALTIME), id, ei_frame_bytes(&p.layout));
+            published++;
+            ei_ingress_step(&in, now);
+            struct timespec ts = {0, fps > 0 ? (long)(1e9 / fps) : 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        printf("PUBLISHED=%ld\nJUMPS=%ld\n", published, jumps);
         return 0;
     }
     if (!strcmp(attack, "bell-spam")) {

@@ -34,7 +34,7 @@ from edgeinfer.statusview import scrape
 
 W, H = 64, 48
 VICTIM_FPS = 30
-ATTACKS = ("jump", "backdate", "short", "shrink", "geometry", "fdabuse", "restart", "flood", "bell")
+ATTACKS = ("jump", "backdate", "short", "shrink", "geometry", "fdabuse", "restart", "flood", "bell", "ids")
 ATTACKER_STREAMS = {a: f"evil-{a}" for a in ATTACKS}
 
 
@@ -324,7 +324,7 @@ def test_ringing_the_doorbell_without_frames_cannot_keep_the_lanes_awake(request
     name = ATTACKER_STREAMS["bell"]
     before = arena.stream_stats(name)
     lanes = len(scrape(arena.daemon.metrics_url + "/metrics").get("lanes", {})) or 1
-    mutes0 = lane_mutes(arena.daemon.metrics_url)
+    mutes0 = int(lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_doorbell_mutes"))
     switches0 = loop_switches(arena.daemon.pid)
     seconds = 4
     r = arena.attack(users.cam_b, "evil_producer", "--socket", arena.ingress, "--stream", name, "--attack",
@@ -334,7 +334,7 @@ def test_ringing_the_doorbell_without_frames_cannot_keep_the_lanes_awake(request
                              "the spammer's own frames to be served")["streams"][name]
     ok, text = w.verdict()
     wakes, woken = int(r.get("WAKES", 0)), int(r.get("WOKEN", 0))
-    mutes = lane_mutes(arena.daemon.metrics_url) - mutes0
+    mutes = int(lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_doorbell_mutes")) - mutes0
     # Each lane: at most 33 empty wakes, then 100 ms muted: ~330 wakes a second, whatever the camera does.
     bound = lanes * 40 * 10 * (seconds + 1)
     served = after["processed"] - before.get("processed", 0)
@@ -347,13 +347,46 @@ def test_ringing_the_doorbell_without_frames_cannot_keep_the_lanes_awake(request
         observed, wakes > 100 * bound and woken <= bound and mutes >= 1 and logged and served >= 20 and ok)
 
 
-def lane_mutes(url: str) -> int:
-    """edgeinfer_lane_doorbell_mutes_total over all lanes, from /metrics."""
+def test_forged_frame_ids_and_seq_jumps_cost_a_lane_nothing(request, matrix, arena, users):
+    """Found in review: a frame id >= 2^63 (a signed overflow in the stats block) or a forged seq jump
+    (skip counts past 2^63) raised in the loop, and the restarted lane met the same frame: every lane down in
+    turn. Ids are uint64 now and the counters saturate; the attacker's ids come back intact in its results."""
+    w = Watch(arena)
+    name = ATTACKER_STREAMS["ids"]
+    before = arena.stream_stats(name)
+    restarts0 = lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_restarts")
+    theirs = ring.ResultReader.connect(name, socket=arena.results)
+    try:
+        r = arena.attack(users.cam_b, "evil_producer", "--socket", arena.ingress, "--stream", name, "--attack",
+                         "forge-ids", "--fps", "50", "--seconds", "3")
+        published = int(r.get("PUBLISHED", 0))
+        after = arena.wait_stats(lambda st: st["streams"][name]["processed"] - before.get("processed", 0)
+                                 >= published // 2, 10, "the forged frames to be served")["streams"][name]
+        recs = drain(theirs)
+    finally:
+        theirs.close()
+    ok, text = w.verdict()
+    ids = {rec.frame_id for rec in recs}
+    big = sum(i >= 2**63 for i in ids)
+    restarts = lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_restarts") - restarts0
+    served = after["processed"] - before.get("processed", 0)
+    counters = [after.get(o, 0) for o in ("processed", "stale", "overload", "torn", "short", "error")]
+    observed = (f"published {published} frames with ids 2^63 + n and 2^64 - 1, {r.get('JUMPS')} seq jumps of 2^50: "
+                f"served {served}, {len(recs)} results read, {big} distinct ids >= 2^63 (2^64 - 1 among them: "
+                f"{2**64 - 1 in ids}); overload {after.get('overload')}; lane restarts {restarts:g}; {text}")
+    row(matrix, request, "a camera publishes frame ids >= 2^63 and forged seq jumps of 2^50", published,
+        "served with its ids intact; the skips counted, no counter wraps; no lane restarted; the neighbour keeps >= 90 %", observed,
+        served >= published // 2 and big >= 10 and 2**64 - 1 in ids and restarts == 0
+        and all(0 <= c <= 2**63 - 1 for c in counters) and after.get("overload", 0) >= 2**50 and ok)
+
+
+def lane_metric(url: str, family: str) -> float:
+    """A lane counter summed over the lanes, from /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
     with urllib.request.urlopen(url + "/metrics", timeout=5) as f:
         text = f.read().decode()
-    return int(sum(s.value for fam in text_string_to_metric_families(text)
-                   if fam.name == "edgeinfer_lane_doorbell_mutes" for s in fam.samples if s.name.endswith("_total")))
+    return sum(s.value for fam in text_string_to_metric_families(text)
+               if fam.name == family for s in fam.samples if s.name.endswith("_total"))
 
 
 def test_short_payloads_are_counted_and_never_served(request, matrix, arena, users):
