@@ -34,6 +34,7 @@ from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import SessionSet, ThreadPlan
 
 MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
+F_SEAL_FUTURE_WRITE = 0x10  # linux/fcntl.h (Linux >= 5.1); Python's fcntl module lacks it
 MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stream
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
@@ -75,7 +76,11 @@ def to_memfd(obj, label: str) -> int:
     written = 0
     while written < len(data):
         written += os.write(fd, data[written:])
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    # FUTURE_WRITE, not WRITE: F_SEAL_WRITE first waits for the pages' extra references to go, and pages just
+    # written can still sit in another CPU's LRU batch: under load it failed with EBUSY and the daemon did
+    # not start (seen once in a fresh-clone `make test`). FUTURE_WRITE forbids the same (write(), writable
+    # mappings) from now on, and nothing else holds this memfd.
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL)
     return fd
 
 
