@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abi1 as abi1_mod  # noqa: E402
 from edgeinfer import ring  # noqa: E402  (in the --abi1-child run: 0.1's, see bench/abi1.py)
 from edgeinfer.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
-from edgeinfer.model import ModelRuntime  # noqa: E402
+from edgeinfer.model import ModelRuntime, ThreadPlan  # noqa: E402
 from edgeinfer.producers.synthetic import make_frames  # noqa: E402
 from edgeinfer.signing import throwaway_signed_copy  # noqa: E402
 
@@ -75,7 +75,7 @@ def floor_runs(frames: list[np.ndarray], n: int, period_s: float = 0.0) -> tuple
     rt = ModelRuntime(load_bundle(BUNDLE))
     fused = rt.session_for("bgr24", 224, 224)
     b = rt.bundle
-    plain = ort.InferenceSession(b.model_bytes, sess_options=rt.threads.session_options(),
+    plain = ort.InferenceSession(b.model_bytes, sess_options=ThreadPlan().session_options(),
                                  providers=["CPUExecutionProvider"])  # same thread plan as the daemon
     m = b.meta
     mean, std = np.asarray(m.preprocess.mean, np.float32), np.asarray(m.preprocess.std, np.float32)

@@ -90,7 +90,7 @@ class Engine:
     def __init__(self, models: dict[str, SessionSet], streams: list[Stream], *, lane: int = 0,
                  counters=None, bell: ring.Doorbell | None = None, peers=(), loop_cpus=(),
                  scheduling: str = "fifo", priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0,
-                 idle_timeout_ms: int = 100):
+                 idle_timeout_ms: int = 100, peer_counters=None):
         self.models = dict(models)  # name → SessionSet: the lane's models
         self.streams = streams
         self.lane_id = lane + 1     # the cursor's owner word (0 = free)
@@ -112,6 +112,7 @@ class Engine:
         self._mailbox: collections.deque = collections.deque()  # control thread → loop (append/popleft are atomic)
         self._bell = bell if bell is not None else ring.Doorbell()  # our doorbell (mail, and other lanes' kicks)
         self._peers = tuple(peers)  # the other lanes' doorbells: rung when we free a stream that has news
+        self._peer_counters = dict(peer_counters or {})  # model → counters of the other lanes holding it
         self._waitset = ring.WaitSet()
         self._attached: list[Stream] = []      # loop-owned: streams with a ring, in wait-set order
         self._natives: list = []               # their native consumers (the wait set)
@@ -304,6 +305,15 @@ class Engine:
         limit = self.models[first.model].batch
         if limit <= 1:
             return [first]
+        # Work-conserving: with other lanes of this model idle, take only our share of the ready frames, not
+        # the whole batch (a lane that claimed all 4 streams of 4 left its idle peer nothing for a whole run).
+        idle = 1
+        for c in self._peer_counters.get(first.model, ()):
+            if c[dispatch.LANE_READY] and not c[dispatch.LANE_RUN_STARTED]:
+                idle += 1
+        if idle > 1:
+            same = 1 + sum(1 for s in ready if s is not first and s.session is first.session)
+            limit = min(limit, -(-same // idle))
         group = [first]
         for s in ready:
             if len(group) >= limit:

@@ -91,7 +91,8 @@ def from_memfd(fd: int):
 
 
 class Lane:
-    def __init__(self, lane: int, plan, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket):
+    def __init__(self, lane: int, plans, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket):
+        plan = plans[lane]
         self.id = lane
         self.cfg = cfg
         self.sock = sock
@@ -108,7 +109,9 @@ class Lane:
         self.engine = Engine({}, list(self.streams.values()), lane=lane, counters=table.lane_counters(lane),
                              bell=bells[lane], peers=[b for i, b in enumerate(bells) if i != lane],
                              loop_cpus=loop_cpus, scheduling=rt.scheduling, priority=rt.priority,
-                             duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us, idle_timeout_ms=rt.idle_timeout_ms)
+                             duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us, idle_timeout_ms=rt.idle_timeout_ms,
+                             peer_counters={m: [table.lane_counters(i) for i, p in enumerate(plans)
+                                                if i != lane and m in p.models] for m in self.model_names})
         self.table = table
         self.models: dict[str, SessionSet] = {}
         self.staged: dict[str, SessionSet] = {}
@@ -278,8 +281,9 @@ class Lane:
         return 0 if stopped else 1
 
 
-def lane_main(lane: int, plan, cfg, streams, table, sock: socket.socket) -> int:
-    """The forked lane's whole life (the zygote's child)."""
+def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket) -> int:
+    """The forked lane's whole life (the zygote's child); plans: every lane's (CPUs and models)."""
+    plan = plans[lane]
     # The control thread (and what it starts, unless pinned: ORT's extra threads are, to the lane's CPUs) stays
     # off the lane's CPUs where others exist: at normal priority next to the real-time loop it would not run
     # until the frame was done, and it must be able to cancel an overdue run.
@@ -292,7 +296,7 @@ def lane_main(lane: int, plan, cfg, streams, table, sock: socket.socket) -> int:
         pass
     started = time.monotonic()
     try:
-        return Lane(lane, plan, cfg, streams, table, sock).run()
+        return Lane(lane, plans, cfg, streams, table, sock).run()
     except Exception as e:
         send(sock, ("log", "error", f"lane stopped after {time.monotonic() - started:.1f} s: "
                                     f"{type(e).__name__}: {e}"))

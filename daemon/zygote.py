@@ -110,7 +110,7 @@ def _serve(sock: socket.socket, cfg, plans, streams, table) -> int:
             try:
                 sock.close()
                 _die_with_parent(zygote)
-                code = lanes_proc.lane_main(lane, plans[lane], cfg, streams, table, socket.socket(fileno=fds[0]))
+                code = lanes_proc.lane_main(lane, plans, cfg, streams, table, socket.socket(fileno=fds[0]))
             finally:
                 os._exit(code)
         os.close(fds[0])
