@@ -1,12 +1,16 @@
 """Model bundles: a directory with model.onnx, model.yaml and model.sig.
-Reading takes every file once into memory; signing.load_verified_bundle checks
-the signature on those bytes before anything is parsed, and ONNX Runtime and
-the YAML parser get exactly the bytes that were checked."""
+Every file is opened and its size checked against the limits before any byte
+is read; reading then takes every file once into memory from the same open
+file; signing.load_verified_bundle checks the signature on those bytes before
+anything is parsed, and ONNX Runtime and the YAML parser get exactly the bytes
+that were checked."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
+import stat
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -16,12 +20,31 @@ from edgeinfer.yamlconf import ConfigError, load_yaml_model
 
 MODEL_FILE = "model.onnx"
 META_FILE = "model.yaml"
-MAX_BUNDLE_BYTES = 2 << 30  # refuse absurd bundles before reading them
-MAX_META_BYTES = 1 << 20    # model.yaml is a page of settings: more is refused before the YAML parser sees it
+SIG_FILE = "model.sig"
+MAX_ENTRIES = 256  # a bundle is three files and a few more: each is held open until read
 
 
 class BundleError(Exception):
     """A bundle that cannot be used; the message names the file and the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeLimits:
+    """The largest each file of a bundle may be, and all of them together, in bytes
+    (edgeinferd.yaml: model.max_model_mib, max_meta_kib, max_file_mib, max_bundle_mib).
+    Checked on the opened files before any byte is read: a bundle over them costs no memory."""
+    model: int = 1024 << 20   # model.onnx
+    meta: int = 1024 << 10    # model.yaml and model.sig, each: parsed whole, a page of text
+    other: int = 16 << 20     # each other file (labels, ...)
+    bundle: int = 1088 << 20  # all files together: model.onnx's limit and 64 MiB
+
+    def of(self, name: str) -> tuple[int, str]:
+        """The limit for file `name`, and how a refusal names it (with its configuration key)."""
+        if name == MODEL_FILE:
+            return self.model, "model.onnx (model.max_model_mib)"
+        if name in (META_FILE, SIG_FILE):
+            return self.meta, f"{name} (model.max_meta_kib)"
+        return self.other, "each other file of a bundle (model.max_file_mib)"
 
 
 class _Strict(BaseModel):
@@ -56,6 +79,9 @@ class DecoderSpec(_Strict):
 
 class ModelMeta(_Strict):
     name: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    # The anti-rollback floor is kept per family (rollback.py): a model renamed in a later
+    # version keeps its family, so the rename does not reset the floor. Default: the name.
+    family: str | None = Field(None, min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     version: str = Field(min_length=1, max_length=16, pattern=r"^[0-9]+(\.[0-9]+)*([.-][A-Za-z0-9]+)?$")
     input: InputSpec
     preprocess: PreprocessSpec = PreprocessSpec()
@@ -70,6 +96,11 @@ class ModelMeta(_Strict):
             if n not in (1, ch):
                 raise ValueError(f"preprocess.{key} has {n} values; the input has {ch} channels")
         return self
+
+    @property
+    def floor_family(self) -> str:
+        """The key of this model's anti-rollback floor: `family`, by default the name."""
+        return self.family or self.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,47 +117,100 @@ class Bundle:
         return hashlib.sha256(self.model_bytes).hexdigest()
 
 
-def read_bundle_files(path: str) -> dict[str, bytes]:
-    """Every regular file of the bundle directory, read once. Refuses symlinks
-    and subdirectories (nothing outside the directory gets in)."""
-    try:
-        entries = sorted(os.listdir(path))
-    except FileNotFoundError:
-        raise BundleError(f"{path}: model bundle not found") from None
-    except NotADirectoryError:
-        raise BundleError(f"{path}: a model bundle is a directory") from None
-    except OSError as e:
-        raise BundleError(f"{path}: cannot read the bundle: {e.strerror}") from None
-    files: dict[str, bytes] = {}
-    total = 0
-    for name in entries:
-        full = os.path.join(path, name)
+class OpenBundle:
+    """A bundle directory with every entry opened (O_NOFOLLOW) and its size checked,
+    nothing read yet. Reading uses the same open files and stops one byte past the
+    size that was checked, so a file that grows or is swapped meanwhile cannot get
+    more than its checked size in. A context manager: closes what it opened."""
+
+    def __init__(self, path: str, limits: SizeLimits = SizeLimits()):
+        self.path, self.limits = path, limits
+        self.fds: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self._data: dict[str, bytes] = {}
         try:
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # follows a `current` symlink
+        except FileNotFoundError:
+            raise BundleError(f"{path}: model bundle not found") from None
+        except NotADirectoryError:
+            raise BundleError(f"{path}: a model bundle is a directory") from None
         except OSError as e:
-            reason = "is a symbolic link" if e.errno == 40 else e.strerror
-            raise BundleError(f"{full}: {reason}; a bundle holds only regular files") from None
-        st = os.fstat(fd)
-        if not (st.st_mode & 0o170000 == 0o100000):  # checked on the fd: a directory opens too
-            os.close(fd)
-            raise BundleError(f"{full}: not a regular file; a bundle holds only regular files")
-        with os.fdopen(fd, "rb") as f:
+            raise BundleError(f"{path}: cannot read the bundle: {e.strerror}") from None
+        try:
+            self._open_entries(dfd)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(dfd)
+
+    def _open_entries(self, dfd: int) -> None:
+        # Entries are opened relative to the directory opened once: a flipped symlink cannot mix two bundles.
+        names = sorted(os.listdir(dfd))
+        if len(names) > MAX_ENTRIES:
+            raise BundleError(f"{self.path}: {len(names)} entries; a bundle holds at most {MAX_ENTRIES} files")
+        total = 0
+        for name in names:
+            full = os.path.join(self.path, name)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError as e:
+                reason = "is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+                raise BundleError(f"{full}: {reason}; a bundle holds only regular files") from None
+            self.fds[name] = fd
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # checked on the fd: a directory or a FIFO opens too
+                raise BundleError(f"{full}: not a regular file; a bundle holds only regular files")
+            limit, what = self.limits.of(name)
+            if st.st_size > limit:
+                raise BundleError(f"{full}: {st.st_size} bytes, larger than the {limit}-byte limit for {what}")
             total += st.st_size
-            if total > MAX_BUNDLE_BYTES:
-                raise BundleError(f"{path}: larger than {MAX_BUNDLE_BYTES} bytes")
-            files[name] = f.read()
-    for required in (MODEL_FILE, META_FILE):
-        if required not in files:
-            raise BundleError(f"{os.path.join(path, required)}: missing from the bundle")
-    return files
+            if total > self.limits.bundle:
+                raise BundleError(f"{self.path}: more than {self.limits.bundle} bytes in all, the limit for a "
+                                  "whole bundle (model.max_bundle_mib)")
+            self.sizes[name] = st.st_size
+        for required in (MODEL_FILE, META_FILE):
+            if required not in self.fds:
+                raise BundleError(f"{os.path.join(self.path, required)}: missing from the bundle")
+
+    def read(self, name: str) -> bytes:
+        """File `name`, read once, exactly the size checked at open."""
+        if name not in self._data:
+            size = self.sizes[name]
+            with os.fdopen(self.fds[name], "rb", closefd=False) as f:
+                data = f.read(size + 1)  # one byte more: a file that grew is seen, never read on
+            if len(data) != size:
+                raise BundleError(f"{os.path.join(self.path, name)}: changed while being read ({size} bytes when "
+                                  f"opened, {len(data)}{'+' if len(data) > size else ''} read)")
+            self._data[name] = data
+        return self._data[name]
+
+    def read_all(self) -> dict[str, bytes]:
+        return {name: self.read(name) for name in self.sizes}
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def __enter__(self) -> "OpenBundle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_bundle_files(path: str, limits: SizeLimits = SizeLimits()) -> dict[str, bytes]:
+    """Every regular file of the bundle directory, read once, after every size was
+    checked. Refuses symlinks and subdirectories (nothing outside the directory gets in)."""
+    with OpenBundle(path, limits) as opened:
+        return opened.read_all()
 
 
 def parse_bundle(path: str, files: dict[str, bytes]) -> Bundle:
     """Parses bundle files already read (and, for anything that will run, verified:
-    see signing.load_verified_bundle, the only loader the daemon uses)."""
-    if len(files[META_FILE]) > MAX_META_BYTES:
-        raise BundleError(f"{os.path.join(path, META_FILE)}: {len(files[META_FILE])} bytes, larger than the "
-                          f"{MAX_META_BYTES}-byte limit for model.yaml")
+    see signing.load_verified_bundle, the only loader the daemon uses); their sizes
+    were checked before they were read (OpenBundle)."""
     try:
         meta = load_yaml_model(ModelMeta, files[META_FILE].decode("utf-8"), os.path.join(path, META_FILE))
     except UnicodeDecodeError:

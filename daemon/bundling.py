@@ -43,7 +43,8 @@ def write_bundle(args) -> str:
         k, _, v = kv.partition("=")
         decoder[k] = yaml.safe_load(v)
     doc = {
-        "name": args.name, "version": args.version,
+        "name": args.name, **({"family": args.family} if getattr(args, "family", None) else {}),
+        "version": args.version,
         "input": {"name": inp.name, "width": w, "height": h, "pixel_format": args.pixel_format, "layout": args.layout},
         "preprocess": {"scale": args.scale, "mean": _floats(args.mean), "std": _floats(args.std)},
         "decoder": decoder,

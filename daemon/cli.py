@@ -181,10 +181,36 @@ def _cmd_model_sign(args) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return n
+
+
+def _size_limits(args):
+    """--max-*: edgeinferd's model.max_* keys, with the same defaults."""
+    from edgeinfer.bundle import SizeLimits
+    d = SizeLimits()
+    return SizeLimits(model=args.max_model_mib << 20 if args.max_model_mib else d.model,
+                      meta=args.max_meta_kib << 10 if args.max_meta_kib else d.meta,
+                      other=args.max_file_mib << 20 if args.max_file_mib else d.other,
+                      bundle=args.max_bundle_mib << 20 if args.max_bundle_mib else d.bundle)
+
+
 def _cmd_model_verify(args) -> int:
+    from edgeinfer.rollback import RollbackState
     from edgeinfer.signing import TrustStore, load_verified_bundle
-    bundle, signer = load_verified_bundle(args.bundle, TrustStore(args.trust_dir))
-    print(f"{args.bundle}: OK: {bundle.meta.name} {bundle.meta.version}, signed by {signer.key_file}")
+    trust = TrustStore(args.trust_dir)
+    for refused in trust.refused:
+        print(f"edgeinferctl: warning: trust store entry refused, not trusted: {refused}", file=sys.stderr)
+    bundle, signer = load_verified_bundle(args.bundle, trust, _size_limits(args))
+    meta = bundle.meta
+    if args.state_dir:
+        RollbackState(args.state_dir).check(meta.floor_family, meta.version, os.path.join(args.bundle, "model.yaml"),
+                                            meta.name)
+    family = f" (family {meta.family})" if meta.family and meta.family != meta.name else ""
+    print(f"{args.bundle}: OK: {meta.name} {meta.version}{family}, signed by {signer.key_file}")
     return 0
 
 
@@ -253,6 +279,7 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("onnx")
     b.add_argument("--out", required=True)
     b.add_argument("--name", required=True)
+    b.add_argument("--family", help="anti-rollback family (default: the name); keep it when renaming a model")
     b.add_argument("--version", required=True)
     b.add_argument("--input-name", help="default: the graph's first input")
     b.add_argument("--size", help="WxH; default: the graph input's static size")
@@ -274,10 +301,17 @@ def edgeinferctl_main(argv=None) -> int:
     b.set_defaults(func=_cmd_model_sign)
     b = msub.add_parser("verify", help="verify a bundle the way edgeinferd does")
     b.add_argument("bundle")
-    b.add_argument("--trust-dir", default="/etc/edgeinfer/trust")
+    b.add_argument("--trust-dir", default="/etc/edgeinfer/trust",
+                   help="entries must be owned by root or this command's user and not writable by group or others")
+    b.add_argument("--state-dir", help="also check the anti-rollback floor recorded there (read only), e.g. "
+                                       "/var/lib/edgeinfer")
+    b.add_argument("--max-model-mib", type=_positive, help="size limit of model.onnx (default 1024, as edgeinferd)")
+    b.add_argument("--max-meta-kib", type=_positive, help="size limit of model.yaml and of model.sig (default 1024)")
+    b.add_argument("--max-file-mib", type=_positive, help="size limit of each other file (default 16)")
+    b.add_argument("--max-bundle-mib", type=_positive, help="size limit of all files together (default 1088)")
     b.set_defaults(func=_cmd_model_verify)
     b = msub.add_parser("allow-downgrade", help="allow one older version of a model (anti-rollback override)")
-    b.add_argument("name")
+    b.add_argument("name", metavar="family", help="the model's family (model.yaml's `family`, by default its name)")
     b.add_argument("version")
     b.add_argument("--state-dir", default="/var/lib/edgeinfer")
     b.set_defaults(func=_cmd_model_allow_downgrade)

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from edgeinfer import ring
+from edgeinfer.bundle import SizeLimits
 from edgeinfer.identity import Acl, Identity, LegacyUids, group_id
 from edgeinfer.vocabulary import FrameFormat, Geometry
 from edgeinfer.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
@@ -43,11 +44,20 @@ class ModelConfig(_Strict):
     trust_dir: str = "/etc/edgeinfer/trust"   # public keys (PEM) whose signatures are accepted
     state_dir: str = "/var/lib/edgeinfer"     # anti-rollback record (highest accepted version per model)
     watch_interval_s: float = Field(1.0, ge=0)  # reload when the bundle path's target changes (0: off)
+    # Size limits of a bundle, checked before any of its files is read (SizeLimits).
+    max_model_mib: int = Field(SizeLimits.model >> 20, ge=1, le=1 << 16)      # model.onnx
+    max_meta_kib: int = Field(SizeLimits.meta >> 10, ge=1, le=1 << 16)       # model.yaml and model.sig, each
+    max_file_mib: int = Field(SizeLimits.other >> 20, ge=1, le=1 << 16)      # each other file
+    max_bundle_mib: int = Field(SizeLimits.bundle >> 20, ge=1, le=1 << 17)   # all files together
 
     @field_validator("bundle", "trust_dir", "state_dir")
     @classmethod
     def _paths(cls, v: str | None, info) -> str | None:
         return v if v is None else _clean_path(v, f"model.{info.field_name}")
+
+    def size_limits(self) -> SizeLimits:
+        return SizeLimits(model=self.max_model_mib << 20, meta=self.max_meta_kib << 10,
+                          other=self.max_file_mib << 20, bundle=self.max_bundle_mib << 20)
 
 
 # A model entry's name: also a Prometheus label value and part of log lines.

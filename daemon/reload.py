@@ -46,7 +46,7 @@ class Models:
         self.cfg = cfg
         self.rollback = RollbackState(cfg.model.state_dir)
         self.served = {name: ServedModel(name, e) for name, e in cfg.model_entries().items()}
-        self.unrecorded: dict[str, tuple[str, str]] = {}  # accepted versions not on disk yet, by model
+        self.unrecorded: dict[str, tuple[str, str]] = {}  # (family, version) accepted, not on disk yet, by model
         self.state_write_failures = 0
         self.last_state_error: str | None = None
         self._next_state_retry = 0.0
@@ -55,8 +55,12 @@ class Models:
         """Verify → anti-rollback → parse the bundle of model `name`. Raises BundleError."""
         path = self.served[name].entry.bundle
         target = os.path.realpath(path)
-        bundle, signer = load_verified_bundle(path, TrustStore(self.cfg.model.trust_dir))
-        self.rollback.check(bundle.meta.name, bundle.meta.version, os.path.join(path, "model.yaml"))
+        trust = TrustStore(self.cfg.model.trust_dir)
+        for refused in trust.refused:  # loudly, at every load: an operator's key may be among them
+            log.error("trust store entry refused, not trusted: %s", refused)
+        bundle, signer = load_verified_bundle(path, trust, self.cfg.model.size_limits())
+        self.rollback.check(bundle.meta.floor_family, bundle.meta.version, os.path.join(path, "model.yaml"),
+                            bundle.meta.name)
         model = ModelRuntime(bundle, max_sessions=self.cfg.runtime.max_sessions, batch=self.served[name].entry.batch)
         model.signer, model.target = signer, target
         return model
@@ -64,7 +68,7 @@ class Models:
     def accept(self, name: str, model: ModelRuntime) -> None:
         m = self.served[name]
         m.runtime, m.target, m.last_error = model, model.target, None
-        self.unrecorded[name] = (model.name, model.version)
+        self.unrecorded[name] = (model.meta.floor_family, model.version)
         self.record_accepted()
 
     def refuse(self, name: str, e: Exception) -> None:
@@ -93,19 +97,19 @@ class Models:
         if not self.unrecorded or (not force and time.monotonic() < self._next_state_retry):
             return
         self._next_state_retry = time.monotonic() + STATE_RETRY_S
-        for name, (model_name, version) in list(self.unrecorded.items()):
+        for name, (family, version) in list(self.unrecorded.items()):
             try:
-                self.rollback.accept(model_name, version)
+                self.rollback.accept(family, version)
             except StateWriteError as e:
                 self.state_write_failures += 1
                 if self.last_state_error != str(e):
                     log.error("%s; serving %s %s anyway (the floor is not raised until the write succeeds)", e,
-                              model_name, version)
+                              family, version)
                 self.last_state_error = str(e)
                 return
             del self.unrecorded[name]
             if self.last_state_error:
-                log.info("anti-rollback state written: %s %s recorded", model_name, version)
+                log.info("anti-rollback state written: %s %s recorded", family, version)
         self.last_state_error = None
 
     @property

@@ -1,6 +1,12 @@
-"""Anti-rollback: the highest accepted version of every model name, kept in the
-state directory. An older version is refused unless the operator allowed that
-exact version (`edgeinferctl model allow-downgrade NAME VERSION`).
+"""Anti-rollback: the highest accepted version of every model family, kept in
+the state directory. A model's family is the `family` of its model.yaml, by
+default its name, so a model renamed in a later version keeps its floor when
+its bundles keep the family (bundles signed before the field existed: family =
+name). An older version is refused unless the operator allowed that exact
+version (`edgeinferctl model allow-downgrade FAMILY VERSION`).
+
+The state file maps family → {"highest": version}; one written before families
+existed is keyed by name, which is the family of every bundle without one.
 
 The state file is replaced atomically (temp file, fsync, rename, fsync of the
 directory): a crash mid-write leaves the old or the new content, never a mix.
@@ -70,33 +76,35 @@ class RollbackState:
             raise BundleError(f"{self.path}: unreadable anti-rollback state (not a JSON object)")
         return data
 
-    def check(self, name: str, version: str, where: str) -> None:
-        entry = self.load().get(name)
+    def check(self, family: str, version: str, where: str, name: str | None = None) -> None:
+        """Refuses `version` of the model `name` (default: the family) if its family accepted a newer one."""
+        entry = self.load().get(family)
         if not entry:
             return
         highest = entry.get("highest")
         if highest and _version(version, where) < _version(highest, self.path) and entry.get("allow") != version:
+            model = f"'{name}' (family '{family}')" if name and name != family else f"'{family}'"
             raise RollbackRefused(
-                f"{where}: version {version} of model '{name}' is older than the accepted {highest}: rollback refused "
-                f"(to allow it: edgeinferctl model allow-downgrade {name} {version})")
+                f"{where}: version {version} of model {model} is older than the accepted {highest}: rollback "
+                f"refused (to allow it: edgeinferctl model allow-downgrade {family} {version})")
 
-    def accept(self, name: str, version: str) -> None:
-        """Records `version` as accepted: it becomes the floor (also after an allowed downgrade)."""
+    def accept(self, family: str, version: str) -> None:
+        """Records `version` as accepted: it becomes the family's floor (also after an allowed downgrade)."""
         state = self.load()
-        entry = state.get(name) or {}
+        entry = state.get(family) or {}
         highest = entry.get("highest")
         if entry.get("allow") == version or not highest or Version(version) >= Version(highest):
-            state[name] = {"highest": version}
+            state[family] = {"highest": version}
         else:
             return
         self._save(state)
 
-    def allow_downgrade(self, name: str, version: str) -> None:
+    def allow_downgrade(self, family: str, version: str) -> None:
         _version(version, "allow-downgrade")
         state = self.load()
-        entry = dict(state.get(name) or {})
+        entry = dict(state.get(family) or {})
         entry["allow"] = version
-        state[name] = entry
+        state[family] = entry
         self._save(state)
 
     def _save(self, state: dict) -> None:

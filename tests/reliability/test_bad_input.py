@@ -204,3 +204,172 @@ def test_damaged_bundles_are_refused_with_the_reason(request, matrix, tmp_path, 
     assert matrix.record(request, "bad input", "damaged bundles: truncated / bit-flipped files and signature, "
                          "oversized model.yaml, symlink, subdirectory, manifest traversal, added file, unsigned",
                          len(cases), "100 % refused, each with its exact reason", observed, not wrong)
+
+
+def _peak_rss(cmd: list[str], timeout: float = 120) -> tuple[int, str, int]:
+    """Runs `cmd`; returns (exit status, stderr, its peak RSS in bytes, from wait4's rusage)."""
+    import tempfile
+    import threading
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        timer = threading.Timer(timeout, p.kill)  # a read that blocks (a FIFO) must fail the row, not hang it
+        timer.start()
+        try:
+            _, status, usage = os.wait4(p.pid, 0)
+        finally:
+            timer.cancel()
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return p.returncode, err.read().decode(errors="replace"), usage.ru_maxrss * 1024
+
+
+def test_adversarial_bundles_are_refused_unread(request, matrix, tmp_path, signing_key, bundles):
+    """Oversized (sparse) files at and past each size limit, unsigned and foreign-signed
+    1 GiB models, a FIFO, a device node, symlinks to /dev/zero, thousands of entries, keys
+    slipped into the trust store: each refused with its reason by `edgeinferctl model
+    verify` (and a few by `edgeinferd --verify-only`), and no file is read whole: the
+    verifying process's peak RSS stays within 32 MiB of verifying a small good bundle."""
+    import stat as stat_mod
+
+    from daemon_helpers import edgeinferd_args, sign_copy, write_config
+    from edgeinfer.signing import generate_keys, sign_bundle
+    GiB = 1 << 30
+    key, _, trust = signing_key
+    other_key, other_pub = generate_keys(str(tmp_path / "other"), "other")
+    good = sign_copy("cls-tiny", tmp_path / "good", key)
+
+    def grow(name: str, size: int):
+        def damage(d):
+            with open(os.path.join(d, name), "ab") as f:
+                f.truncate(size)  # sparse: no disk, and no memory unless read
+        return damage
+
+    def both(*damages):
+        def damage(d):
+            for x in damages:
+                x(d)
+        return damage
+
+    def unsign(d):
+        os.unlink(os.path.join(d, "model.sig"))
+
+    def resign(k):
+        return lambda d: sign_bundle(d, k)
+
+    def garbage_sig(d):
+        open(os.path.join(d, "model.sig"), "w").write("{not a signature")
+
+    def many_files(n, size):
+        def damage(d):
+            for i in range(n):
+                with open(os.path.join(d, f"part{i:04}.bin"), "wb") as f:
+                    f.truncate(size)
+        return damage
+
+    def special(kind):
+        def damage(d):
+            p = os.path.join(d, "model.onnx")
+            os.unlink(p)
+            if kind == "fifo":
+                os.mkfifo(p)
+            elif kind == "zero-device":
+                os.mknod(p, 0o644 | stat_mod.S_IFCHR, os.makedev(1, 5))  # /dev/zero
+            elif kind == "zero-link":
+                os.symlink("/dev/zero", p)
+            elif kind == "big-link":
+                big = tmp_path / "outside.onnx"
+                with open(big, "wb") as f:
+                    f.truncate(GiB)
+                os.symlink(big, p)
+            elif kind == "dir":
+                os.mkdir(p)
+        return damage
+
+    def slipped_trust(mode=None, link=False):
+        """A trust store with the good key and `other`'s, the latter world-writable or a symlink."""
+        def make(case_dir):
+            t = tmp_path / f"trust-{os.path.basename(case_dir)}"
+            t.mkdir(mode=0o755)
+            shutil.copy(os.path.join(trust, "test.pub"), t / "test.pub")
+            if link:
+                os.symlink(other_pub, t / "other.pub")
+            else:
+                shutil.copy(other_pub, t / "other.pub")
+                os.chmod(t / "other.pub", mode)
+            return str(t)
+        return make
+
+    big_model = grow("model.onnx", GiB)
+    limit = "larger than the {}-byte limit for {}"
+    # (label, damage(dir), trust dir maker or None, reason the refusal must give, also via edgeinferd)
+    cases = [
+        ("unsigned, model.onnx 1 GiB (at its limit)", both(unsign, big_model), None,
+         "model.sig: missing: the bundle is not signed", True),
+        ("model.onnx 1 GiB + 1 byte", grow("model.onnx", GiB + 1), None,
+         "model.onnx: 1073741825 bytes, " + limit.format(GiB, "model.onnx"), True),
+        ("model.onnx 64 GiB", grow("model.onnx", 64 * GiB), None, r"model.onnx: 68719476736 bytes, larger", False),
+        ("model.onnx 1 GiB signed by an untrusted key", both(resign(other_key), big_model), None,
+         r"model.sig: not signed by a trusted key \(tried test.pub in ", True),
+        ("model.onnx 1 GiB, garbage model.sig", both(garbage_sig, big_model), None,
+         "model.sig: not a model-signing signature", False),
+        ("model.onnx 1 GiB signed by a 0666 key in the trust store", both(resign(other_key), big_model),
+         slipped_trust(0o666), r"other.pub: file mode 0o666 is writable by group or others", True),
+        ("model.onnx 1 GiB signed by a symlinked key in the trust store", both(resign(other_key), big_model),
+         slipped_trust(link=True), r"other.pub: a symbolic link; trust-store entries must be regular files", False),
+        ("model.sig 1 GiB", grow("model.sig", GiB), None,
+         "model.sig: 1073741824 bytes, " + limit.format(1 << 20, "model.sig"), False),
+        ("model.yaml 1 GiB", grow("model.yaml", GiB), None, "model.yaml: 1073741824 bytes, " +
+         limit.format(1 << 20, "model.yaml"), False),
+        ("labels.txt 1 GiB (an extra file)", grow("labels.txt", GiB), None,
+         "labels.txt: 1073741824 bytes, " + limit.format(16 << 20, "each other file"), False),
+        ("model.onnx 1 GiB + 5 files of 16 MiB (over the bundle total)", both(big_model, many_files(5, 16 << 20)),
+         None, r"more than 1140850688 bytes in all, the limit for a whole bundle", False),
+        ("3000 empty files", many_files(3000, 0), None, r"3003 entries; a bundle holds at most 256 files", False),
+        ("model.onnx a FIFO", special("fifo"), None, "model.onnx: not a regular file", False),
+        ("model.onnx a symlink to /dev/zero", special("zero-link"), None, "model.onnx: is a symbolic link", False),
+        ("model.onnx a symlink to a 1 GiB file", special("big-link"), None, "model.onnx: is a symbolic link", False),
+        ("model.onnx a directory", special("dir"), None, "model.onnx: not a regular file", False),
+    ]
+    if os.geteuid() == 0:
+        cases.append(("model.onnx a /dev/zero device node", special("zero-device"), None,
+                      "model.onnx: not a regular file", True))
+
+    ctl = [sys.executable, "-m", "edgeinfer.cli", "model", "verify"]
+    rc, err, ctl_base = _peak_rss([*ctl, good, "--trust-dir", trust])
+    assert rc == 0, err
+    rc, err, daemon_base = _peak_rss(edgeinferd_args(write_config(tmp_path, good, [{"name": "b"}]), "--verify-only"))
+    assert rc == 0, err
+    slack = 32 << 20
+    refused_right, worst, wrong = 0, 0, []
+    runs = 0
+    for i, (label, damage, make_trust, reason, via_daemon) in enumerate(cases):
+        d = str(tmp_path / f"adv{i}")
+        shutil.copytree(good, d)
+        damage(d)
+        t = make_trust(d) if make_trust else trust
+        runs_here = [("edgeinferctl", [*ctl, d, "--trust-dir", t], ctl_base)]
+        if via_daemon:
+            cfg_dir = tmp_path / f"adv{i}-cfg"
+            cfg_dir.mkdir()
+            cfg = write_config(cfg_dir, d, [{"name": "b"}], trust_dir=t)
+            runs_here.append(("edgeinferd", edgeinferd_args(cfg, "--verify-only"), daemon_base))
+        for who, cmd, base in runs_here:
+            runs += 1
+            rc, err, peak = _peak_rss(cmd)
+            worst = max(worst, peak - base)
+            if rc != 1 or not re.search(reason, err):
+                wrong.append(f"{label} ({who}): exit {rc}: {err.strip()[-200:]}")
+            elif peak > base + slack:
+                wrong.append(f"{label} ({who}): peak RSS {peak >> 20} MiB, {base >> 20} MiB for a good bundle")
+            else:
+                refused_right += 1
+        shutil.rmtree(d)
+    observed = (f"{refused_right}/{runs} refused with the expected reason within {slack >> 20} MiB of a good "
+                f"bundle's peak RSS (edgeinferctl {ctl_base >> 20} MiB, edgeinferd {daemon_base >> 20} MiB; worst "
+                f"+{max(worst, 0) >> 20} MiB)" + (f"; {len(wrong)} not: {wrong[:3]}" if wrong else ""))
+    assert matrix.record(request, "bad input", "adversarial bundles: 1 GiB..64 GiB sparse files at and past each "
+                         "size limit, unsigned / foreign-signed / garbage-signed 1 GiB models, keys slipped into "
+                         "the trust store, FIFO, device node, symlinks to /dev/zero, 3000 entries; edgeinferctl "
+                         "model verify and edgeinferd --verify-only", runs,
+                         "100 % refused with the reason, no file read whole (peak RSS within 32 MiB of a good "
+                         "bundle's)", observed, not wrong), observed
