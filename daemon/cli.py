@@ -199,18 +199,14 @@ def _size_limits(args):
 
 
 def _cmd_model_verify(args) -> int:
+    from edgeinfer.bundlecheck import check_bundle
     from edgeinfer.rollback import RollbackState
-    from edgeinfer.signing import TrustStore, load_verified_bundle
-    trust = TrustStore(args.trust_dir)
-    for refused in trust.refused:
-        print(f"edgeinferctl: warning: trust store entry refused, not trusted: {refused}", file=sys.stderr)
-    bundle, signer = load_verified_bundle(args.bundle, trust, _size_limits(args))
-    meta = bundle.meta
-    if args.state_dir:
-        RollbackState(args.state_dir).check(meta.floor_family, meta.version, os.path.join(args.bundle, "model.yaml"),
-                                            meta.name)
+    model = check_bundle(args.bundle, args.trust_dir, _size_limits(args),
+                         RollbackState(args.state_dir) if args.state_dir else None,
+                         lambda w: print(f"edgeinferctl: warning: {w}", file=sys.stderr))
+    meta = model.meta
     family = f" (family {meta.family})" if meta.family and meta.family != meta.name else ""
-    print(f"{args.bundle}: OK: {meta.name} {meta.version}{family}, signed by {signer.key_file}")
+    print(f"{args.bundle}: OK: {meta.name} {meta.version}{family}, signed by {model.signer.key_file}")
     return 0
 
 

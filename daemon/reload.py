@@ -16,7 +16,8 @@ import time
 
 from edgeinfer.model import ModelRuntime
 from edgeinfer.rollback import RollbackRefused, RollbackState, StateWriteError
-from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.bundlecheck import check_bundle
+from edgeinfer.signing import SignatureError
 
 log = logging.getLogger("edgeinferd")
 
@@ -53,17 +54,8 @@ class Models:
 
     def load(self, name: str) -> ModelRuntime:
         """Verify → anti-rollback → parse the bundle of model `name`. Raises BundleError."""
-        path = self.served[name].entry.bundle
-        target = os.path.realpath(path)
-        trust = TrustStore(self.cfg.model.trust_dir)
-        for refused in trust.refused:  # loudly, at every load: an operator's key may be among them
-            log.error("trust store entry refused, not trusted: %s", refused)
-        bundle, signer = load_verified_bundle(path, trust, self.cfg.model.size_limits())
-        self.rollback.check(bundle.meta.floor_family, bundle.meta.version, os.path.join(path, "model.yaml"),
-                            bundle.meta.name)
-        model = ModelRuntime(bundle, max_sessions=self.cfg.runtime.max_sessions, batch=self.served[name].entry.batch)
-        model.signer, model.target = signer, target
-        return model
+        return check_bundle(self.served[name].entry.bundle, self.cfg.model.trust_dir, self.cfg.model.size_limits(),
+                            self.rollback, log.error, self.cfg.runtime.max_sessions, self.served[name].entry.batch)
 
     def accept(self, name: str, model: ModelRuntime) -> None:
         m = self.served[name]

