@@ -9,6 +9,7 @@ import onnx
 import yaml
 
 from edgeinfer.bundle import MODEL_FILE, META_FILE, BundleError, load_unverified_bundle
+from edgeinfer.model import ModelRuntime
 
 
 def _floats(text: str) -> list[float]:
@@ -25,10 +26,11 @@ def write_bundle(args) -> str:
     if inp is None:
         raise BundleError(f"{args.onnx}: no input named {args.input_name!r} (inputs: {[i.name for i in inputs]})")
     dims = [d.dim_value or None for d in inp.type.tensor_type.shape.dim]
+    layout = args.layout or _layout_of(args.onnx, inp.name, dims)
     if args.size:
         w, h = (int(x) for x in args.size.lower().split("x"))
     else:
-        hw = dims[2:4] if args.layout == "nchw" else dims[1:3]
+        hw = dims[2:4] if layout == "nchw" else dims[1:3]
         if len(dims) != 4 or not all(hw):
             raise BundleError(f"{args.onnx}: input {inp.name} has no static size {dims}; pass --size WxH")
         h, w = hw
@@ -45,7 +47,7 @@ def write_bundle(args) -> str:
     doc = {
         "name": args.name, **({"family": args.family} if getattr(args, "family", None) else {}),
         "version": args.version,
-        "input": {"name": inp.name, "width": w, "height": h, "pixel_format": args.pixel_format, "layout": args.layout},
+        "input": {"name": inp.name, "width": w, "height": h, "pixel_format": args.pixel_format, "layout": layout},
         "preprocess": {"scale": args.scale, "mean": _floats(args.mean), "std": _floats(args.std)},
         "decoder": decoder,
         "labels": labels,
@@ -55,5 +57,20 @@ def write_bundle(args) -> str:
     with open(os.path.join(args.out, META_FILE), "w") as f:
         f.write(f"# Written by edgeinferctl model bundle from {os.path.basename(args.onnx)}\n")
         yaml.safe_dump(doc, f, sort_keys=False)
-    load_unverified_bundle(args.out)  # what we wrote must parse (signing comes next: model sign)
+    try:  # the daemon's own model checks (bundlecheck, less the signature: signing comes next)
+        ModelRuntime(load_unverified_bundle(args.out))
+    except BundleError:
+        for name in (MODEL_FILE, META_FILE):  # never leave a bundle the daemon would refuse
+            os.unlink(os.path.join(args.out, name))
+        raise
     return args.out
+
+
+def _layout_of(path: str, name: str, dims: list) -> str:
+    """NCHW or NHWC from the input's shape, where the channel axis (1 or 3 values) is unambiguous."""
+    if len(dims) == 4:
+        chw, hwc = dims[1] in (1, 3), dims[3] in (1, 3)
+        if chw != hwc:
+            return "nchw" if chw else "nhwc"
+    raise BundleError(f"{path}: cannot tell the layout of input {name} {dims} (channels first or last?); "
+                      "pass --layout nchw or --layout nhwc")

