@@ -311,7 +311,7 @@ def test_micro_batching_runs_ready_frames_together_and_each_result_equals_the_fl
             for i in range(150):
                 np.copyto(writer.begin(), pool[(i + k) % len(pool)])
                 writer.publish(frame_id=(i + k) % len(pool))
-                time.sleep(0.001)
+                time.sleep(0.006)  # about a second of frames: at 1 ms a busy host served one stream only 10
 
     threads = [threading.Thread(target=feed, args=(k, n)) for k, n in enumerate(names)]
     for t in threads:

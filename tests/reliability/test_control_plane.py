@@ -16,10 +16,12 @@ import numpy as np
 from conftest import ROOT, read_line
 from daemon_helpers import read_stats, results, sign_copy, start_daemon, stop_daemon, wait_for, write_config
 
-ROUNDS = 3          # quiet and abused windows, alternating, so that drift on a shared machine hits both
+ROUNDS = 5          # quiet and abused windows, alternating, so that drift on a shared machine hits both
 WINDOW_S = 6.0
 RELOAD_EVERY_S = 2.0
-BOUND = 1.10        # the lanes' p99 under abuse ≤ 1.1 × quiet (the issue's bar)
+BOUND = 1.10        # the lanes' p99 under abuse ≤ 1.1 × quiet (the issue's bar), the median over the rounds:
+                    # a burst from other work on this shared 2-CPU host lands in one window and moved a pooled
+                    # p99 either way (0.77× to 1.15× in fresh-clone runs of one tree)
 
 
 def _collect(readers, phase, out, stop):
@@ -56,15 +58,15 @@ def test_control_plane_abuse_does_not_delay_the_lanes(request, matrix, tmp_path,
     reloads = 0
     try:
         wait_for(lambda: len(records) > 60, 30, "results from both cameras")
-        for _ in range(ROUNDS):
-            phase[0] = "quiet"
+        for i in range(ROUNDS):
+            phase[0] = ("quiet", i)
             time.sleep(WINDOW_S)
             # The outsider runs the system's python on a copy in the sandbox: a fresh clone may sit in a 0700
             # directory, its .venv included (the script needs nothing but the standard library).
             flood = children.spawn([*users.run_as(users.outsider), "/usr/bin/python3", str(flood_script),
                                     "127.0.0.1", port, str(WINDOW_S + 2)])
             held = read_line(flood, timeout=60)
-            phase[0] = "abused"
+            phase[0] = ("abused", i)
             end = time.monotonic() + WINDOW_S
             while time.monotonic() < end:
                 os.symlink(versions[reloads % len(versions)], tmp_path / "current.new")
@@ -79,7 +81,7 @@ def test_control_plane_abuse_does_not_delay_the_lanes(request, matrix, tmp_path,
                     except OSError:
                         health["failed"] += 1
                     time.sleep(0.25)
-            phase[0] = "after"
+            phase[0] = ("after", i)
             flood.wait(30)
             flood_out = flood.stdout.read().strip().splitlines()
     finally:
@@ -90,22 +92,25 @@ def test_control_plane_abuse_does_not_delay_the_lanes(request, matrix, tmp_path,
     st = read_stats(stats)
     code = stop_daemon(proc)
 
-    def p99(kind, col):
-        v = [x[col] for x in records if x[0] == kind]
+    def p99(kind, col, rnd=None):
+        v = [x[col] for x in records if x[0][0] == kind and rnd in (None, x[0][1])]
         return float(np.percentile(v, 99)) / 1e6 if v else float("nan"), len(v)
 
     (q_lane, nq), (a_lane, na) = p99("quiet", 1), p99("abused", 1)
     (q_e2e, _), (a_e2e, _) = p99("quiet", 2), p99("abused", 2)
+    ratios = [p99("abused", 1, i)[0] / p99("quiet", 1, i)[0] for i in range(ROUNDS)]
+    ratio = float(np.median(ratios))
     done = st.get("reloads", 0)
     errors = sum(s["error"] for s in st.get("streams", {}).values())
     observed = (f"{ROUNDS} rounds of {WINDOW_S:.0f} s quiet / {WINDOW_S:.0f} s abused; flood {held!r}, "
                 f"{flood_out[-1] if flood_out else '-'}; {reloads} reloads sent ({done} done); /healthz "
                 f"{health['ok']} ok, {health['failed']} failed; lanes' service p99 {q_lane:.2f} ms quiet ({nq} frames) "
-                f"vs {a_lane:.2f} ms abused ({na}) = {a_lane / q_lane:.2f}×; e2e p99 {q_e2e:.2f} vs {a_e2e:.2f} ms "
+                f"vs {a_lane:.2f} ms abused ({na}) = {a_lane / q_lane:.2f}× pooled; per round "
+                f"{' '.join(f'{r:.2f}' for r in ratios)}×, median {ratio:.2f}×; e2e p99 {q_e2e:.2f} vs {a_e2e:.2f} ms "
                 f"(cameras compete for the CPUs); inference errors {errors}")
     assert matrix.record(request, "isolation", "control-plane abuse: 1,000 half-open HTTP connections, a slow "
                          "request, 32 scrapers (an outsider) and a reload every 2 s", ROUNDS,
-                         f"/healthz answers throughout; the lanes' p99 within {BOUND:.1f}× of quiet windows of the same "
-                         "run; reloads served; no inference error", observed,
-                         health["failed"] == 0 and health["ok"] > 0 and na > 0 and nq > 0 and a_lane <= BOUND * q_lane
+                         f"/healthz answers throughout; the lanes' p99 within {BOUND:.1f}× of the quiet window of the same "
+                         "round (median over the rounds); reloads served; no inference error", observed,
+                         health["failed"] == 0 and health["ok"] > 0 and na > 0 and nq > 0 and ratio <= BOUND
                          and done >= 1 and errors == 0 and code == 0)
