@@ -60,6 +60,16 @@ static int hand_over(ei_ingress *in, const char *name, int ring_fd, ei_error *e)
     return ei_fail(e, in->last_status ? in->last_status : EI_ERR_TIMEOUT, 0, "%s", in->last_msg);
 }
 
+/* A ring of the configured size handed over as `stream`: 1 and "CONNECTED", or 0 and "REFUSED=<why>". */
+static int connect_as_stream(ei_frame_producer *p, ei_ingress *in) {
+    ei_error e;
+    make_ring(p, width, height);
+    int rc = hand_over(in, stream, p->fd, &e);
+    if (rc != EI_OK) { printf("REFUSED=%d %s\n", rc, e.msg); return 0; }
+    printf("CONNECTED\n");
+    return 1;
+}
+
 static void publish_for(ei_frame_producer *p, ei_ingress *in, double secs, uint64_t backdate_ns, uint64_t len,
                         int jump_halfway) {
     uint64_t end = ei_now_ns(CLOCK_MONOTONIC) + (uint64_t)(secs * 1e9), half = end - (uint64_t)(secs * 5e8);
@@ -212,19 +222,13 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(attack, "latest-jump") || !strcmp(attack, "backdate") || !strcmp(attack, "short") ||
         !strcmp(attack, "flood")) {
-        make_ring(&p, width, height);
-        int rc = hand_over(&in, stream, p.fd, &e);
-        if (rc != EI_OK) { printf("REFUSED=%d %s\n", rc, e.msg); return 0; }
-        printf("CONNECTED\n");
+        if (!connect_as_stream(&p, &in)) return 0;
         publish_for(&p, &in, seconds, !strcmp(attack, "backdate") ? (uint64_t)count * 1000000ull : 0,
                     !strcmp(attack, "short") ? 100 : 0, !strcmp(attack, "latest-jump"));
         return 0;
     }
     if (!strcmp(attack, "forge-ids")) {
-        make_ring(&p, width, height);
-        int rc = hand_over(&in, stream, p.fd, &e);
-        if (rc != EI_OK) { printf("REFUSED=%d %s\n", rc, e.msg); return 0; }
-        printf("CONNECTED\n");
+        if (!connect_as_stream(&p, &in)) return 0;
         uint64_t now = ei_now_ns(CLOCK_MONOTONIC), end = now + (uint64_t)(seconds * 1e9);
         long published = 0, jumps = 0;
         while ((now = ei_now_ns(CLOCK_MONOTONIC)) < end) {
@@ -245,10 +249,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(attack, "bell-spam")) {
-        make_ring(&p, width, height);
-        int rc = hand_over(&in, stream, p.fd, &e);
-        if (rc != EI_OK) { printf("REFUSED=%d %s\n", rc, e.msg); return 0; }
-        printf("CONNECTED\n");
+        if (!connect_as_stream(&p, &in)) return 0;
         uint64_t now = ei_now_ns(CLOCK_MONOTONIC), end = now + (uint64_t)(seconds * 1e9), next = now;
         uint64_t period = fps > 0 ? (uint64_t)(1e9 / fps) : 0;
         long wakes = 0, woken = 0, published = 0;
