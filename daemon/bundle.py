@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edgeinfer.decoders import params_union
 from edgeinfer.vocabulary import ModelFormat, channels
 from edgeinfer.yamlconf import ConfigError, load_yaml_model
 
@@ -72,11 +73,6 @@ class PreprocessSpec(_Strict):
         return self
 
 
-class DecoderSpec(_Strict):
-    model_config = ConfigDict(extra="allow", frozen=True)  # parameters belong to the decoder type
-    type: str
-
-
 class ModelMeta(_Strict):
     name: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     # The anti-rollback floor is kept per family (rollback.py): a model renamed in a later
@@ -85,7 +81,7 @@ class ModelMeta(_Strict):
     version: str = Field(min_length=1, max_length=16, pattern=r"^[0-9]+(\.[0-9]+)*([.-][A-Za-z0-9]+)?$")
     input: InputSpec
     preprocess: PreprocessSpec = PreprocessSpec()
-    decoder: DecoderSpec
+    decoder: params_union()  # each decoder's own schema (decoders/), chosen by its `type`
     labels: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import onnx
 import yaml
@@ -44,6 +45,13 @@ def write_bundle(args) -> str:
     for kv in args.param:
         k, _, v = kv.partition("=")
         decoder[k] = yaml.safe_load(v)
+    if args.decoder == "classification" and "softmax" not in decoder:
+        decoder["softmax"] = False  # written out, so whoever reads model.yaml sees what the scores are
+        op = _producer_of(model, decoder.get("output", 0))
+        if op not in ("Softmax", "LogSoftmax", "Sigmoid"):
+            print(f"edgeinferctl: note: the classified output is not a softmax's ({op or 'a graph input'}): scores "
+                  "are published as the model outputs them (logits); --param softmax=true publishes "
+                  "probabilities", file=sys.stderr)
     doc = {
         "name": args.name, **({"family": args.family} if getattr(args, "family", None) else {}),
         "version": args.version,
@@ -64,6 +72,13 @@ def write_bundle(args) -> str:
             os.unlink(os.path.join(args.out, name))
         raise
     return args.out
+
+
+def _producer_of(model: onnx.ModelProto, output) -> str | None:
+    """The op type of the node that makes graph output `output` (an index or a name), or None."""
+    outs = [o.name for o in model.graph.output]
+    name = outs[output] if isinstance(output, int) and 0 <= output < len(outs) else output
+    return next((n.op_type for n in model.graph.node if name in n.output), None)
 
 
 def _layout_of(path: str, name: str, dims: list) -> str:

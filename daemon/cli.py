@@ -123,20 +123,19 @@ _INGRESS_SOCKET = "/run/edgeinfer/ingress.sock"
 _RESULTS_SOCKET = "/run/edgeinfer/results.sock"
 
 def _cmd_results(args) -> int:
-    import numpy as np
-
     from edgeinfer import ring
-    from edgeinfer.vocabulary import ITEM_VALUES
+    from edgeinfer.payloads import describe
+    from edgeinfer.resultlabels import LabelSource
+    labels = LabelSource(args.bundle, args.config, lambda msg: print(f"edgeinferctl: {msg}", file=sys.stderr))
     reader = ring.ResultReader.connect(args.stream, socket=args.socket, from_oldest=args.from_oldest)
     n = 0
     try:
         for rec in reader.follow(timeout=args.timeout):
-            items = np.frombuffer(rec.payload, np.float32)
-            cols = ITEM_VALUES.get(rec.kind)
+            names = labels.labels(rec.model_name, rec.model_version) if not args.no_labels else None
             out = {"number": rec.number, "frame_seq": rec.frame_seq, "frame_id": rec.frame_id,
                    "model": rec.model_name, "version": rec.model_version, "status": rec.status, "kind": rec.kind,
                    "latency_ms": round((rec.done_ns - rec.capture_ns) / 1e6, 3), "missed": rec.missed,
-                   "items": items.reshape(-1, cols).tolist() if cols else items.tolist()}
+                   **describe(rec.kind, rec.payload, rec.item_count, names or [])}
             print(json.dumps(out), flush=True)
             n += 1
             if args.count and n >= args.count:
@@ -250,6 +249,11 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--count", type=int, default=0, help="stop after N records")
     p.add_argument("--timeout", type=float, default=None, help="stop after N seconds without a record")
     p.add_argument("--socket", default=_RESULTS_SOCKET, help="the daemon's results socket")
+    p.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml",
+                   help="the daemon's configuration: its models' bundles give the label names")
+    p.add_argument("--bundle", action="append", default=[], metavar="DIR",
+                   help="take label names from this bundle instead (repeatable)")
+    p.add_argument("--no-labels", action="store_true", help="class ids only")
     p.set_defaults(func=_cmd_results)
 
     p = sub.add_parser("feed", help="run a reference camera producer")

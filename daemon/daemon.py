@@ -243,6 +243,13 @@ class Daemon:
             if new.bundle.sha256 == old.bundle.sha256 and new.bundle.meta == old.bundle.meta:
                 served.target = new.target
                 return True  # unchanged: nothing to do
+            need = new.decoder.payload_capacity
+            small = {s.name: s.writer.payload_capacity for s in self.streams
+                     if s.model == name and s.writer.payload_capacity < need}
+            if small:  # result rings are made once, at start: a record that does not fit is never cut short
+                raise BundleError(f"{new.bundle.path}: its results take up to {need} bytes per record, more than "
+                                  f"the result rings of {', '.join(small)} hold ({min(small.values())}); restart "
+                                  "edgeinferd to serve it")
             geometries = sorted({s.geometry_key for s in self.streams if s.model == name and s.ring is not None}
                                 | set(self.declared_geometries(name)))[-self.cfg.runtime.max_sessions:]
             errors = self.lanes.stage(name, new, geometries)

@@ -41,6 +41,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeinfer import dispatch, ring
+from edgeinfer.decoders import DecoderError
 from edgeinfer.model import FusedSession, SessionSet
 from edgeinfer.stats import StreamStats
 from edgeinfer.vocabulary import RESULT_OK
@@ -442,7 +443,12 @@ class Engine:
 
     def _publish(self, s: Stream, model, frame, outputs, start: int, age: int, inferred: int) -> None:
         st = s.stats
-        payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
+        try:
+            payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
+        except DecoderError as e:  # an output this frame made larger than its record: an error, never cut short
+            st.error += 1
+            self.events.append(("error", f"stream {s.name}: {e}"))
+            return
         done = ring.monotonic_ns()
         writer = s.writer
         writer.resume()  # another lane may have written this stream's last record

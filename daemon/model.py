@@ -22,11 +22,8 @@ import onnxruntime as ort
 from edgeinfer.bundle import Bundle, BundleError
 from edgeinfer.decoders import Decoder, DecoderError, make_decoder
 from edgeinfer.fusion import FRAME_INPUT, fuse
+from edgeinfer.outputprobe import dims_of, output_infos
 from edgeinfer.vocabulary import Geometry, channels
-
-
-def _dims(value_info) -> list[int | None]:
-    return [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +69,10 @@ class FusedSession:
         run_options.terminate = True (from another thread) cancels the run."""
         return self.session.run(self.output_names, {FRAME_INPUT: frame}, run_options)
 
-    def warm_up(self, runs: int, deadline_s: float, where: str) -> float:
-        """Runs a synthetic frame `runs` times; returns the last run's seconds. A
-        run that fails, or outlasts deadline_s (cancelled), refuses the model."""
+    def warm_up(self, runs: int, deadline_s: float, where: str, decoder: Decoder | None = None) -> float:
+        """Runs a synthetic frame `runs` times, and decodes its outputs once; returns the last run's seconds.
+        A run that fails, or outlasts deadline_s (cancelled), or outputs the decoder's payload cannot hold,
+        refuses the model."""
         frames = [np.full((1, self.height, self.width, self.channels), 127, np.uint8)]
         if self.batch is not None:  # the full batch too: its first run allocates as well
             frames.append(np.full_like(self.batch, 127))
@@ -87,8 +85,12 @@ class FusedSession:
             for _ in range(runs):
                 for frame in frames:
                     t = time.perf_counter()
-                    self.run(frame, options)
+                    outputs = self.run(frame, options)
                     took = time.perf_counter() - t
+                    if decoder is not None and frame is frames[0]:
+                        decoder.decode(outputs, self.width, self.height)
+        except DecoderError as e:
+            raise BundleError(f"{where}: warm-up ({self.width}x{self.height} {self.pixel_format}): {e}") from None
         except Exception as e:
             if options.terminate:
                 raise BundleError(f"{where}: warm-up inference ({self.width}x{self.height} {self.pixel_format}) did "
@@ -157,7 +159,7 @@ class SessionSet:
         except Exception as e:
             raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
         s = FusedSession(sess, *key, batch=self.batch)
-        s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where)
+        s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where, self.decoder)
         self._sessions[key] = s
         return s
 
@@ -181,7 +183,7 @@ class ModelRuntime:
         if spec.name not in inputs:
             raise BundleError(f"{bundle.path}/model.yaml: input.name '{spec.name}' is not a graph input "
                               f"(inputs: {sorted(inputs)})")
-        dims = _dims(inputs[spec.name])
+        dims = dims_of(inputs[spec.name])
         ch = channels(spec.pixel_format)
         want = [None, ch, spec.height, spec.width] if spec.layout == "nchw" else [None, spec.height, spec.width, ch]
         if len(dims) != 4 or any(d is not None and w is not None and d != w for d, w in zip(dims, want)):
@@ -190,10 +192,11 @@ class ModelRuntime:
         if batch > 1 and dims and dims[0] is not None:
             raise BundleError(f"{bundle.path}/model.onnx: the graph input '{spec.name}' has a fixed batch of "
                               f"{dims[0]}: this model cannot run {batch} frames at once (set its batch: 1)")
-        out_shapes = [_dims(o) for o in self.graph.graph.output]
+        self.outputs = output_infos(self.graph, bundle.model_bytes, spec, self.meta.preprocess, f"{bundle.path}/model.onnx",
+                                    warmup_deadline_s)
         try:
-            self.decoder: Decoder = make_decoder(self.meta.decoder.model_dump(), list(self.meta.labels),
-                                                 spec.width, spec.height, out_shapes)
+            self.decoder: Decoder = make_decoder(self.meta.decoder, list(self.meta.labels),
+                                                 spec.width, spec.height, self.outputs)
         except DecoderError as e:
             raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
         self._fused: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()  # serialised, LRU

@@ -98,10 +98,11 @@ class TrustStore:
             if e.errno == errno.ELOOP:
                 self.refused.append(f"{path}: a symbolic link; trust-store entries must be regular files")
             return  # vanished, or a socket: not an entry
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a directory's fd with a bare errno
+            os.close(fd)
+            return  # a subdirectory or a FIFO: not an entry
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return  # a subdirectory or a FIFO: not an entry
             problem = _unsafe(st, "file")
             if problem is None and st.st_size > TRUST_ENTRY_MAX:
                 problem = f"{st.st_size} bytes, larger than a key or certificate ({TRUST_ENTRY_MAX} bytes)"

@@ -42,11 +42,22 @@ class Geometry(NamedTuple):
 RESULT_OK = 0  # ei_result_record_header.status: the payload is the decoder's output
 
 # ei_result_record_header.payload_kind, and the float32 values per item of each
-KIND_NONE, KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW = 0, 1, 2, 3
+KIND_NONE, KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW, KIND_TENSORS = 0, 1, 2, 3, 4
 KIND_NAMES = {KIND_NONE: "none", KIND_CLASSIFICATION: "classification", KIND_DETECTION: "detection",
-              KIND_RAW: "raw"}
+              KIND_RAW: "raw", KIND_TENSORS: "tensors"}
 ITEM_VALUES = {KIND_CLASSIFICATION: 2,  # docs/abi.md, payload layouts; raw: flat values
                KIND_DETECTION: 6}       # x1, y1, x2, y2, score, class_id (frame pixels)
+
+# KIND_TENSORS payloads: item_count sections, each a descriptor then the tensor's bytes padded to 8
+# (docs/abi.md; ring.h ei_tensor_desc). The descriptor: name char[32] (NUL-padded, the first 31 bytes),
+# index u32 (among the graph's outputs), dtype u32 (ONNX TensorProto code), ndim u32, dims u32[5].
+TENSOR_DESC_SIZE = 64
+TENSOR_NAME_BYTES = 32
+TENSOR_MAX_DIMS = 5
+TENSOR_ALIGN = 8
+# ONNX TensorProto element types a record can carry, and their numpy dtypes (strings cannot).
+TENSOR_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+                 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
 
 # ------------------------------------------------------------------ what becomes of a frame
 

@@ -72,7 +72,7 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
     except pydantic.ValidationError as e:
         problems = []
         for err in e.errors():
-            loc = tuple(err["loc"])
+            loc = _yaml_loc(lines, tuple(err["loc"]))
             line = _line_of(lines, loc)
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
@@ -90,6 +90,18 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
     if deprecations is not None:
         obj._warnings = [f"{source}:{_line_of(lines, loc) or '?'}: {_dotted(loc)}: {msg}" for loc, msg in deprecations()]
     return obj
+
+
+def _yaml_loc(lines: dict, loc: tuple) -> tuple:
+    """pydantic's error path as the file spells it: a tagged union (model.yaml's `decoder:`, chosen by its
+    `type`) adds the tag as a path element the YAML does not have; it is left out where the key after it is
+    in the file."""
+    kept: tuple = ()
+    for i, part in enumerate(loc):
+        if (*kept, part) not in lines and i + 1 < len(loc) and (*kept, loc[i + 1]) in lines:
+            continue
+        kept = (*kept, part)
+    return kept
 
 
 def _line_of(lines: dict, loc: tuple) -> int | None:

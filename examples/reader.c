@@ -16,7 +16,9 @@
  *   --timeout S     stop after S seconds without a result (default: never)
  *   --from-oldest   start with the oldest record the ring still holds
  * Output per result: "RESULT n=<number> seq=<frame seq> id=<frame id> status=<s> kind=<k> items=<i>
- * model=<name> version=<v> latency_us=<capture to done> missed=<m>". Exit status 1 if the daemon
+ * model=<name> version=<v> latency_us=<capture to done> missed=<m>", and for a record of several
+ * outputs (payload kind 4, the raw decoder's `outputs`) one more line per output: "TENSOR name=<name>
+ * index=<output index> dtype=<ONNX type code> shape=<AxBxC>". Exit status 1 if the daemon
  * refuses (the reason on stderr), 3 if --timeout passed.
  */
 #include <edgeinfer/ring.h>
@@ -26,6 +28,30 @@
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+/* An EI_KIND_TENSORS payload, one line per output: "TENSOR name=<name> index=<i> dtype=<onnx code> shape=AxB".
+ * Every length is checked against the payload: the daemon writes it, but a reader trusts no length it did not
+ * check. */
+static void print_tensors(const uint8_t *payload, uint32_t len, uint32_t count) {
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        ei_tensor_desc d;
+        if (off + sizeof d > len) break;
+        memcpy(&d, payload + off, sizeof d);
+        off += sizeof d;
+        uint64_t elems = 1;
+        static const uint8_t size_of[17] = {0, 4, 1, 1, 2, 2, 4, 8, 0, 1, 2, 8, 4, 8, 0, 0, 2};
+        if (d.ndim > EI_TENSOR_MAX_DIMS || d.dtype > 16 || !size_of[d.dtype]) break;
+        printf("TENSOR name=%.32s index=%u dtype=%u shape=", d.name, d.index, d.dtype);
+        for (uint32_t k = 0; k < d.ndim; k++) {
+            printf(k ? "x%u" : "%u", d.dims[k]);
+            elems *= d.dims[k];
+        }
+        printf("\n");
+        uint64_t bytes = elems * size_of[d.dtype];
+        off += (bytes + EI_TENSOR_ALIGN - 1) / EI_TENSOR_ALIGN * EI_TENSOR_ALIGN;
+    }
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -100,6 +126,8 @@ int main(int argc, char **argv) {
                            h.item_count, h.model_name, h.model_version,
                            (unsigned long long)((h.done_mono_ns - h.capture_mono_ns) / 1000),
                            (unsigned long long)missed);
+                    if (h.payload_kind == EI_KIND_TENSORS)
+                        print_tensors(payload, h.payload_len, h.item_count);
                     fflush(stdout);
                     n++;
                     last_result = ei_now_ns(CLOCK_MONOTONIC);

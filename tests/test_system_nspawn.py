@@ -28,8 +28,8 @@ ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v2.tar")
 DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db"
 
 CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
-          "loop_is_fifo", "loop_affinity", "results_from_group_member", "impersonation_refused", "outsider_refused",
-          "reader_not_allowed", "reload", "fdstore_restart", "fdstore_kill", "daemon_sigkill_restart",
+          "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels", "impersonation_refused",
+          "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart", "fdstore_kill", "daemon_sigkill_restart",
           "lane_restarted_by_daemon", "watchdog_restart", "socket_activation", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
 # The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
 RELEASE_0_1 = ("f68a388", "0.1.0")

@@ -1,28 +1,37 @@
-"""Classification: softmax (optional) and top-k.
+"""Classification: optional softmax, then the top k classes.
 
 Payload: item_count rows of (class_id, score) float32, best first.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Literal, Optional
 
-from edgeinfer.decoders.base import KIND_CLASSIFICATION, Decoder, DecoderError, no_leftovers, take
+import numpy as np
+from pydantic import Field
+
+from edgeinfer.decoders.base import KIND_CLASSIFICATION, Decoder, DecoderError, DecoderParams
+
+
+class ClassificationParams(DecoderParams):
+    type: Literal["classification"]
+    # Scores are published as the model outputs them (logits, for most classifiers) unless softmax is set:
+    # then they are probabilities that sum to 1 over all classes.
+    softmax: bool = False
+    top_k: Optional[int] = Field(None, ge=1, le=10000, description="classes per result; default min(5, classes)")
 
 
 class Classification(Decoder):
     type = "classification"
     kind = KIND_CLASSIFICATION
+    Params = ClassificationParams
 
-    def __init__(self, params, labels, input_w, input_h, output_shapes):
-        super().__init__(params, labels, input_w, input_h, output_shapes)
-        self.softmax = take(params, "softmax", False, bool)
-        classes = self.output_shape[-1] if self.output_shape else None
-        self.top_k = take(params, "top_k", min(5, classes or 5), int)
-        no_leftovers(self.type, params)
-        if labels and classes and len(labels) != classes:  # a label per class, or the names printed are wrong
-            raise DecoderError(f"{len(labels)} labels for an output of {classes} classes")
-        if self.top_k < 1:
-            raise DecoderError("decoder parameter top_k: must be >= 1")
+    def __init__(self, params, labels, input_w, input_h, outputs):
+        super().__init__(params, labels, input_w, input_h, outputs)
+        self.softmax = params.softmax
+        self.classes = outputs[self.output].values if outputs else None
+        self.top_k = params.top_k or min(5, self.classes or 5)
+        if labels and self.classes and len(labels) != self.classes:  # a label per class, or the names are wrong
+            raise DecoderError(f"{len(labels)} labels for an output of {self.classes} classes")
         self._buf = np.zeros((self.top_k, 2), np.float32)
 
     def decode(self, outputs, frame_w, frame_h):

@@ -7,9 +7,12 @@ Payload: item_count rows of (x1, y1, x2, y2, score, class) float32.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Literal
 
-from edgeinfer.decoders.base import KIND_DETECTION, Decoder, DecoderError, no_leftovers, take
+import numpy as np
+from pydantic import Field
+
+from edgeinfer.decoders.base import KIND_DETECTION, Decoder, DecoderError, DecoderParams
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, limit: int) -> np.ndarray:
@@ -30,20 +33,35 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, limit: int)
     return np.asarray(keep, dtype=np.int64)
 
 
+class DetectionParams(DecoderParams):
+    type: Literal["detection"]
+    decode_grid: bool = True  # rows are grid offsets (YOLOX) to decode, not input pixels
+    strides: list[int] = Field(default_factory=lambda: [8, 16, 32], min_length=1)  # grid strides, row order
+    score_threshold: float = Field(0.5, ge=0.0, le=1.0)  # objectness x class score kept from
+    iou_threshold: float = Field(0.45, ge=0.0, le=1.0)   # NMS: a box overlapping a better one more is dropped
+    max_detections: int = Field(100, ge=1, le=10000)     # rows per result at most (the payload's size)
+
+
 class Detection(Decoder):
     type = "detection"
     kind = KIND_DETECTION
+    Params = DetectionParams
 
-    def __init__(self, params, labels, input_w, input_h, output_shapes):
-        super().__init__(params, labels, input_w, input_h, output_shapes)
-        self.decode_grid = take(params, "decode_grid", True, bool)
-        self.strides = take(params, "strides", [8, 16, 32], lambda v: [int(s) for s in v])
-        self.score_threshold = take(params, "score_threshold", 0.5, float)
-        self.iou_threshold = take(params, "iou_threshold", 0.45, float)
-        self.max_detections = take(params, "max_detections", 100, int)
-        no_leftovers(self.type, params)
-        if not 1 <= self.max_detections <= 10000:
-            raise DecoderError("decoder parameter max_detections: 1..10000")
+    def __init__(self, params, labels, input_w, input_h, outputs):
+        super().__init__(params, labels, input_w, input_h, outputs)
+        self.decode_grid = params.decode_grid
+        self.strides = list(params.strides)
+        self.score_threshold = params.score_threshold
+        self.iou_threshold = params.iou_threshold
+        self.max_detections = params.max_detections
+        if any(s < 1 for s in self.strides):
+            raise DecoderError(f"decoder parameter strides: {self.strides}: each must be >= 1")
+        row = self.output_shape[-1] if self.output_shape else None
+        if row is not None and row < 6:
+            raise DecoderError(f"detection output rows have {row} values; (cx, cy, w, h, objectness, classes...) "
+                               "needs at least 6")
+        if labels and row is not None and len(labels) != row - 5:
+            raise DecoderError(f"{len(labels)} labels for an output of {row - 5} classes")
         self._buf = np.zeros((self.max_detections, 6), np.float32)
         if self.decode_grid:
             grids, strides = [], []

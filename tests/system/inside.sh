@@ -66,6 +66,8 @@ check loop_affinity lanes_pinned
 runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 2> /tmp/feed.err &
 feeder=$!
 check results_from_group_member runuser -u reader -- edgeinferctl results cam0 --count 5 --timeout 30
+# Label names from the served bundle, found through /etc/edgeinfer/edgeinferd.yaml (docs/decoders.md).
+check results_with_labels bash -c 'out=$(runuser -u reader -- edgeinferctl results cam0 --count 1 --timeout 30 2>&1); echo "$out" | tail -1 | cut -c1-300; echo "$out" | grep -q "\"label\": \"[0-9]*\""'
 
 # Another camera's user, a user outside the group, a reader outside cam1's readers: each refused, with the reason.
 check impersonation_refused bash -c 'out=$(runuser -u cam2 -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --frames 5 2>&1); rc=$?; echo "$out" | tail -1; [ $rc = 1 ] && echo "$out" | grep -q "may not produce stream cam0"'

@@ -251,13 +251,38 @@ typedef struct ei_result_record_header {
     uint64_t start_mono_ns;    /* inference started */
     uint64_t done_mono_ns;     /* result published */
     uint32_t status;           /* 0 = ok; see docs/abi.md */
-    uint32_t payload_kind;     /* 0 = none, 1 = classification, 2 = detection, 3 = raw */
+    uint32_t payload_kind;     /* enum ei_payload_kind */
     uint32_t payload_len;      /* bytes of payload, <= payload_capacity */
     uint32_t item_count;       /* rows in the payload */
     char model_name[EI_MODEL_NAME_LEN];       /* NUL-padded */
     char model_version[EI_MODEL_VERSION_LEN]; /* NUL-padded */
     uint8_t reserved[8];
 } ei_result_record_header;
+
+/* What a record's payload holds (docs/abi.md, payload layouts). Rows are little-endian float32. */
+enum ei_payload_kind {
+    EI_KIND_NONE = 0,
+    EI_KIND_CLASSIFICATION = 1, /* item_count rows (class_id, score), best first */
+    EI_KIND_DETECTION = 2,      /* item_count rows (x1, y1, x2, y2, score, class_id), frame pixels */
+    EI_KIND_RAW = 3,            /* item_count float32 values of one output */
+    EI_KIND_TENSORS = 4,        /* item_count sections: ei_tensor_desc, then the tensor's bytes padded to 8 */
+};
+
+/* One section of an EI_KIND_TENSORS payload: a model output with its name, type and shape. The
+ * tensor's prod(dims) elements (row-major, little-endian) follow the descriptor, padded with zeros
+ * to a multiple of EI_TENSOR_ALIGN; the next descriptor starts there. */
+#define EI_TENSOR_NAME_LEN 32
+#define EI_TENSOR_MAX_DIMS 5
+#define EI_TENSOR_ALIGN 8
+typedef struct ei_tensor_desc {
+    char name[EI_TENSOR_NAME_LEN];     /* the output's name, NUL-padded (its first 31 bytes) */
+    uint32_t index;                    /* the output's index among the graph's outputs */
+    uint32_t dtype;                    /* ONNX TensorProto.DataType: 1 float, 2 uint8, 3 int8, 6 int32,
+                                          7 int64, 9 bool, 10 float16, 11 double, ... (docs/abi.md) */
+    uint32_t ndim;                     /* dims used, 0 ... EI_TENSOR_MAX_DIMS */
+    uint32_t dims[EI_TENSOR_MAX_DIMS]; /* the shape; unused dims are 0 */
+} ei_tensor_desc;
+_Static_assert(sizeof(ei_tensor_desc) == 64, "tensor descriptor layout");
 
 /* The handshake. A client sends one hello (with the frame ring's fd for a
  * producer); the daemon answers one reply (with the result ring's fd for an

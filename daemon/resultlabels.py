@@ -1,0 +1,63 @@
+"""Label names for `edgeinferctl results`: the labels of the bundle that produced a record.
+
+A record names its model and version; the labels come from that bundle's model.yaml,
+found through the daemon's configuration (or a bundle given by hand). Only model.yaml is
+read, and only for display: a label set is used only for records whose model name and
+version match it, so a reload never prints the old version's names on the new one's ids.
+"""
+from __future__ import annotations
+
+import os
+
+from edgeinfer.bundle import META_FILE, BundleError, ModelMeta, OpenBundle
+from edgeinfer.yamlconf import ConfigError, load_yaml_model
+
+
+def read_meta(bundle: str) -> ModelMeta:
+    """model.yaml of a bundle directory (size-limited like every bundle read; not signature-checked)."""
+    with OpenBundle(bundle) as opened:
+        text = opened.read(META_FILE)
+    try:
+        return load_yaml_model(ModelMeta, text.decode("utf-8"), os.path.join(bundle, META_FILE))
+    except (UnicodeDecodeError, ConfigError) as e:
+        raise BundleError(str(e)) from None
+
+
+class LabelSource:
+    """Labels by (model name, version), looked up again when a record names a version not seen yet."""
+
+    def __init__(self, bundles: list[str] | None = None, config: str | None = None, warn=print):
+        self.bundles, self.config, self.warn = bundles or [], config, warn
+        self._known: dict[tuple[str, str], list[str]] = {}
+        self._missing: set[tuple[str, str]] = set()  # warned once each
+
+    def _candidates(self) -> list[str]:
+        if self.bundles:
+            return self.bundles
+        from edgeinfer.config import load_config
+        return [e.bundle for e in load_config(self.config).model_entries().values()]
+
+    def labels(self, model: str, version: str) -> list[str] | None:
+        key = (model, version)
+        if key in self._known:
+            return self._known[key]
+        if key in self._missing:
+            return None
+        problems = []
+        try:
+            for bundle in self._candidates():
+                try:
+                    meta = read_meta(bundle)
+                except (BundleError, OSError) as e:
+                    problems.append(str(e))
+                    continue
+                self._known[(meta.name, meta.version)] = list(meta.labels)
+        except (ConfigError, OSError) as e:
+            problems.append(str(e))
+        if key in self._known:
+            return self._known[key]
+        self._missing.add(key)
+        where = ", ".join(self.bundles) if self.bundles else self.config
+        self.warn(f"no labels for {model} {version} in {where}: class ids only"
+                  + (f" ({'; '.join(problems)})" if problems else ""))
+        return None
