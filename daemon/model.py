@@ -23,6 +23,7 @@ from edgeinfer.bundle import Bundle, BundleError
 from edgeinfer.decoders import Decoder, DecoderError, make_decoder
 from edgeinfer.fusion import FRAME_INPUT, fuse
 from edgeinfer.vocabulary import Geometry, channels
+from edgeinfer.yamlconf import clip
 
 
 def _dims(value_info) -> list[int | None]:
@@ -179,7 +180,7 @@ class ModelRuntime:
         spec = self.meta.input
         inputs = {i.name: i for i in self.graph.graph.input}
         if spec.name not in inputs:
-            raise BundleError(f"{bundle.path}/model.yaml: input.name '{spec.name}' is not a graph input "
+            raise BundleError(f"{bundle.path}/model.yaml: input.name {clip(repr(spec.name))} is not a graph input "
                               f"(inputs: {sorted(inputs)})")
         dims = _dims(inputs[spec.name])
         ch = channels(spec.pixel_format)

@@ -100,9 +100,16 @@ def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None, repe
     return out
 
 
+def clip(text: str, limit: int = 64) -> str:
+    """`text` as a message shows a value from a file: whole if short, else its start and its length
+    (a 900 KiB name in a signed model.yaml must not become a 900 KiB log line)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _dotted(loc: tuple) -> str:
     s = ""
     for part in loc:
+        part = part if isinstance(part, int) else clip(str(part))
         s += f"[{part}]" if isinstance(part, int) else (f".{part}" if s else str(part))
     return s or "(top level)"
 

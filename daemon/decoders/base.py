@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeinfer.yamlconf import clip
 from edgeinfer.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION, KIND_NONE, KIND_RAW  # noqa: F401 (decoders' kinds)
 
 _REGISTRY: dict[str, type["Decoder"]] = {}
@@ -54,7 +55,7 @@ def make_decoder(params: dict, labels: list[str], input_w: int, input_h: int,
     kind = params.pop("type")
     cls = _REGISTRY.get(kind)
     if cls is None:
-        raise DecoderError(f"unknown decoder type {kind!r}; known: {registered()}")
+        raise DecoderError(f"unknown decoder type {clip(repr(kind))}; known: {registered()}")
     return cls(params, labels, input_w, input_h, output_shapes)
 
 
@@ -70,4 +71,4 @@ def take(params: dict, key: str, default, cast):
 
 def no_leftovers(cls_type: str, params: dict) -> None:
     if params:
-        raise DecoderError(f"decoder {cls_type}: unknown parameters {sorted(params)}")
+        raise DecoderError(f"decoder {cls_type}: unknown parameters {clip(repr(sorted(params)), 200)}")
