@@ -24,6 +24,7 @@ from edgeinfer.decoders import Decoder, DecoderError, make_decoder
 from edgeinfer.fusion import FRAME_INPUT, fuse
 from edgeinfer.outputprobe import dims_of, output_infos
 from edgeinfer.vocabulary import Geometry, channels
+from edgeinfer.yamlconf import clip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +182,7 @@ class ModelRuntime:
         spec = self.meta.input
         inputs = {i.name: i for i in self.graph.graph.input}
         if spec.name not in inputs:
-            raise BundleError(f"{bundle.path}/model.yaml: input.name '{spec.name}' is not a graph input "
+            raise BundleError(f"{bundle.path}/model.yaml: input.name {clip(repr(spec.name))} is not a graph input "
                               f"(inputs: {sorted(inputs)})")
         dims = dims_of(inputs[spec.name])
         ch = channels(spec.pixel_format)

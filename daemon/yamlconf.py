@@ -13,6 +13,13 @@ import yaml
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
+# Bounds on what a document may make the loader do: a model.yaml is a signed but still foreign file, and
+# the key-line index, pydantic and the decoders walk aliases expanded (a "billion laughs" of 200 bytes is
+# 10^9 values) and recurse into nesting (PyYAML's composer too).
+MAX_DEPTH = 64                  # collections inside collections; a real file uses about 4
+MAX_ALIAS_VALUES = 100_000      # values that aliases may add, all expansions together
+MAX_PROBLEMS_SHOWN = 20         # a message stays readable; `problems` keeps them all
+
 
 class ConfigError(ValueError):
     """A configuration or model.yaml problem; the message lists every error with key and line."""
@@ -20,7 +27,56 @@ class ConfigError(ValueError):
     def __init__(self, source: str, problems: list[str]):
         self.source = source
         self.problems = problems
-        super().__init__(f"{source}: invalid:\n" + "\n".join(f"  {p}" for p in problems))
+        shown = [f"  {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            shown.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more")
+        super().__init__(f"{source}: invalid:\n" + "\n".join(shown))
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose scalar errors (`2001-13-45` as a date, `!!int 0xZZ`) are YAML errors with the
+    line, not a bare ValueError from the constructor."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise yaml.constructor.ConstructorError(None, None, str(e), node.start_mark) from None
+
+
+def _bounded(text: str) -> None:
+    """Raises a YAML error (with the line) for nesting deeper than MAX_DEPTH, an alias inside its own
+    anchor, or aliases adding more than MAX_ALIAS_VALUES values; from the event stream, which PyYAML
+    parses without recursion, before anything builds or walks a tree."""
+    stack: list[list] = []      # open collections: [values so far, anchor]
+    sizes: dict[str, int] = {}  # anchor -> values of its node, expanded
+    added = 0
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            if len(stack) >= MAX_DEPTH:
+                raise yaml.MarkedYAMLError(problem=f"nested more than {MAX_DEPTH} levels deep",
+                                           problem_mark=ev.start_mark)
+            stack.append([1, ev.anchor])
+            continue
+        if isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            n, anchor = stack.pop()
+        elif isinstance(ev, yaml.ScalarEvent):
+            n, anchor = 1, ev.anchor
+        elif isinstance(ev, yaml.AliasEvent):
+            if any(a == ev.anchor for _, a in stack):
+                raise yaml.MarkedYAMLError(problem=f"alias *{ev.anchor} inside its own anchor (a recursive "
+                                           "structure)", problem_mark=ev.start_mark)
+            n, anchor = sizes.get(ev.anchor, 1), None  # an undefined alias: the composer says so
+            added += n
+            if added > MAX_ALIAS_VALUES:
+                raise yaml.MarkedYAMLError(problem=f"aliases expand to more than {MAX_ALIAS_VALUES} values",
+                                           problem_mark=ev.start_mark)
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = n
+        if stack:
+            stack[-1][0] += n
 
 
 def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None, repeated: list | None = None) -> dict:
@@ -44,9 +100,16 @@ def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None, repe
     return out
 
 
+def clip(text: str, limit: int = 64) -> str:
+    """`text` as a message shows a value from a file: whole if short, else its start and its length
+    (a 900 KiB name in a signed model.yaml must not become a 900 KiB log line)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _dotted(loc: tuple) -> str:
     s = ""
     for part in loc:
+        part = part if isinstance(part, int) else clip(str(part))
         s += f"[{part}]" if isinstance(part, int) else (f".{part}" if s else str(part))
     return s or "(top level)"
 
@@ -54,8 +117,9 @@ def _dotted(loc: tuple) -> str:
 def load_yaml_model(model: type[M], text: str, source: str) -> M:
     """Parses YAML text and validates it into `model`; raises ConfigError."""
     try:
+        _bounded(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data: Any = yaml.safe_load(text)
+        data: Any = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""

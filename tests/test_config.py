@@ -258,6 +258,48 @@ def test_repeated_key_is_an_error_with_both_lines(tmp_path):
     assert e.value.problems == ["c.yaml:4: model.warmup_runs: repeated key (first given at line 3)"]
 
 
+LAUGHS = "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10 if i else ["x"] * 10) + "]\n" for i in range(10))
+
+
+@pytest.mark.parametrize("extra, line, reason", [
+    (LAUGHS, 8, "aliases expand to more than 100000 values"),              # 10^9 values from 400 bytes
+    ("deep: " + "[" * 100_000 + "]" * 100_000 + "\n", 4, "nested more than 64 levels deep"),
+    ("deep: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", 4, "nested more than 64 levels deep"),
+    ("self: &s [*s]\n", 4, "alias *s inside its own anchor (a recursive structure)"),
+    ("when: 2001-13-45\n", 4, "month must be in 1..12"),                   # was a bare ValueError, no file
+    ("n: !!int 0xZZ\n", 4, "invalid literal for int() with base 16: 'ZZ'"),
+])
+def test_yaml_bombs_and_bad_scalars_are_refused_with_the_line(tmp_path, extra, line, reason):
+    """Refused before a tree is built or walked (the key-line index walked aliases expanded: a billion
+    laughs hung, deep nesting raised RecursionError), as `edgeinferd --check-config` is typed."""
+    path = write(tmp_path, "model:\n  bundle: /tmp/bundle\n  warmup_runs: 1\n" + extra)
+    r = check_config(path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"edgeinferd: {path}: invalid:", f"  {path}:{line}: not valid YAML: {reason}"], r.stderr
+
+
+def test_aliases_within_the_bound_still_load():
+    from edgeinfer.bundle import ModelMeta
+    from edgeinfer.yamlconf import load_yaml_model
+    text = ("name: m\nversion: '1'\ninput: {name: x, width: 8, height: 8}\ndecoder: {type: raw}\n"
+            "preprocess: {mean: &m [0.5], std: *m}\nlabels: [a, b]\n")
+    meta = load_yaml_model(ModelMeta, text, "m.yaml")
+    assert meta.preprocess.mean == meta.preprocess.std == [0.5]
+
+
+def test_a_long_list_of_problems_is_shown_in_part():
+    from edgeinfer.bundle import ModelMeta
+    from edgeinfer.yamlconf import ConfigError, load_yaml_model
+    text = "name: m\nversion: '1'\ninput: {name: x, width: 8, height: 8}\ndecoder: {type: raw}\nlabels: [" + \
+        ", ".join(["[]"] * 5000) + "]\n"
+    with pytest.raises(ConfigError) as e:
+        load_yaml_model(ModelMeta, text, "m.yaml")
+    assert len(e.value.problems) == 5000
+    lines = str(e.value).splitlines()
+    assert len(lines) == 22 and lines[1] == "  m.yaml:5: labels[0]: Input should be a valid string" and \
+        lines[-1] == "  ... and 4980 more"
+
+
 def test_cli_default_sockets_are_ring_h_defaults():
     """edgeinferctl hard-codes the defaults (so that --help needs no native module): they must be ring.h's."""
     assert cli._INGRESS_SOCKET == ring.INGRESS_SOCKET

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgeinfer.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION, KIND_NONE, KIND_RAW, KIND_TENSORS  # noqa: F401
+from edgeinfer.yamlconf import clip
 
 _REGISTRY: dict[str, type["Decoder"]] = {}
 
@@ -78,7 +79,8 @@ class Decoder:
         names = [o.name for o in self.outputs]
         if isinstance(ref, str):
             if ref not in names:
-                raise DecoderError(f"decoder parameter output: no output named {ref!r} (outputs: {names})")
+                raise DecoderError(f"decoder parameter output: no output named {clip(repr(ref))} (outputs: "
+                                   f"{clip(repr(names), 400)})")
             return names.index(ref)
         if not 0 <= ref < max(len(names), 1):
             raise DecoderError(f"decoder parameter output: {ref} is not an output index; the model has "
@@ -114,11 +116,11 @@ def parse_params(params: dict | DecoderParams) -> DecoderParams:
     kind = params.get("type")
     cls = _REGISTRY.get(kind)
     if cls is None:
-        raise DecoderError(f"unknown decoder type {kind!r}; known: {registered()}")
+        raise DecoderError(f"unknown decoder type {clip(repr(kind))}; known: {registered()}")
     try:
         return cls.Params.model_validate(params)
     except ValidationError as e:
-        raise DecoderError("; ".join(f"decoder parameter {'.'.join(map(str, err['loc']))}: "
+        raise DecoderError("; ".join(f"decoder parameter {clip('.'.join(map(str, err['loc'])))}: "
                                      f"{'unknown parameter' if err['type'] == 'extra_forbidden' else err['msg']}"
                                      for err in e.errors())) from None
 
