@@ -55,6 +55,7 @@ class Agreement:
     max_score_delta: float  # largest |score FP32 - score INT8| over what was compared
     frames: int             # held-out frames compared
     compared: int           # answers compared (frames, or boxes of both models)
+    pairs: int = 0          # detection: matched box pairs (the score delta is over these)
 
 
 def _threads() -> ThreadPlan:
@@ -188,7 +189,7 @@ def agreement(decoder, fp32: list[list[np.ndarray]], int8: list[list[np.ndarray]
             raise QuantizationRefused(f"the FP32 and the INT8 model detect nothing on the {len(fp32)} held-out "
                                       "frames: nothing to compare; calibrate with frames where the model detects "
                                       "objects")
-        return Agreement("boxes_iou50", matched / total, delta, len(fp32), total)
+        return Agreement("boxes_iou50", matched / total, delta, len(fp32), total, matched // 2)
     raise QuantizationRefused(f"decoder {decoder.type!r}: the accuracy gate knows classification and detection "
                               "only; a raw model's outputs have no agreed meaning to compare")
 
@@ -214,7 +215,7 @@ def default_version(version: str) -> str:
 
 
 def int8_meta(src: ModelMeta, name: str | None, version: str | None, record: dict) -> ModelMeta:
-    doc = src.model_dump(mode="json", exclude_none=True)
+    doc = src.model_dump(mode="json", exclude_unset=True)
     doc.pop("quantization", None)
     doc["name"] = name or (src.name + "-int8")
     doc["family"] = src.floor_family  # one anti-rollback floor for the FP32 model and its INT8 versions
@@ -229,7 +230,7 @@ def int8_meta(src: ModelMeta, name: str | None, version: str | None, record: dic
 def write_meta(path: str, meta: ModelMeta, source: str) -> None:
     with open(path, "w") as f:
         f.write(f"# Written by edgeinferctl model quantize from {source}\n")
-        yaml.safe_dump(meta.model_dump(mode="json", exclude_none=True), f, sort_keys=False)
+        yaml.safe_dump(meta.model_dump(mode="json", exclude_unset=True), f, sort_keys=False)
 
 
 def in_memory(meta: ModelMeta, model_bytes: bytes, where: str) -> ModelRuntime:
@@ -305,12 +306,13 @@ def quantize_bundle(bundle: str, frames: list[tuple[np.ndarray, str]], calibrati
     sizes = [(f.shape[1], f.shape[0]) for f, _ in held]
     a = agreement(src.decoder, run_model(src, held), run_model(int8, held), sizes)
     what = "top-1 agreement" if a.metric == "top1" else f"boxes matched at IoU >= {IOU_MATCH} (same class)"
+    over = f" (over {a.pairs} matched pairs)" if a.metric != "top1" else ""
     say(f"held-out frames: {a.frames}; {what}: {a.agreement:.4f} ({a.compared} compared); "
-        f"max score delta: {a.max_score_delta:.4f}")
+        f"max score delta: {a.max_score_delta:.4f}{over}")
     if a.agreement < min_agreement or a.max_score_delta > max_score_delta:
         raise QuantizationRefused(
             f"INT8 model refused, no bundle written: {what} {a.agreement:.4f} (minimum {min_agreement:g}), max "
-            f"score delta {a.max_score_delta:.4f} (maximum {max_score_delta:g}) on {a.frames} held-out frames")
+            f"score delta {a.max_score_delta:.4f}{over} (maximum {max_score_delta:g}) on {a.frames} held-out frames")
     meta = int8_meta(src.meta, name, version, {**record, "metric": a.metric, "agreement": round(a.agreement, 6),
                                                "max_score_delta": round(a.max_score_delta, 6),
                                                "min_agreement": min_agreement,
