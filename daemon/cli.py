@@ -358,8 +358,8 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("--version", help="default: the source's version as a post-release (1.2 → 1.2.post1)")
     b.add_argument("--min-agreement", type=float, help="gate: top-1 agreement (classification, default 0.98) or "
                    "share of boxes matched (detection, default 0.90)")
-    b.add_argument("--max-score-delta", type=float, help="gate: largest score difference (default 0.10 "
-                   "classification, 0.15 detection)")
+    b.add_argument("--max-score-delta", type=float, help="gate: largest score difference (default 0.15 "
+                   "classification, 0.25 detection)")
     b.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default: per channel)")
     b.add_argument("--no-reduce-range", action="store_true",
                    help="8-bit weights (default 7-bit: no saturation on CPUs without VNNI)")

@@ -41,7 +41,7 @@ MODEL_INPUT_IN_FUSED = _PREFIX + "out"
 IOU_MATCH = 0.5
 # Defaults of the gate (docs/operations.md, "INT8 quantization" says why these values).
 DEFAULT_MIN_AGREEMENT = {KIND_CLASSIFICATION: 0.98, KIND_DETECTION: 0.90}
-DEFAULT_MAX_SCORE_DELTA = {KIND_CLASSIFICATION: 0.10, KIND_DETECTION: 0.15}
+DEFAULT_MAX_SCORE_DELTA = {KIND_CLASSIFICATION: 0.15, KIND_DETECTION: 0.25}
 
 
 class QuantizationRefused(ValueError):
@@ -312,7 +312,8 @@ def quantize_bundle(bundle: str, frames: list[tuple[np.ndarray, str]], calibrati
     if a.agreement < min_agreement or a.max_score_delta > max_score_delta:
         raise QuantizationRefused(
             f"INT8 model refused, no bundle written: {what} {a.agreement:.4f} (minimum {min_agreement:g}), max "
-            f"score delta {a.max_score_delta:.4f}{over} (maximum {max_score_delta:g}) on {a.frames} held-out frames")
+            f"score delta {a.max_score_delta:.4f}{over} (maximum {max_score_delta:g}) on {a.frames} held-out frames; "
+            "calibrate on more (or more typical) frames, or keep the FP32 model")
     meta = int8_meta(src.meta, name, version, {**record, "metric": a.metric, "agreement": round(a.agreement, 6),
                                                "max_score_delta": round(a.max_score_delta, 6),
                                                "min_agreement": min_agreement,
