@@ -73,6 +73,27 @@ class PreprocessSpec(_Strict):
         return self
 
 
+class QuantizationInfo(_Strict):
+    """What `edgeinferctl model quantize` measured when it wrote this INT8 bundle (signed with the rest of
+    model.yaml; informational: the daemon serves the model like any other)."""
+    method: Literal["static-int8-qdq"]
+    activations: Literal["uint8", "int8"]
+    weights: Literal["int8"]
+    per_channel: bool
+    reduce_range: bool
+    calibration: Literal["minmax"]
+    calibration_frames: int = Field(ge=1)
+    held_out_frames: int = Field(ge=1)
+    source_version: str = Field(max_length=16)
+    source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # the FP32 model.onnx it was made from
+    onnxruntime: str = Field(max_length=32)
+    metric: Literal["top1", "boxes_iou50"]  # classification: top-1; detection: boxes matched at IoU >= 0.5
+    agreement: float = Field(ge=0, le=1)
+    max_score_delta: float = Field(ge=0)
+    min_agreement: float | None = None            # the gate's thresholds it passed
+    max_score_delta_allowed: float | None = None
+
+
 class ModelMeta(_Strict):
     name: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     # The anti-rollback floor is kept per family (rollback.py): a model renamed in a later
@@ -83,6 +104,7 @@ class ModelMeta(_Strict):
     preprocess: PreprocessSpec = PreprocessSpec()
     decoder: params_union()  # each decoder's own schema (decoders/), chosen by its `type`
     labels: list[str] = Field(default_factory=list)
+    quantization: QuantizationInfo | None = None  # an INT8 bundle written by `model quantize`
 
     @model_validator(mode="after")
     def _channels(self):

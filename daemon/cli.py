@@ -209,6 +209,39 @@ def _cmd_model_verify(args) -> int:
     return 0
 
 
+def _cmd_model_quantize(args) -> int:
+    from edgeinfer.cpuflags import cpu_int8
+    from edgeinfer.framesource import image_frames, stream_frames
+    from edgeinfer.quantize import Options, quantize_bundle
+    cpu = cpu_int8()
+    print(cpu.line())
+    if not cpu.fast_int8:
+        print(f"edgeinferctl: note: {cpu.note}", file=sys.stderr)
+    n = args.frames + args.held_out
+    if args.calibration:
+        frames, note = image_frames(args.calibration, n), f" from {args.calibration}"
+    else:
+        print(f"waiting for the camera of stream {args.from_stream} on {args.socket} (point its ingress socket "
+              "there)", flush=True)
+        frames, note = stream_frames(args.from_stream, n, args.socket, args.wait), f" of stream {args.from_stream}"
+    meta = quantize_bundle(args.bundle, frames, args.frames, args.out, key=args.key, trust_dir=args.trust_dir,
+                           name=args.name, version=args.version, min_agreement=args.min_agreement,
+                           max_score_delta=args.max_score_delta,
+                           opts=Options(per_channel=not args.per_tensor, reduce_range=not args.no_reduce_range),
+                           source_note=note)
+    signed = f", signed with {args.key}" if args.key else " (not signed: `edgeinferctl model sign` it)"
+    print(f"{args.out}: OK: {meta.name} {meta.version} (INT8, family {meta.family}){signed}")
+    return 0
+
+
+def _cmd_model_bench(args) -> int:
+    from edgeinfer.modelbench import bench
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
+    bench([args.bundle, *([args.compare] if args.compare else [])], args.threads, cpus, args.frames,
+          args.geometry, args.pixel_format)
+    return 0
+
+
 def _cmd_model_allow_downgrade(args) -> int:
     from edgeinfer.rollback import RollbackState
     RollbackState(args.state_dir).allow_downgrade(args.name, args.version)
@@ -311,6 +344,39 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("--max-file-mib", type=_positive, help="size limit of each other file (default 16)")
     b.add_argument("--max-bundle-mib", type=_positive, help="size limit of all files together (default 1088)")
     b.set_defaults(func=_cmd_model_verify)
+    b = msub.add_parser("quantize", help="static INT8 (QDQ) copy of a bundle, written only if it agrees with FP32")
+    b.add_argument("bundle")
+    src = b.add_mutually_exclusive_group(required=True)
+    src.add_argument("--calibration", metavar="DIR", help="calibration and held-out frames: images in DIR (by name)")
+    src.add_argument("--from-stream", metavar="NAME", help="frames of a camera that connects to --socket as NAME")
+    b.add_argument("--socket", default="/run/edgeinfer/quantize.sock",
+                   help="--from-stream: where this tool listens for the camera (default %(default)s)")
+    b.add_argument("--wait", type=float, default=30.0, help="--from-stream: seconds to wait for the camera")
+    b.add_argument("--frames", type=_positive, required=True, help="calibration frames")
+    b.add_argument("--held-out", type=_positive, default=32, help="frames after them for the accuracy gate "
+                   "(default %(default)s)")
+    b.add_argument("--out", required=True, help="the INT8 bundle (must not exist)")
+    b.add_argument("--key", help="sign the bundle with this EC private key")
+    b.add_argument("--trust-dir", help="then check it as edgeinferd would (signature included)")
+    b.add_argument("--name", help="default: the source's name + '-int8'")
+    b.add_argument("--version", help="default: the source's version as a post-release (1.2 → 1.2.post1)")
+    b.add_argument("--min-agreement", type=float, help="gate: top-1 agreement (classification, default 0.98) or "
+                   "share of boxes matched (detection, default 0.90)")
+    b.add_argument("--max-score-delta", type=float, help="gate: largest score difference (default 0.15 "
+                   "classification, 0.25 detection)")
+    b.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default: per channel)")
+    b.add_argument("--no-reduce-range", action="store_true",
+                   help="8-bit weights (default 7-bit: no saturation on CPUs without VNNI)")
+    b.set_defaults(func=_cmd_model_quantize)
+    b = msub.add_parser("bench", help="p50/p95/p99 of a bundle's fused session on this host (FP32 vs INT8)")
+    b.add_argument("bundle")
+    b.add_argument("--compare", "--bundle2", metavar="OTHER", help="a second bundle, measured the same way")
+    b.add_argument("--threads", type=_positive, default=1, help="intra-op threads (models.NAME.ort_threads)")
+    b.add_argument("--cpus", help="a lane's CPUs, comma-separated (extra threads are pinned to the 2nd, ...)")
+    b.add_argument("--frames", type=_positive, default=200)
+    b.add_argument("--geometry", metavar="WxH", help="camera frame size (default: the model's input size)")
+    b.add_argument("--pixel-format", default="bgr24", help="camera pixel format (default %(default)s)")
+    b.set_defaults(func=_cmd_model_bench)
     b = msub.add_parser("allow-downgrade", help="allow one older version of a model (anti-rollback override)")
     b.add_argument("name", metavar="family", help="the model's family (model.yaml's `family`, by default its name)")
     b.add_argument("version")

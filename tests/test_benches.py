@@ -37,3 +37,10 @@ def test_e2e_bench_runs_to_its_summary():
     rows = s["rows"]
     assert rows["edgeinferd (40 fps offered)"]["n"] >= 30, rows
     assert rows["floor: fused graph, bare run"]["n"] == 40
+
+
+def test_quantize_bench_runs_both_models_to_its_summary():
+    s = _summary(["bench/quantize.py", "--quick"], timeout=300)
+    assert set(s["rows"]) == {"orientation", "detector"}
+    for name, row in s["rows"].items():
+        assert row["fp32"]["p99_ms"] > 0 and row["int8"]["p99_ms"] > 0 and 0 <= row["agreement"] <= 1, name
