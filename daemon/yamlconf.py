@@ -139,8 +139,15 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
             loc = _yaml_loc(lines, tuple(err["loc"]))
             line = _line_of(lines, loc)
             msg = err["msg"]
+            ctx = err.get("ctx") or {}
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
+            elif err["type"] in ("union_tag_not_found", "union_tag_invalid"):
+                # A section whose schema a key chooses (model.yaml's decoder, by its type): name that key.
+                loc = (*loc, ctx.get("discriminator", "type").strip("'"))
+                line = _line_of(lines, loc)
+                msg = "Field required" if err["type"] == "union_tag_not_found" else \
+                    f"unknown {clip(repr(ctx.get('tag')))}; known: {ctx.get('expected_tags')}"  # clipped, as values are
             problems.append(f"{source}:{line or '?'}: {_dotted(loc)}: {msg}")
         raise ConfigError(source, problems) from None
     # Checks across sections (e.g. a stream naming a model that is not configured): errors with their lines.
