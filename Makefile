@@ -12,8 +12,9 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev
 # The test suite, in addition: spin: the protocol model check;
 # prometheus: promtool and a real Prometheus server for the telemetry tests;
 # debootstrap, systemd-container: the system tests boot the .deb in a container;
-# clang, libclang-rt-14-dev (libFuzzer, sanitizers), llvm (llvm-cov): coverage-guided fuzzing of ring.h.
-TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm
+# clang, libclang-rt-14-dev (libFuzzer, sanitizers), llvm (llvm-cov): coverage-guided fuzzing of ring.h;
+# ffmpeg: the ffmpeg producer's tests (real files, a silent server, a server that comes and goes).
+TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg
 NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
@@ -23,10 +24,10 @@ all: native
 
 # One stamp per set: each is checked once, not at every make.
 system-packages: .build-packages.stamp .test-packages.stamp
-.build-packages.stamp: scripts/ensure-system-packages
+.build-packages.stamp: scripts/ensure-system-packages Makefile
 	scripts/ensure-system-packages $(BUILD_PACKAGES)
 	@touch $@
-.test-packages.stamp: scripts/ensure-system-packages
+.test-packages.stamp: scripts/ensure-system-packages Makefile
 	scripts/ensure-system-packages $(TEST_PACKAGES)
 	@touch $@
 

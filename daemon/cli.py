@@ -158,12 +158,19 @@ def _cmd_feed(args) -> int:
     stop = _stop_flag()
     if args.synthetic:
         from edgeinfer.producers import synthetic
-        n = synthetic.run(args.stream, args.width, args.height, args.fps, args.frames, socket=args.socket,
-                          wait=args.wait, seed=args.seed, stop=stop)
+        n = synthetic.run(args.stream, args.width, args.height, 30.0 if args.fps is None else args.fps, args.frames,
+                          socket=args.socket, wait=args.wait, seed=args.seed, stop=stop)
     else:
         from edgeinfer.producers import ffmpeg
-        n = ffmpeg.run(args.ffmpeg, args.stream, args.width, args.height, fps=args.fps or None, loop=args.loop,
-                       socket=args.socket, wait=args.wait, stop=stop)
+        opts = ffmpeg.FfmpegOptions(args.ffmpeg, args.width, args.height, fps=args.fps, frames=args.frames,
+                                    loop=args.loop, connect_timeout=args.connect_timeout,
+                                    read_timeout=args.read_timeout, transport=args.transport, hwaccel=args.hwaccel,
+                                    reconnect=args.reconnect, max_reconnects=args.max_reconnects)
+        try:
+            n = ffmpeg.run(opts, args.stream, socket=args.socket, wait=args.wait, stop=stop)
+        except ffmpeg.FeedError as e:
+            print(f"edgeinferctl: feed {args.stream}: {e}", file=sys.stderr)
+            return 1
     print(f"published {n} frames", file=sys.stderr)
     return 0
 
@@ -296,9 +303,22 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--stream", required=True)
     p.add_argument("--width", type=int, default=640)
     p.add_argument("--height", type=int, default=480)
-    p.add_argument("--fps", type=float, default=30.0, help="0: as fast as possible (synthetic)")
-    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--fps", type=float, default=None,
+                   help="synthetic: frames a second (default 30; 0: as fast as possible). ffmpeg: at most this many "
+                        "published a second, the others dropped (default: the source's own rate; 0: a file as fast "
+                        "as it decodes)")
+    p.add_argument("--frames", type=int, default=None, help="stop after publishing N frames")
     p.add_argument("--loop", action="store_true", help="ffmpeg: loop a file")
+    p.add_argument("--connect-timeout", type=float, default=10.0,
+                   help="ffmpeg: seconds to the first frame before the source counts as failed (default 10)")
+    p.add_argument("--read-timeout", type=float, default=5.0,
+                   help="ffmpeg: seconds without a frame before the source counts as failed (default 5)")
+    p.add_argument("--transport", choices=["tcp", "udp"], help="ffmpeg: RTSP transport")
+    p.add_argument("--hwaccel", metavar="vaapi|cuda|...", help="ffmpeg: hardware decoding (refused if missing)")
+    p.add_argument("--reconnect", action=argparse.BooleanOptionalAction, default=None,
+                   help="ffmpeg: reconnect a failed source with backoff (default: yes for URLs and devices, no for "
+                        "files)")
+    p.add_argument("--max-reconnects", type=int, default=None, help="ffmpeg: give up after N (default: never)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--socket", default=_INGRESS_SOCKET, help="the daemon's ingress socket")
     p.add_argument("--wait", type=float, default=10.0,

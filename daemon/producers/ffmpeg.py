@@ -1,48 +1,308 @@
-"""An ffmpeg producer: any source ffmpeg reads (file, URL, /dev/videoN) decoded
-to raw BGR frames on a pipe, read straight into the ring's free slot
-(readinto: the only copy is the kernel's, pipe → slot)."""
+"""The ffmpeg producer: any source ffmpeg reads (a file, an RTSP/HTTP URL, /dev/videoN) decoded
+to raw BGR frames on a pipe, read straight into the ring's free slot (readinto: the only copy is
+the kernel's, pipe → slot).
+
+What a supervisor (systemd, an operator) can rely on:
+- A failure exits non-zero with one line that says what failed (file missing, no video stream,
+  connection refused, unauthorized, a silent server, ffmpeg killed …); the end of a file exits 0.
+- A source that sends nothing for `read_timeout` seconds (`connect_timeout` for the first frame)
+  is a failure, whatever ffmpeg itself would wait.
+- A live source (a URL, a device) that fails or ends is reconnected with bounded exponential
+  backoff, each attempt counted and said; a file is not.
+- stop() (SIGTERM, SIGINT) is seen within 0.1 s at any moment, a stalled source included: ffmpeg
+  is stopped and the ring closed.
+- Frames are the source's: a file plays at its own rate (fps None), as fast as it decodes
+  (fps 0), or at its own rate with at most `fps` frames a second published (the others
+  dropped, never duplicated).
+"""
 from __future__ import annotations
 
+import collections
+import dataclasses
+import os
+import select
 import shutil
+import signal
 import subprocess
+import sys
+import threading
+import time
 
 from edgeinfer import ring
 from edgeinfer.producers.connection import ConnectionReporter
 
+POLL_S = 0.1  # the longest stop() waits for us
+EXIT_WAIT_S = 2.0  # for ffmpeg to exit (and say why) once its output ended
 
-def run(source: str, stream: str, width: int, height: int, *, fps: float | None = None, loop: bool = False,
-        socket: str = ring.INGRESS_SOCKET, wait: float = 10.0, stop=lambda: False) -> int:
-    ffmpeg = shutil.which("ffmpeg")
-    if ffmpeg is None:
-        raise FileNotFoundError("ffmpeg is not installed (Debian: apt install ffmpeg)")
-    args = [ffmpeg, "-nostdin", "-loglevel", "error"]
-    if not source.startswith("/dev/video"):
-        args += ["-re"]  # a file plays at its own rate, like a camera
-    if loop:
-        args += ["-stream_loop", "-1"]
-    args += ["-i", source, "-vf", f"scale={width}:{height}"]
-    if fps:
-        args += ["-r", str(fps)]
-    args += ["-f", "rawvideo", "-pix_fmt", "bgr24", "-"]
-    writer = ring.FrameWriter.connect(stream, width, height, "bgr24", socket=socket, wait=wait)
+
+class FeedError(RuntimeError):
+    """The feed failed; the message is the one line a supervisor's log shows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FfmpegOptions:
+    source: str
+    width: int
+    height: int
+    fps: float | None = None       # None: the source's own rate; 0: as fast as it decodes; N: at most N/s
+    frames: int | None = None      # stop after publishing this many
+    loop: bool = False             # a file: play it again at its end
+    connect_timeout: float = 10.0  # seconds to the first frame after (re)connecting
+    read_timeout: float = 5.0      # seconds between frames
+    transport: str | None = None   # rtsp: tcp or udp (ffmpeg's default: udp, then tcp)
+    hwaccel: str | None = None     # vaapi, cuda, … where this ffmpeg has it
+    reconnect: bool | None = None  # None: live sources yes, files no
+    backoff_min: float = 0.5
+    backoff_max: float = 10.0
+    max_reconnects: int | None = None  # None: for as long as it runs
+
+    def __post_init__(self):
+        if not (1 <= self.width <= 16384 and 1 <= self.height <= 16384):
+            raise ValueError(f"--width {self.width} --height {self.height}: each must be 1 … 16384")
+        if self.fps is not None and not 0 <= self.fps <= 1000:
+            raise ValueError(f"--fps {self.fps}: 0 (as fast as it decodes) … 1000")
+        if self.frames is not None and self.frames < 1:
+            raise ValueError(f"--frames {self.frames}: must be at least 1")
+        for name in ("connect_timeout", "read_timeout", "backoff_min", "backoff_max"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name.replace('_', '-')}: must be more than 0 seconds")
+        if self.transport not in (None, "tcp", "udp"):
+            raise ValueError(f"--transport {self.transport}: tcp or udp")
+
+    @property
+    def kind(self) -> str:
+        """file, network or device."""
+        if self.source.startswith("/dev/"):
+            return "device"
+        if "://" in self.source and not self.source.startswith("file:"):
+            return "network"
+        return "file"
+
+    @property
+    def reconnects(self) -> bool:
+        return self.kind != "file" if self.reconnect is None else self.reconnect
+
+
+def _ffmpeg() -> str:
+    path = shutil.which("ffmpeg")
+    if path is None:
+        raise FeedError("ffmpeg is not installed (Debian: apt install ffmpeg)")
+    return path
+
+
+def check_hwaccel(ffmpeg: str, name: str) -> None:
+    """Refuses a hardware decoder this ffmpeg does not have, naming the ones it has."""
+    out = subprocess.run([ffmpeg, "-hide_banner", "-hwaccels"], capture_output=True, text=True, timeout=30).stdout
+    have = [x.strip() for x in out.splitlines()[1:] if x.strip()]
+    if name not in have:
+        raise FeedError(f"hardware decoding {name!r} is not available in this ffmpeg (it has: "
+                        f"{', '.join(have) or 'none'})")
+
+
+# Demuxers that turn any bytes into pictures: a text file would "play" as rendered ANSI text.
+_NOT_VIDEO_DEMUXERS = {"tty": "a text file", "bin": "binary data", "xbin": "binary data", "adf": "binary data",
+                       "idf": "binary data"}
+
+
+def check_file(ffmpeg: str, path: str) -> None:
+    """A file is looked at before it is played: ffprobe says what ffmpeg would read it as."""
+    ffprobe = os.path.join(os.path.dirname(ffmpeg), "ffprobe")
+    if not os.access(ffprobe, os.X_OK):
+        return  # ffprobe ships with ffmpeg in Debian; elsewhere ffmpeg's own errors still apply
+    r = subprocess.run([ffprobe, "-v", "error", "-show_entries", "format=format_name", "-of", "csv=p=0", path],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise FeedError(f"{path}: {explain(r.stderr.strip().splitlines(), r.returncode)}")
+    what = _NOT_VIDEO_DEMUXERS.get(r.stdout.strip())
+    if what:
+        raise FeedError(f"{path}: not a video ffmpeg can decode ({what}: ffmpeg would only render its bytes as "
+                        "text art)")
+
+
+def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
+    args = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error"]
+    if o.hwaccel:
+        args += ["-hwaccel", o.hwaccel]
+    if o.kind == "file":
+        if o.fps != 0:
+            args += ["-re"]  # a file plays at its own rate, like a camera (fps 0: as fast as it decodes)
+        if o.loop:
+            args += ["-stream_loop", "-1"]
+    else:
+        us = str(int(o.read_timeout * 1e6))
+        if o.source.startswith(("rtsp://", "rtsps://")):
+            args += ["-timeout", us]  # the socket's I/O timeout (our own watchdog stands behind it)
+            if o.transport:
+                args += ["-rtsp_transport", o.transport]
+        elif o.kind == "network":
+            args += ["-rw_timeout", us]
+    args += ["-i", o.source, "-map", "0:v:0",  # the first video stream, or an error if there is none
+             "-vf", f"scale={o.width}:{o.height}", "-fps_mode", "passthrough",  # never duplicate a frame
+             "-f", "rawvideo", "-pix_fmt", "bgr24", "-"]
+    return args
+
+
+# ffmpeg's words → the one line a supervisor reads (first match wins).
+_REASONS = [
+    ("No such file or directory", "no such file"),
+    ("Permission denied", "permission denied"),
+    ("matches no streams", "no video stream in the source"),
+    ("does not contain any stream", "no video stream in the source"),
+    ("401 Unauthorized", "unauthorized (401): wrong or missing credentials"),
+    ("403 Forbidden", "forbidden (403)"),
+    ("404 Not Found", "not found (404)"),
+    ("Connection refused", "connection refused"),
+    ("Connection timed out", "connection timed out"),
+    ("No route to host", "no route to host"),
+    ("Name or service not known", "unknown host"),
+    ("Network is unreachable", "network unreachable"),
+    ("Invalid data found when processing input", "not a video ffmpeg can decode (invalid data)"),
+    ("Error while decoding", "decoder error"),
+]
+
+
+def explain(stderr_lines: list[str], returncode: int | None) -> str:
+    """One line for a failed ffmpeg: the reason it gave, in our words, with its own last line."""
+    text = "\n".join(stderr_lines)
+    last = stderr_lines[-1].strip() if stderr_lines else ""
+    for needle, reason in _REASONS:
+        if needle in text:
+            return f"{reason} (ffmpeg: {last})" if last else reason
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"ffmpeg was killed by {name}"
+    if last:
+        return f"ffmpeg failed (exit {returncode}): {last}"
+    return f"ffmpeg exited {returncode} without a frame"
+
+
+class _Ffmpeg:
+    """One ffmpeg child: its stdout read without blocking for more than POLL_S, its stderr kept (the last
+    lines) by a thread."""
+
+    def __init__(self, args: list[str]):
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                     start_new_session=True)  # a terminal's Ctrl-C reaches us, not it
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.stderr: collections.deque[str] = collections.deque(maxlen=20)
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+        self.poller = select.poll()
+        self.poller.register(self.proc.stdout.fileno(), select.POLLIN | select.POLLHUP)
+
+    def _drain(self) -> None:
+        for line in iter(self.proc.stderr.readline, b""):
+            self.stderr.append(line.decode(errors="replace").rstrip())
+
+    def read_frame(self, view: memoryview, deadline: float, stop) -> str:
+        """Fills `view`: "frame"; or "eof", "stopped", "timeout" (nothing for the deadline)."""
+        got = 0
+        while got < len(view):
+            if stop():
+                return "stopped"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            if not self.poller.poll(min(left, POLL_S) * 1000):
+                continue
+            k = self.proc.stdout.readinto(view[got:])
+            if k is None:
+                continue  # woken without data
+            if k == 0:
+                return "eof"
+            got += k
+        return "frame"
+
+    def finish(self, ended: bool) -> int | None:
+        """Stops ffmpeg (if it still runs) and returns how it ended: its exit status, or None if we stopped it.
+        ended: its output ended, so it is exiting by itself: given EXIT_WAIT_S to say why. Else SIGKILL, not
+        SIGTERM: nothing of its output is wanted any more, and ffmpeg stuck in a connect can take seconds to
+        honour SIGTERM, which a stop must not wait for."""
+        if ended:
+            try:
+                self.proc.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            code = None
+        else:
+            code = self.proc.returncode
+        self._thread.join(1.0)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return code
+
+
+def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wait: float = 10.0,
+        stop=lambda: False, say=lambda msg: print(f"edgeinferctl: {msg}", file=sys.stderr, flush=True)) -> int:
+    """Publishes the source's frames as `stream` until its end (a file), `frames`, or stop(); returns the count.
+    Raises FeedError when the source fails and is not (or no longer) reconnected."""
+    ffmpeg = _ffmpeg()
+    if o.hwaccel:
+        check_hwaccel(ffmpeg, o.hwaccel)
+    if o.kind == "file":
+        check_file(ffmpeg, o.source)
+    args = ffmpeg_args(ffmpeg, o)
+    writer = ring.FrameWriter.connect(stream, o.width, o.height, "bgr24", socket=socket, wait=wait)
     report = ConnectionReporter(writer)
-    frame_bytes = width * height * 3
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, bufsize=0)
-    n = 0
+    frame_bytes = o.width * o.height * 3
+    period = 1.0 / o.fps if o.fps else 0.0
+    published = decoded = reconnects = 0
+    backoff = o.backoff_min
+    last_published = -1e9
     try:
-        while not stop():
-            view = memoryview(writer.begin_flat())[:frame_bytes]
-            got = 0
-            while got < frame_bytes:
-                k = proc.stdout.readinto(view[got:])
-                if not k:
-                    return n  # end of stream
-                got += k
-            writer.publish()
-            report()
-            n += 1
+        while True:
+            child = _Ffmpeg(args)
+            deadline = time.monotonic() + o.connect_timeout
+            frames_this_time = 0
+            while True:
+                view = memoryview(writer.begin_flat())[:frame_bytes]
+                got = child.read_frame(view, deadline, stop)
+                if got != "frame":
+                    break
+                decoded += 1
+                frames_this_time += 1
+                deadline = time.monotonic() + o.read_timeout
+                now = time.monotonic()
+                if period and now - last_published < period * 0.98:
+                    continue  # over the fps limit: dropped (the slot is written again)
+                last_published = now
+                writer.publish(frame_id=decoded)  # the frame's position in what the source sent
+                report()
+                published += 1
+                if o.frames is not None and published >= o.frames:
+                    got = "done"
+                    break
+            code = child.finish(ended=got == "eof")
+            if got in ("stopped", "done"):
+                return published
+            if got == "eof" and code == 0 and o.kind == "file" and frames_this_time:
+                return published  # the end of the file
+            if got == "timeout":
+                what = "the first frame" if not frames_this_time else "a frame"
+                limit = o.connect_timeout if not frames_this_time else o.read_timeout
+                reason = f"no frame from {o.source}: waited {limit:g} s for {what} (a silent source)"
+            elif got == "eof" and code == 0:
+                reason = f"{o.source}: the source ended" if frames_this_time else \
+                    f"{o.source}: {explain(list(child.stderr), code)}"
+            else:
+                reason = f"{o.source}: {explain(list(child.stderr), code)}"
+            if frames_this_time:
+                backoff = o.backoff_min  # it worked for a while: start the backoff again
+            if not o.reconnects or (o.max_reconnects is not None and reconnects >= o.max_reconnects):
+                raise FeedError(reason + (f" (after {reconnects} reconnections)" if reconnects else ""))
+            reconnects += 1
+            say(f"stream {stream}: {reason}; reconnecting in {backoff:g} s (reconnection {reconnects})")
+            end = time.monotonic() + backoff
+            while time.monotonic() < end:
+                if stop():
+                    return published
+                time.sleep(min(POLL_S, max(end - time.monotonic(), 0)))
+            backoff = min(backoff * 2, o.backoff_max)
     finally:
-        proc.kill()
-        proc.wait()
         writer.close()
-    return n
