@@ -64,7 +64,13 @@ class PreprocessSpec(_Strict):
     scale: float = 1.0                                     # applied first: x * scale
     mean: list[float] = Field(default_factory=lambda: [0.0])  # then (x - mean) / std, per channel
     std: list[float] = Field(default_factory=lambda: [1.0])
-    resize: Literal["stretch"] = "stretch"
+    # Where the frame lands in the input (placement.py; docs/decoders.md, "Before the model"): stretch (aspect
+    # ignored), letterbox (fit, padded with pad_value; 114 is the YOLO family's grey) or crop (the centre, covering).
+    resize: Literal["stretch", "letterbox", "crop"] = "stretch"
+    pad_value: int = Field(114, ge=0, le=255)
+    # Resize's sampling on the uint8 frame: linear (bilinear, no antialias: a large downscale aliases), nearest,
+    # or area (linear with antialias, the average of the pixels covered: needs the model's opset >= 18).
+    interpolation: Literal["linear", "nearest", "area"] = "linear"
 
     @model_validator(mode="after")
     def _std(self):

@@ -13,6 +13,7 @@ import onnx
 from onnx import TensorProto, compose, helper, numpy_helper
 
 from edgeinfer.bundle import BundleError, InputSpec, PreprocessSpec
+from edgeinfer.placement import placement
 from edgeinfer.vocabulary import FRAME_CHANNELS, MODEL_CHANNELS
 
 FRAME_INPUT = "frame"
@@ -26,6 +27,26 @@ def channel_map(frame_format: str, model_format: str) -> list[int] | None:
         raise BundleError(f"a {frame_format} stream cannot feed a gray8 model (no colour conversion in-graph)")
     idx = [0 if have == "Y" else have.index(c) for c in want]
     return None if idx == list(range(len(have))) else idx
+
+
+def _sampling(interpolation: str, opset: int) -> dict:
+    """Resize's attributes for model.yaml's preprocess.interpolation."""
+    if interpolation == "nearest":
+        return {"mode": "nearest"}
+    if interpolation == "area":
+        if opset < 18:
+            raise BundleError(f"preprocess.interpolation area needs Resize's antialias (opset >= 18); the model's "
+                              f"opset is {opset}: convert the model (onnx.version_converter) or use linear")
+        return {"mode": "linear", "antialias": 1}
+    return {"mode": "linear"}
+
+
+def check_sampling(model: onnx.ModelProto, pre: PreprocessSpec, where: str) -> None:
+    """At load, not at the first frame: an interpolation the model's opset cannot express is refused."""
+    try:
+        _sampling(pre.interpolation, default_opset(model))
+    except BundleError as e:
+        raise BundleError(f"{where}: {e}") from None
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -50,25 +71,42 @@ def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputS
     def name(s: str) -> str:
         return _PREFIX + s
 
-    if (frame_h, frame_w) != (spec.height, spec.width):
+    place = placement(pre.resize, frame_w, frame_h, spec.width, spec.height)
+    if (place.crop_w, place.crop_h) != (frame_w, frame_h):  # crop: the centre region, before any resize
+        inits += [numpy_helper.from_array(np.array([place.crop_y, place.crop_x], np.int64), name("crop_starts")),
+                  numpy_helper.from_array(np.array([place.crop_y + place.crop_h, place.crop_x + place.crop_w],
+                                                   np.int64), name("crop_ends")),
+                  numpy_helper.from_array(np.array([1, 2], np.int64), name("hw_axes"))]
+        nodes.append(helper.make_node("Slice", [cur, name("crop_starts"), name("crop_ends"), name("hw_axes")],
+                                      [name("cropped")], name=name("crop")))
+        cur = name("cropped")
+    if (place.resize_w, place.resize_h) != (place.crop_w, place.crop_h):
         # Resize the uint8 frame first: casting the full frame to float first costs far more.
         inits += [numpy_helper.from_array(np.zeros(0, np.float32), name("roi")),
                   numpy_helper.from_array(np.zeros(0, np.float32), name("scales"))]
         if batched:  # sizes = [the frame's own batch, H', W', C]
             inits += [numpy_helper.from_array(np.array([0], np.int64), name("zero")),
                       numpy_helper.from_array(np.array([1], np.int64), name("one")),
-                      numpy_helper.from_array(np.array([spec.height, spec.width, ch_in], np.int64), name("hwc"))]
+                      numpy_helper.from_array(np.array([place.resize_h, place.resize_w, ch_in], np.int64),
+                                              name("hwc"))]
             nodes += [helper.make_node("Shape", [cur], [name("shape")], name=name("shape_of")),
                       helper.make_node("Slice", [name("shape"), name("zero"), name("one")], [name("n")],
                                        name=name("batch_of")),
                       helper.make_node("Concat", [name("n"), name("hwc")], [name("sizes")], axis=0,
                                        name=name("sizes_of"))]
         else:
-            inits.append(numpy_helper.from_array(np.array([1, spec.height, spec.width, ch_in], np.int64),
+            inits.append(numpy_helper.from_array(np.array([1, place.resize_h, place.resize_w, ch_in], np.int64),
                                                  name("sizes")))
         nodes.append(helper.make_node("Resize", [cur, name("roi"), name("scales"), name("sizes")], [name("resized")],
-                                      mode="linear", name=name("resize")))
+                                      name=name("resize"), **_sampling(pre.interpolation, opset)))
         cur = name("resized")
+    if any(place.pads):  # letterbox: pad the resized frame to the input's size with pad_value
+        top, left, bottom, right = place.pads
+        inits += [numpy_helper.from_array(np.array([0, top, left, 0, 0, bottom, right, 0], np.int64), name("pads")),
+                  numpy_helper.from_array(np.array(pre.pad_value, np.uint8), name("pad_value"))]
+        nodes.append(helper.make_node("Pad", [cur, name("pads"), name("pad_value")], [name("padded")],
+                                      mode="constant", name=name("letterbox")))
+        cur = name("padded")
     idx = channel_map(frame_format, spec.pixel_format)
     if idx is not None:
         inits.append(numpy_helper.from_array(np.array(idx, np.int64), name("channels")))

@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from edgeinfer.bundle import Bundle, BundleError
 from edgeinfer.decoders import Decoder, DecoderError, make_decoder
-from edgeinfer.fusion import FRAME_INPUT, fuse
+from edgeinfer.fusion import FRAME_INPUT, check_sampling, fuse
 from edgeinfer.outputprobe import dims_of, output_infos
 from edgeinfer.vocabulary import Geometry, channels
 from edgeinfer.yamlconf import clip
@@ -193,11 +193,12 @@ class ModelRuntime:
         if batch > 1 and dims and dims[0] is not None:
             raise BundleError(f"{bundle.path}/model.onnx: the graph input '{spec.name}' has a fixed batch of "
                               f"{dims[0]}: this model cannot run {batch} frames at once (set its batch: 1)")
-        self.outputs = output_infos(self.graph, bundle.model_bytes, spec, self.meta.preprocess, f"{bundle.path}/model.onnx",
-                                    warmup_deadline_s)
+        check_sampling(self.graph, self.meta.preprocess, f"{bundle.path}/model.yaml")
+        self.outputs = output_infos(self.graph, bundle.model_bytes, spec, self.meta.preprocess,
+                                    f"{bundle.path}/model.onnx", warmup_deadline_s)
         try:
             self.decoder: Decoder = make_decoder(self.meta.decoder, list(self.meta.labels),
-                                                 spec.width, spec.height, self.outputs)
+                                                 spec.width, spec.height, self.outputs, self.meta.preprocess.resize)
         except DecoderError as e:
             raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
         self._fused: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()  # serialised, LRU

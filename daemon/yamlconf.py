@@ -159,7 +159,8 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
     # Keys accepted only for compatibility: warnings with their lines, kept on the model.
     deprecations = getattr(obj, "deprecations", None)
     if deprecations is not None:
-        obj._warnings = [f"{source}:{_line_of(lines, loc) or '?'}: {_dotted(loc)}: {msg}" for loc, msg in deprecations()]
+        obj._warnings = [f"{source}:{_line_of(lines, loc) or '?'}: {_dotted(loc)}: {msg}"
+                         for loc, msg in deprecations()]
     return obj
 
 

@@ -65,8 +65,9 @@ class Decoder:
             _REGISTRY[cls.type] = cls
 
     def __init__(self, params: DecoderParams, labels: list[str], input_w: int, input_h: int,
-                 outputs: list[OutputInfo]):
+                 outputs: list[OutputInfo], resize: str = "stretch"):
         self.params = params
+        self.resize = resize  # model.yaml's preprocess.resize: how input pixels map back to the frame's
         self.labels = labels
         self.input_w, self.input_h = input_w, input_h
         self.outputs = outputs
@@ -126,9 +127,9 @@ def parse_params(params: dict | DecoderParams) -> DecoderParams:
 
 
 def make_decoder(params: dict | DecoderParams, labels: list[str], input_w: int, input_h: int,
-                 outputs: list) -> Decoder:
+                 outputs: list, resize: str = "stretch") -> Decoder:
     """`outputs`: OutputInfo per graph output (or, for tests, bare shapes: float32 outputs named out0, out1…)."""
     p = parse_params(params)
     infos = [o if isinstance(o, OutputInfo) else OutputInfo(f"out{i}", np.dtype(np.float32), tuple(o))
              for i, o in enumerate(outputs)]
-    return _REGISTRY[p.type](p, labels, input_w, input_h, infos)
+    return _REGISTRY[p.type](p, labels, input_w, input_h, infos, resize)

@@ -25,8 +25,8 @@ class Classification(Decoder):
     kind = KIND_CLASSIFICATION
     Params = ClassificationParams
 
-    def __init__(self, params, labels, input_w, input_h, outputs):
-        super().__init__(params, labels, input_w, input_h, outputs)
+    def __init__(self, params, labels, input_w, input_h, outputs, resize="stretch"):
+        super().__init__(params, labels, input_w, input_h, outputs, resize)
         self.softmax = params.softmax
         self.classes = outputs[self.output].values if outputs else None
         self.top_k = params.top_k or min(5, self.classes or 5)

@@ -2,7 +2,9 @@
 
 Output [1, A, 5 + C] with rows (cx, cy, w, h, objectness, class scores...) in
 grid units over strides 8/16/32 (decode_grid: true) or already in input
-pixels (decode_grid: false). Boxes are returned in frame pixels.
+pixels (decode_grid: false). Boxes are returned in frame pixels, mapped back
+through the same placement (stretch, letterbox, crop) that put the frame in
+the input.
 Payload: item_count rows of (x1, y1, x2, y2, score, class) float32.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 from pydantic import Field
 
 from edgeinfer.decoders.base import KIND_DETECTION, Decoder, DecoderError, DecoderParams
+from edgeinfer.placement import placement
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, limit: int) -> np.ndarray:
@@ -47,8 +50,8 @@ class Detection(Decoder):
     kind = KIND_DETECTION
     Params = DetectionParams
 
-    def __init__(self, params, labels, input_w, input_h, outputs):
-        super().__init__(params, labels, input_w, input_h, outputs)
+    def __init__(self, params, labels, input_w, input_h, outputs, resize="stretch"):
+        super().__init__(params, labels, input_w, input_h, outputs, resize)
         self.decode_grid = params.decode_grid
         self.strides = list(params.strides)
         self.score_threshold = params.score_threshold
@@ -91,12 +94,12 @@ class Detection(Decoder):
         if not sel.any():
             return self._buf[:0], 0
         xy, wh, score, cls = xy[sel], wh[sel], score[sel], cls[sel]
-        sx, sy = frame_w / self.input_w, frame_h / self.input_h
+        place = placement(self.resize, frame_w, frame_h, self.input_w, self.input_h)  # as fusion placed the frame
         boxes = np.empty((len(score), 4), np.float32)
-        boxes[:, 0] = (xy[:, 0] - wh[:, 0] / 2) * sx
-        boxes[:, 1] = (xy[:, 1] - wh[:, 1] / 2) * sy
-        boxes[:, 2] = (xy[:, 0] + wh[:, 0] / 2) * sx
-        boxes[:, 3] = (xy[:, 1] + wh[:, 1] / 2) * sy
+        boxes[:, 0] = place.to_frame_x(xy[:, 0] - wh[:, 0] / 2)
+        boxes[:, 1] = place.to_frame_y(xy[:, 1] - wh[:, 1] / 2)
+        boxes[:, 2] = place.to_frame_x(xy[:, 0] + wh[:, 0] / 2)
+        boxes[:, 3] = place.to_frame_y(xy[:, 1] + wh[:, 1] / 2)
         # class-aware NMS: offset boxes per class so classes never suppress each other
         offset = (cls.astype(np.float32) * (max(frame_w, frame_h) + 1))[:, None]
         keep = nms(boxes + offset, score, self.iou_threshold, self.max_detections)

@@ -39,8 +39,8 @@ class Raw(Decoder):
     kind = KIND_RAW
     Params = RawParams
 
-    def __init__(self, params, labels, input_w, input_h, outputs):
-        super().__init__(params, labels, input_w, input_h, outputs)
+    def __init__(self, params, labels, input_w, input_h, outputs, resize="stretch"):
+        super().__init__(params, labels, input_w, input_h, outputs, resize)
         if params.outputs is not None and "output" in params.model_fields_set:
             raise DecoderError("decoder parameters output and outputs: give one (outputs publishes several)")
         self.tensors = params.outputs is not None
