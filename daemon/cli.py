@@ -175,6 +175,56 @@ def _cmd_feed(args) -> int:
     return 0
 
 
+_CAMERA_KEYS = ("source", "stream", "width", "height", "fps", "transport", "connect_timeout_s", "read_timeout_s",
+                "reconnect", "hwaccel", "socket")
+
+
+def _cmd_camera_add(args) -> int:
+    from edgeinfer import cameras
+    path, entry = cameras.add(args.name, {k: getattr(args, k) for k in _CAMERA_KEYS}, args.dir,
+                              create_user=not args.no_user)
+    print(f"wrote {path}; the camera runs as user {cameras.user_of(args.name)}")
+    print(f"add its stream to /etc/edgeinfer/edgeinferd.yaml (and `systemctl reload edgeinferd`):\n{entry}"
+          f"then: systemctl enable --now edgeinfer-camera@{args.name}")
+    return 0
+
+
+def _cmd_camera_list(args) -> int:
+    from edgeinfer import cameras
+    from edgeinfer.yamlconf import ConfigError
+    for name in cameras.names(args.dir):
+        try:
+            cam = cameras.load(name, args.dir)
+            what = f"stream {cam.stream or name}  {cam.width}x{cam.height}  {cam.source}"
+        except ConfigError as e:
+            what = f"invalid: {e.problems[0] if e.problems else e}"
+        print(f"{name}  {cameras.unit_state(name)}  {what}")
+    return 0
+
+
+def _cmd_camera_test(args) -> int:
+    from edgeinfer import cameras
+    from edgeinfer.producers.ffmpeg import FeedError
+    try:
+        cameras.test(args.name, args.dir, args.frames)
+    except FeedError as e:
+        print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_camera_run(args) -> int:
+    from edgeinfer import cameras
+    from edgeinfer.producers.ffmpeg import FeedError
+    try:
+        n = cameras.run(args.name, args.dir, stop=_stop_flag())
+    except FeedError as e:
+        print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
+        return 1
+    print(f"camera {args.name}: published {n} frames", file=sys.stderr)
+    return 0
+
+
 def _cmd_model_bundle(args) -> int:
     from edgeinfer.bundling import write_bundle
     write_bundle(args)
@@ -325,6 +375,37 @@ def edgeinferctl_main(argv=None) -> int:
                    help="seconds to wait for the daemon at start (a refusal ends the feed at once; no daemon does "
                         "not: frames go into the ring and the feed connects when the daemon comes)")
     p.set_defaults(func=_cmd_feed)
+
+    p = sub.add_parser("camera", help="cameras as services (/etc/edgeinfer/cameras, edgeinfer-camera@NAME)")
+    csub = p.add_subparsers(dest="camera_cmd", required=True)
+    c = csub.add_parser("add", help="write /etc/edgeinfer/cameras/NAME.yaml and create the camera's user")
+    c.add_argument("name")
+    c.add_argument("--source", required=True, help="file, rtsp:// or http(s):// URL, /dev/videoN, or synthetic")
+    c.add_argument("--stream", help="edgeinferd's stream name (default: NAME)")
+    c.add_argument("--width", type=int)
+    c.add_argument("--height", type=int)
+    c.add_argument("--fps", type=float, help="at most this many frames a second (default: the source's rate)")
+    c.add_argument("--transport", choices=["tcp", "udp"])
+    c.add_argument("--connect-timeout", type=float, dest="connect_timeout_s")
+    c.add_argument("--read-timeout", type=float, dest="read_timeout_s")
+    c.add_argument("--no-reconnect", dest="reconnect", action="store_false", default=None)
+    c.add_argument("--hwaccel")
+    c.add_argument("--socket", help="edgeinferd's ingress socket")
+    c.add_argument("--no-user", action="store_true", help="do not create the user edgeinfer-cam-NAME")
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_add)
+    c = csub.add_parser("list", help="the cameras configured, their streams, sources and units' states")
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_list)
+    c = csub.add_parser("test", help="read a camera's source into a private ring: its geometry and frame rate")
+    c.add_argument("name")
+    c.add_argument("--frames", type=_positive, default=50)
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_test)
+    c = csub.add_parser("run", help="run a camera (ExecStart of edgeinfer-camera@NAME.service)")
+    c.add_argument("name")
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_run)
 
     p = sub.add_parser("model", help="model bundles")
     msub = p.add_subparsers(dest="model_cmd", required=True)

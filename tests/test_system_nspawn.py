@@ -23,14 +23,16 @@ from conftest import ROOT, require_tool
 from daemon_helpers import sign_copy
 
 CACHE = os.environ.get("EDGEINFER_ROOTFS_CACHE", os.path.expanduser("~/.cache/edgeinfer"))
-ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v2.tar")
+ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v3.tar")
 # man-db: `systemd-analyze verify` checks the unit's Documentation=man: pages.
-DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db"
+# ffmpeg: the camera units decode with it (the package Recommends it).
+DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db,ffmpeg"
 
 CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels", "impersonation_refused",
           "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart", "fdstore_kill", "daemon_sigkill_restart",
-          "lane_restarted_by_daemon", "watchdog_restart", "socket_activation", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
+          "lane_restarted_by_daemon", "watchdog_restart", "socket_activation", "camera_add", "camera_unit",
+          "camera_stalled_source", "camera_stop", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
 # The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
 RELEASE_0_1 = ("f68a388", "0.1.0")
 
@@ -107,6 +109,10 @@ def system_run(tmp_path_factory, signing_key):
         "streams:\n  - name: cam0\n    producer: {user: cam}\n    readers: {groups: [edgeinfer]}\n"
         "    width: 224\n    height: 224\n"
         "  - name: cam1\n    producer: {user: cam2}\n    readers: {users: [cam2]}\n"
+        # Cameras as services: their users are made by `edgeinferctl camera add` inside, before the start.
+        "  - name: gate1\n    producer: {user: edgeinfer-cam-gate1}\n    readers: {groups: [edgeinfer]}\n"
+        "    width: 224\n    height: 224\n"
+        "  - name: door\n    producer: {user: edgeinfer-cam-door}\n    readers: {groups: [edgeinfer]}\n"
         "lanes: [{cpus: [0]}, {cpus: [1]}]\n"
         "runtime:\n  scheduling: fifo\n  fault_injection: true\n  lane_hang_s: 1\n  lane_restarts: 2\n"
         "metrics:\n  ready_requires_stream: false\n")
@@ -122,7 +128,8 @@ def system_run(tmp_path_factory, signing_key):
                           capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
     results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
     extra = {name: (out / name).read_text() if (out / name).exists() else "" for name in ("journal.txt",
-                                                                                       "security.txt")}
+                                                                                       "security.txt",
+                                                                                       "camera-security.txt")}
     shutil.rmtree(root, ignore_errors=True)
     return results, extra, boot
 
@@ -147,6 +154,16 @@ def test_security_exposure_printed_and_within_target(system_run):
     line = next((x for x in sec.splitlines() if "Overall exposure level" in x), None)
     assert line is not None, sec[-2000:]
     exposure = float(line.split("level for edgeinferd.service:")[1].split()[0])
+    assert exposure <= 2.5, line
+
+
+def test_camera_unit_security_exposure_within_target(system_run):
+    _, extra, _ = system_run
+    sec = extra["camera-security.txt"]
+    print(sec[-600:])
+    line = next((x for x in sec.splitlines() if "Overall exposure level" in x), None)
+    assert line is not None, sec[-2000:]
+    exposure = float(line.split("level for edgeinfer-camera@gate1.service:")[1].split()[0])
     assert exposure <= 2.5, line
 
 

@@ -239,9 +239,11 @@ class _Ffmpeg:
 
 
 def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wait: float = 10.0,
-        stop=lambda: False, say=lambda msg: print(f"edgeinferctl: {msg}", file=sys.stderr, flush=True)) -> int:
+        stop=lambda: False, say=lambda msg: print(f"edgeinferctl: {msg}", file=sys.stderr, flush=True),
+        on_publish=lambda n: None) -> int:
     """Publishes the source's frames as `stream` until its end (a file), `frames`, or stop(); returns the count.
-    Raises FeedError when the source fails and is not (or no longer) reconnected."""
+    Raises FeedError when the source fails and is not (or no longer) reconnected. say(line) hears each
+    reconnection; on_publish(count) each frame (a camera unit's READY and watchdog)."""
     ffmpeg = _ffmpeg()
     if o.hwaccel:
         check_hwaccel(ffmpeg, o.hwaccel)
@@ -275,6 +277,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 writer.publish(frame_id=decoded)  # the frame's position in what the source sent
                 report()
                 published += 1
+                on_publish(published)
                 if o.frames is not None and published >= o.frames:
                     got = "done"
                     break

@@ -49,9 +49,11 @@ def make_frames(width: int, height: int, pages: int = 6, seed: int = 1) -> list[
 
 
 def run(stream: str, width: int, height: int, fps: float, frames: int | None = None, *,
-        socket: str = ring.INGRESS_SOCKET, wait: float = 10.0, seed: int = 1, stop=lambda: False) -> int:
+        socket: str = ring.INGRESS_SOCKET, wait: float = 10.0, seed: int = 1, stop=lambda: False,
+        on_publish=lambda n: None) -> int:
     """Hands a ring to the daemon as `stream` and publishes frames at `fps` (0: as fast as possible)
-    until `frames` or stop(); returns the count. The daemon's refusal is raised."""
+    until `frames` or stop(); returns the count. The daemon's refusal is raised. on_publish(count) after
+    each frame (a camera unit's READY and watchdog)."""
     pool = make_frames(width, height, seed=seed)
     rng = random.Random(seed)
     writer = ring.FrameWriter.connect(stream, width, height, "bgr24", socket=socket, wait=wait)
@@ -66,6 +68,7 @@ def run(stream: str, width: int, height: int, fps: float, frames: int | None = N
             writer.publish(frame_id=n * 4 + truth)
             report()
             n += 1
+            on_publish(n)
             if period:
                 next_t += period
                 delay = next_t - time.monotonic()

@@ -31,6 +31,9 @@ useradd -m -G edgeinfer cam
 useradd -m -G edgeinfer cam2
 useradd -m -G edgeinfer reader
 useradd -m outsider
+# Two cameras as services (their users come from `camera add`, before the daemon resolves the config's names):
+# gate1 synthetic, door an RTSP server that accepts and never answers (started below).
+check camera_add bash -c 'edgeinferctl camera add gate1 --source synthetic --width 224 --height 224 --fps 10 > /dev/null && edgeinferctl camera add door --source rtsp://127.0.0.1:8554/door --connect-timeout 2 > /dev/null && id -nG edgeinfer-cam-gate1 | grep -qw edgeinfer && echo "cameras: $(edgeinferctl camera list | tr "\n" ";")"'
 # A model bundle, its trust key, a config, and a test drop-in: short watchdog, fault hook on.
 mkdir -p /var/lib/edgeinfer/models /etc/edgeinfer/trust /etc/systemd/system/edgeinferd.service.d
 cp -r /test/v1 /test/v2 /var/lib/edgeinfer/models/
@@ -129,6 +132,43 @@ wait_active
 : > /tmp/feed.err.mark; cp /tmp/feed.err /tmp/feed.err.before
 systemctl stop edgeinferd 2>/dev/null
 check socket_activation bash -c 'for i in $(seq 1 60); do [ "$(systemctl is-active edgeinferd)" = active ] && break; sleep 0.5; done; systemctl is-active -q edgeinferd && runuser -u reader -- edgeinferctl results cam0 --count 2 --timeout 30 >/dev/null && [ $(grep -c "connected to edgeinferd" /tmp/feed.err) -gt $(grep -c "connected to edgeinferd" /tmp/feed.err.before) ] && echo "stopped, reactivated by the reconnecting camera, served"'
+
+# ------------------------------------------------------------------ cameras as services
+wait_active
+camera_unit() {
+    systemctl enable --now edgeinfer-camera@gate1 || return 1  # Type=notify: returns once its first frame is out
+    local r user named
+    r=$(runuser -u reader -- edgeinferctl results gate1 --count 3 --timeout 30 | wc -l)
+    user=$(ps -o user= -p "$(systemctl show -P MainPID edgeinfer-camera@gate1)")
+    named=$(journalctl -t edgeinfer-camera@gate1 --no-pager -o cat | grep -c "stream gate1: connected to edgeinferd")
+    echo "$(systemctl is-active edgeinfer-camera@gate1), $(systemctl is-enabled edgeinfer-camera@gate1); results $r; runs as $user; journal lines tagged edgeinfer-camera@gate1: $named"
+    [ "$(systemctl is-active edgeinfer-camera@gate1)" = active ] && [ "$r" = 3 ] && [ "$user" = edgeinfer-cam-gate1 ] && [ "$named" -ge 1 ]
+}
+check camera_unit camera_unit
+systemd-analyze security edgeinfer-camera@gate1.service > /out/camera-security.txt 2>&1
+# A source that accepts and never answers: never READY; start fails after TimeoutStartSec and systemd restarts it.
+/usr/bin/python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 8554)); s.listen(8); held=[]
+while True: held.append(s.accept()[0])' &
+silent=$!
+mkdir -p /etc/systemd/system/edgeinfer-camera@door.service.d
+printf '[Service]\nTimeoutStartSec=6\nRestartSec=1\n' > /etc/systemd/system/edgeinfer-camera@door.service.d/test.conf
+systemctl daemon-reload
+camera_stalled_source() {
+    systemctl start --no-block edgeinfer-camera@door
+    local i n=0
+    for i in $(seq 1 60); do n=$(systemctl show -P NRestarts edgeinfer-camera@door); [ "${n:-0}" -ge 1 ] && break; sleep 0.5; done
+    local waited status
+    waited=$(journalctl -t edgeinfer-camera@door --no-pager -o cat | grep -c "waited 2 s for the first frame")
+    status=$(journalctl -u edgeinfer-camera@door --no-pager -o cat | grep -c "start operation timed out")
+    systemctl stop edgeinfer-camera@door
+    echo "never ready; restarts $n; 'waited 2 s for the first frame' logged $waited time(s); start timeouts $status; stopped: $(systemctl is-active edgeinfer-camera@door)"
+    [ "${n:-0}" -ge 1 ] && [ "$waited" -ge 1 ] && [ "$status" -ge 1 ] && [ "$(systemctl is-active edgeinfer-camera@door)" = inactive ]
+}
+check camera_stalled_source camera_stalled_source
+kill $silent 2>/dev/null; wait $silent 2>/dev/null
+check camera_stop bash -c 'systemctl stop edgeinfer-camera@gate1 && [ "$(systemctl show -P ExecMainStatus edgeinfer-camera@gate1)" = 0 ] && [ "$(systemctl is-active edgeinfer-camera@gate1)" = inactive ] && journalctl -t edgeinfer-camera@gate1 --no-pager -o cat | grep "camera gate1: published" | tail -1'
+systemctl disable edgeinfer-camera@gate1 2>/dev/null
+journalctl -u "edgeinfer-camera@*" --no-pager > /out/camera-journal.txt 2>&1
 
 # ------------------------------------------------------------------ phase 2: upgrade to a newer build, camera running
 wait_active

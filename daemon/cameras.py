@@ -1,0 +1,231 @@
+"""Cameras as services: /etc/edgeinfer/cameras/NAME.yaml, run by `edgeinfer-camera@NAME.service`.
+
+A camera file says where the frames come from and how they are handed to edgeinferd;
+`edgeinferctl camera run NAME` (the unit's ExecStart) runs the ffmpeg producer (or the
+synthetic one) under systemd:
+- READY=1 once the first frame is published (Type=notify): "started" means frames flow.
+- WATCHDOG=1 only while frames flow. A source that stalls is reconnected in-process with
+  bounded exponential backoff (0.5 s doubling to 10 s: short outages keep the ring and the
+  daemon's attachment); an outage longer than WatchdogSec stops the pings and systemd
+  restarts the unit (Restart=always): a long outage is visible as restarts, and nothing
+  waits forever. docs/operations.md, "Cameras as services".
+- STATUS= says how many frames were published and the last reconnection's reason.
+The unit runs as the camera's own user, `edgeinfer-cam-NAME` (`camera add` creates it), which
+is the stream's `producer:` in edgeinferd.yaml: ABI 2 identifies a producer by its uid, so a
+camera can produce only its own stream.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgeinfer.yamlconf import load_yaml_file, load_yaml_model
+
+CAMERA_DIR = "/etc/edgeinfer/cameras"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,23}$"  # a systemd instance, a user name suffix, a stream name
+SYNTHETIC = "synthetic"  # the source that needs no camera: rotated text pages (tests, demos)
+STATUS_INTERVAL_S = 5.0
+
+
+def user_of(name: str) -> str:
+    """The camera's user: its unit's User= and its stream's producer."""
+    return f"edgeinfer-cam-{name}"
+
+
+class CameraConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: str = Field(min_length=1, description="file, rtsp:// or http(s):// URL, /dev/videoN, or synthetic")
+    stream: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$",
+                                  description="edgeinferd's stream name (default: the camera's name)")
+    width: int = Field(640, ge=1, le=16384)   # the frames handed over (the model's graph resizes them further)
+    height: int = Field(480, ge=1, le=16384)
+    pixel_format: Literal["bgr24"] = "bgr24"
+    fps: Optional[float] = Field(None, ge=0, le=1000, description="at most this many a second (default: the source's)")
+    transport: Optional[Literal["tcp", "udp"]] = None  # rtsp
+    connect_timeout_s: float = Field(10.0, gt=0, le=300)
+    read_timeout_s: float = Field(5.0, gt=0, le=300)
+    reconnect: bool = True
+    hwaccel: Optional[str] = Field(None, pattern=r"^[a-z0-9_]{1,32}$")
+    socket: str = "/run/edgeinfer/ingress.sock"
+
+
+def path_of(name: str, directory: str = CAMERA_DIR) -> str:
+    import re
+    if not re.match(NAME_PATTERN, name):
+        raise ValueError(f"camera name {name!r}: letters, digits, '-' and '_', at most 24, starting with a letter "
+                         "or digit")
+    return os.path.join(directory, f"{name}.yaml")
+
+
+def load(name: str, directory: str = CAMERA_DIR) -> CameraConfig:
+    return load_yaml_file(CameraConfig, path_of(name, directory))
+
+
+class UnitNotifier:
+    """READY at the first frame, WATCHDOG while frames flow (at most every half interval), STATUS now and then."""
+
+    def __init__(self, notifier, name: str, stream: str):
+        self.notifier, self.name, self.stream = notifier, name, stream
+        self.ready = False
+        self.last_ping = self.last_status = 0.0
+        self.last_problem = ""
+
+    def published(self, n: int) -> None:
+        now = time.monotonic()
+        if not self.ready:
+            self.ready = True
+            self.notifier.send("READY=1", f"STATUS=camera {self.name}: frames flow to stream {self.stream}")
+            self.last_status = now
+        if self.notifier.watchdog_s and now - self.last_ping >= self.notifier.watchdog_s / 2:
+            self.notifier.send("WATCHDOG=1")
+            self.last_ping = now
+        if now - self.last_status >= STATUS_INTERVAL_S:
+            self.notifier.send(f"STATUS=camera {self.name}: {n} frames published to stream {self.stream}"
+                               + (f"; last problem: {self.last_problem}" if self.last_problem else ""))
+            self.last_status = now
+
+    def problem(self, line: str) -> None:
+        print(f"edgeinferctl: {line}", file=sys.stderr, flush=True)
+        self.last_problem = line
+        self.notifier.send(f"STATUS=camera {self.name}: {line}")
+
+
+def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.environ) -> int:
+    """A camera unit's main: the camera's producer with systemd's notify protocol; returns frames published."""
+    from edgeinfer.producers import ffmpeg, synthetic
+    from edgeinfer.systemd import Notifier
+    cam = load(name, directory)
+    stream = cam.stream or name
+    unit = UnitNotifier(Notifier(env), name, stream)
+    if cam.source == SYNTHETIC:
+        return synthetic.run(stream, cam.width, cam.height, 30.0 if cam.fps is None else cam.fps, socket=cam.socket,
+                             wait=0, stop=stop, on_publish=unit.published)
+    opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, fps=cam.fps, connect_timeout=cam.connect_timeout_s,
+                                read_timeout=cam.read_timeout_s, transport=cam.transport, hwaccel=cam.hwaccel,
+                                reconnect=cam.reconnect)
+    return ffmpeg.run(opts, stream, socket=cam.socket, wait=0, stop=stop, say=unit.problem,
+                      on_publish=unit.published)
+
+
+def add(name: str, fields: dict, directory: str = CAMERA_DIR, create_user: bool = True) -> tuple[str, str]:
+    """Writes NAME.yaml (validated first, replaced atomically) and, as root, creates the camera's user in group
+    edgeinfer. Returns (path, the stream entry for edgeinferd.yaml)."""
+    path = path_of(name, directory)
+    text = yaml.safe_dump({k: v for k, v in fields.items() if v is not None}, sort_keys=False)
+    cam = load_yaml_model(CameraConfig, text, path)  # refuse before anything is written
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"# edgeinfer camera {name}: run by edgeinfer-camera@{name}.service as user {user_of(name)}\n")
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    if create_user:
+        ensure_user(name)
+    entry = (f"streams:\n  - name: {cam.stream or name}\n    producer: {{user: {user_of(name)}}}\n"
+             f"    width: {cam.width}\n    height: {cam.height}\n"
+             f"    # readers: {{users: [...], groups: [...]}}  who may read its results\n")
+    return path, entry
+
+
+def ensure_user(name: str) -> None:
+    """The camera's system user (no home, no shell), in group edgeinfer: it may reach the ingress socket."""
+    user = user_of(name)
+    try:
+        pwd.getpwnam(user)
+        return
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        raise PermissionError(f"user {user} does not exist and only root can create it (run as root, or pass "
+                              "--no-user and create it yourself)")
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/usr/sbin/nologin", "--groups", "edgeinfer", user],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise OSError(f"useradd {user}: {r.stderr.strip() or f'exit {r.returncode}'}")
+
+
+def names(directory: str = CAMERA_DIR) -> list[str]:
+    try:
+        return sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".yaml") and not f.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def unit_state(name: str) -> str:
+    """systemctl's ActiveState of the camera's unit, or "-" where systemctl cannot say."""
+    try:
+        r = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", f"edgeinfer-camera@{name}.service"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "-"
+    return r.stdout.strip() or "-" if r.returncode == 0 else "-"
+
+
+def probe(source: str, timeout_s: float) -> dict:
+    """The source's first video stream as ffprobe sees it: codec, width, height, rate."""
+    import json
+    import shutil
+    ffprobe = shutil.which("ffprobe")
+    if ffprobe is None:
+        raise OSError("ffprobe is not installed (Debian: apt install ffmpeg)")
+    us = str(int(timeout_s * 1e6))
+    net = ["-rw_timeout", us] if "://" in source and not source.startswith("rtsp") else \
+        (["-timeout", us] if source.startswith("rtsp") else [])
+    r = subprocess.run([ffprobe, "-v", "error", *net, "-select_streams", "v:0", "-show_entries",
+                        "stream=codec_name,width,height,avg_frame_rate", "-of", "json", source],
+                       capture_output=True, text=True, timeout=timeout_s + 10)
+    if r.returncode != 0:
+        from edgeinfer.producers.ffmpeg import explain
+        raise OSError(f"{source}: {explain(r.stderr.strip().splitlines(), r.returncode)}")
+    streams = json.loads(r.stdout or "{}").get("streams") or []
+    if not streams:
+        raise OSError(f"{source}: no video stream in the source")
+    return streams[0]
+
+
+def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) -> float:
+    """Runs the camera's source into a private ring (no daemon) for `frames` frames: says the source's geometry, the
+    frames' and the rate; returns frames a second. A file is decoded as fast as it goes (its decode rate); a live
+    source delivers at its own rate."""
+    from edgeinfer.producers import ffmpeg, synthetic
+    cam = load(name, directory)
+    times: list[float] = []
+
+    def seen(n: int) -> None:
+        times.append(time.monotonic())
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-camera-test-") as d:
+        sock = os.path.join(d, "nobody.sock")  # no daemon: the frames go into the ring and no further
+        if cam.source == SYNTHETIC:
+            say(f"camera {name}: source synthetic, {cam.width}x{cam.height}")
+            synthetic.run(f"{name}-test", cam.width, cam.height, 0, frames, socket=sock, wait=0, on_publish=seen)
+        else:
+            src = probe(cam.source, cam.connect_timeout_s)
+            say(f"camera {name}: source {cam.source}: {src.get('codec_name')} {src.get('width')}x{src.get('height')}"
+                f" at {src.get('avg_frame_rate')} fps")
+            opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height,
+                                        fps=cam.fps if "://" in cam.source or cam.source.startswith("/dev/") else 0,
+                                        frames=frames, connect_timeout=cam.connect_timeout_s,
+                                        read_timeout=cam.read_timeout_s, transport=cam.transport, hwaccel=cam.hwaccel,
+                                        reconnect=False)
+            ffmpeg.run(opts, f"{name}-test", socket=sock, wait=0, on_publish=seen)
+    if not times:
+        raise OSError(f"camera {name}: no frame")
+    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+    live = cam.source != SYNTHETIC and ("://" in cam.source or cam.source.startswith("/dev/"))
+    say(f"camera {name}: frames {cam.width}x{cam.height} {cam.pixel_format}; {len(times)} in "
+        f"{times[-1] - times[0]:.2f} s: {rate:.1f} frames/s ({'the source' if live else 'decode'} rate)")
+    return rate

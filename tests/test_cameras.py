@@ -1,0 +1,102 @@
+"""Cameras as services (issue 14, item 1), outside systemd: `edgeinferctl camera add|list|test|run`.
+`camera run` speaks the notify protocol to a socket standing in for systemd's (the booted-systemd test,
+tests/system/inside.sh, runs the real unit): READY once the first frame is published, WATCHDOG only while
+frames flow, STATUS with the reason of a stall."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from test_ffmpeg_feed import SilentServer
+from test_systemd_notify import FakeSystemd
+
+CTL = [sys.executable, "-m", "edgeinfer.cli"]
+
+
+def ctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*CTL, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def add(tmp_path, name: str, *args: str) -> subprocess.CompletedProcess:
+    return ctl("camera", "add", name, "--no-user", "--dir", str(tmp_path / "cameras"), *args)
+
+
+def test_add_writes_a_checked_camera_file_and_says_what_to_do_next(tmp_path):
+    r = add(tmp_path, "gate1", "--source", "synthetic", "--width", "64", "--height", "48", "--fps", "10",
+            "--socket", str(tmp_path / "ingress.sock"))
+    assert r.returncode == 0, r.stderr
+    assert "producer: {user: edgeinfer-cam-gate1}" in r.stdout and "systemctl enable --now edgeinfer-camera@gate1" in r.stdout
+    text = (tmp_path / "cameras" / "gate1.yaml").read_text()
+    assert "source: synthetic" in text and "width: 64" in text
+    # Refused before anything is written, with the line of the bad key.
+    r = add(tmp_path, "gate2", "--source", "synthetic", "--width", "0")
+    assert r.returncode == 1 and "gate2.yaml:2: width: Input should be greater than or equal to 1" in r.stderr, \
+        r.stderr
+    assert not (tmp_path / "cameras" / "gate2.yaml").exists()
+    r = add(tmp_path, "../etc", "--source", "synthetic")
+    assert r.returncode == 1 and "camera name '../etc'" in r.stderr
+    r = ctl("camera", "list", "--dir", str(tmp_path / "cameras"))
+    assert r.returncode == 0 and r.stdout.split()[:1] == ["gate1"] and "synthetic" in r.stdout, r.stdout
+
+
+def test_run_is_ready_at_the_first_frame_and_feeds_the_watchdog_while_frames_flow(tmp_path, children):
+    assert add(tmp_path, "gate1", "--source", "synthetic", "--width", "64", "--height", "48", "--fps", "20",
+               "--socket", str(tmp_path / "ingress.sock")).returncode == 0
+    sd = FakeSystemd(tmp_path / "notify.sock")
+    try:
+        env = {**os.environ, "NOTIFY_SOCKET": sd.path, "WATCHDOG_USEC": "1000000"}
+        proc = children.spawn([*CTL, "camera", "run", "gate1", "--dir", str(tmp_path / "cameras")], env=env)
+        ready = sd.wait_for("READY=1", 30)
+        sd.pump(3.0)
+        pings = sd.times("WATCHDOG=1", since=ready)
+        assert len(pings) >= 4, pings  # every half interval (0.5 s) while frames flow
+        assert any("frames flow to stream gate1" in m for _, m in sd.messages)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert "camera gate1: published" in proc.stderr.read()
+    finally:
+        sd.close()
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed (make test installs it)")
+def test_a_stalled_source_is_never_ready_and_never_feeds_the_watchdog(tmp_path, children):
+    """systemd then fails the start (TimeoutStartSec) or restarts the unit (WatchdogSec): the unit file's
+    choice. Meanwhile the producer reconnects with backoff and STATUS says why."""
+    silent = SilentServer()
+    try:
+        assert add(tmp_path, "door", "--source", silent.url, "--connect-timeout", "1",
+                   "--socket", str(tmp_path / "ingress.sock")).returncode == 0
+        sd = FakeSystemd(tmp_path / "notify.sock")
+        try:
+            env = {**os.environ, "NOTIFY_SOCKET": sd.path, "WATCHDOG_USEC": "1000000"}
+            proc = children.spawn([*CTL, "camera", "run", "door", "--dir", str(tmp_path / "cameras")], env=env)
+            sd.pump(4.0)
+            assert not sd.times("READY=1") and not sd.times("WATCHDOG=1"), sd.messages
+            status = [m for _, m in sd.messages if m.startswith("STATUS=")]
+            assert any("waited 1 s for the first frame" in m and "reconnecting" in m for m in status), status
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(5) == 0
+        finally:
+            sd.close()
+    finally:
+        silent.close()
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed (make test installs it)")
+def test_test_shows_the_source_geometry_and_the_rate(tmp_path):
+    video = tmp_path / "v.mkv"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=320x240:rate=25",
+                    "-frames:v", "60", str(video)], check=True, timeout=60)
+    assert add(tmp_path, "door", "--source", str(video), "--width", "160", "--height", "120").returncode == 0
+    r = ctl("camera", "test", "door", "--dir", str(tmp_path / "cameras"), "--frames", "30")
+    assert r.returncode == 0, r.stderr
+    assert f"source {video}: h264 320x240 at 25/1 fps" in r.stdout, r.stdout
+    assert "frames 160x120 bgr24; 30 in" in r.stdout and "(decode rate)" in r.stdout, r.stdout
+    assert add(tmp_path, "gone", "--source", str(tmp_path / "missing.mkv")).returncode == 0
+    r = ctl("camera", "test", "gone", "--dir", str(tmp_path / "cameras"))
+    assert r.returncode == 1 and "no such file" in r.stderr, r.stderr
