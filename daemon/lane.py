@@ -80,7 +80,8 @@ def to_memfd(obj, label: str) -> int:
     # written can still sit in another CPU's LRU batch: under load it failed with EBUSY and the daemon did
     # not start (seen once in a fresh-clone `make test`). FUTURE_WRITE forbids the same (write(), writable
     # mappings) from now on, and nothing else holds this memfd.
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL)
     return fd
 
 

@@ -30,7 +30,8 @@ def test_add_writes_a_checked_camera_file_and_says_what_to_do_next(tmp_path):
     r = add(tmp_path, "gate1", "--source", "synthetic", "--width", "64", "--height", "48", "--fps", "10",
             "--socket", str(tmp_path / "ingress.sock"))
     assert r.returncode == 0, r.stderr
-    assert "producer: {user: edgeinfer-cam-gate1}" in r.stdout and "systemctl enable --now edgeinfer-camera@gate1" in r.stdout
+    assert "producer: {user: edgeinfer-cam-gate1}" in r.stdout
+    assert "systemctl enable --now edgeinfer-camera@gate1" in r.stdout
     text = (tmp_path / "cameras" / "gate1.yaml").read_text()
     assert "source: synthetic" in text and "width: 64" in text
     # Refused before anything is written, with the line of the bad key.
