@@ -174,6 +174,8 @@ def explain(stderr_lines: list[str], returncode: int | None) -> str:
         except ValueError:
             name = f"signal {-returncode}"
         return f"ffmpeg was killed by {name}"
+    if returncode is None:  # its output ended but it did not exit: stopped by us
+        return f"ffmpeg's output ended and it did not exit{f' ({last})' if last else ''}"
     if last:
         return f"ffmpeg failed (exit {returncode}): {last}"
     return f"ffmpeg exited {returncode} without a frame"
