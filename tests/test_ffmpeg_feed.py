@@ -231,3 +231,33 @@ def test_a_live_source_is_reconnected_and_frames_resume(videos, tmp_path, childr
             http_server.stop()
         except Exception:
             pass
+
+
+# ---------------------------------------------------------------- stream time
+
+def test_capture_time_comes_from_the_streams_timestamps(videos, tmp_path, children, stream):
+    """A 25 fps file played at its own rate: frames are stamped from their pts on CLOCK_MONOTONIC, so two
+    frames n apart are n x 40 ms apart, whatever the jitter of their decoding and of the pipe (arrival
+    times would scatter around that). The frame id is the position in the file."""
+    from ring_helpers import MiniIngress
+    ingress = MiniIngress(str(tmp_path / "ingress.sock"))
+    try:
+        feed = children.spawn([*CTL, "feed", "--ffmpeg", str(videos / "short.mkv"), "--stream", stream,
+                               "--width", "64", "--height", "48", "--socket", ingress.path])
+        reader, _, _ = ingress.accept(30)
+        seen = []
+        with reader:
+            while (f := reader.next_frame(10.0)) is not None:
+                with f:
+                    seen.append((f.frame_id, f.capture_ns, f.capture_realtime_ns))
+        assert feed.wait(30) == 0
+    finally:
+        ingress.close()
+    assert len(seen) >= 20, seen
+    ids = [i for i, _, _ in seen]
+    assert ids == sorted(ids) and ids[-1] == 50  # positions 1 … 50, the newest read each time
+    exact = [abs((b[1] - a[1]) - 40_000_000 * (b[0] - a[0])) <= 50_000 for a, b in zip(seen, seen[1:])]
+    # The clock anchors on the earliest-arriving frame it has seen (a frame never gets a time after its
+    # arrival): a few early pairs re-anchor, the rest are exact.
+    assert sum(exact) >= 0.7 * len(exact), [(b[1] - a[1]) / 1e6 for a, b in zip(seen, seen[1:])]
+    assert all(0 < r - m for _, m, r in seen)  # realtime beside it, from the same anchor

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import re
 import select
 import shutil
 import signal
@@ -33,6 +34,62 @@ from edgeinfer.producers.connection import ConnectionReporter
 
 POLL_S = 0.1  # the longest stop() waits for us
 EXIT_WAIT_S = 2.0  # for ffmpeg to exit (and say why) once its output ended
+PTS_WAIT_S = 0.2   # for the frame's pts line (stderr) once its bytes (stdout) are in
+MAX_LAG_NS = 2_000_000_000  # a frame stamped this far behind its arrival re-anchors the stream clock
+
+
+# "[ctx @ 0x55…] [level] message" or "[level] message" (-loglevel level+info)
+_LEVELLED = re.compile(r"^(\[[^\]]* @ 0x[0-9a-f]+\] )?\[(\w+)\] (.*)$")
+
+
+_SHOWINFO_FRAME = re.compile(r"\bn:\s*\d+\s+pts:\s*(\S+)\s+pts_time:(\S+)")
+
+
+def _showinfo_pts(line: str) -> tuple[bool, float | None]:
+    """(is it a showinfo frame line, its pts_time): "… n:  12 pts:  12 pts_time:0.48 …"; a frame without a
+    timestamp ("pts:NOPTS") is a frame line with None."""
+    m = _SHOWINFO_FRAME.search(line)
+    if not m:
+        return False, None
+    try:
+        pts = float(m.group(2))
+    except ValueError:
+        return True, None
+    return True, pts if pts == pts and abs(pts) != float("inf") else None
+
+
+class StreamClock:
+    """Capture time from the stream's own timestamps, on CLOCK_MONOTONIC (and CLOCK_REALTIME beside it).
+
+    Frame k is stamped anchor + (pts(k) - pts(anchor)), where the anchor is the frame that arrived earliest
+    relative to its pts (a frame that would be stamped after its arrival moves the anchor to itself): the
+    least-delayed frame defines "no delay", and every later frame's extra decode and transport delay is inside
+    its e2e latency. Re-anchored when pts goes backwards (a loop, a reconnection) and when the stream falls
+    MAX_LAG_NS behind (a stall, or a source clock slower than ours). A file read faster than real time
+    (`--fps 0`) is therefore stamped on arrival. Without a pts a frame is stamped on arrival. RTCP sender
+    reports are not used: an RTSP stream's clock is anchored the same way."""
+
+    def __init__(self):
+        self.anchor_pts = self.last_pts = None
+        self.anchor_mono = self.real_offset = 0
+
+    def reset(self) -> None:
+        self.anchor_pts = None
+
+    def stamp(self, pts: float | None, now_mono: int, now_real: int) -> tuple[int, int]:
+        if pts is None:
+            return now_mono, now_real
+        if self.anchor_pts is None or pts < self.last_pts:
+            self._anchor(pts, now_mono, now_real)
+        self.last_pts = pts
+        mono = self.anchor_mono + round((pts - self.anchor_pts) * 1e9)
+        if mono > now_mono or now_mono - mono > MAX_LAG_NS:
+            self._anchor(pts, now_mono, now_real)
+            mono = now_mono
+        return mono, mono + self.real_offset
+
+    def _anchor(self, pts: float, now_mono: int, now_real: int) -> None:
+        self.anchor_pts, self.anchor_mono, self.real_offset = pts, now_mono, now_real - now_mono
 
 
 class FeedError(RuntimeError):
@@ -120,7 +177,9 @@ def check_file(ffmpeg: str, path: str) -> None:
 
 
 def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
-    args = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error"]
+    # level+info: each stderr line says its level (problems are kept, info dropped) and showinfo's per-frame lines
+    # (the frame's pts) are info.
+    args = [ffmpeg, "-nostdin", "-hide_banner", "-nostats", "-loglevel", "level+info"]
     if o.hwaccel:
         args += ["-hwaccel", o.hwaccel]
     if o.kind == "file":
@@ -137,7 +196,8 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
         elif o.kind == "network":
             args += ["-rw_timeout", us]
     args += ["-i", o.source, "-map", "0:v:0",  # the first video stream, or an error if there is none
-             "-vf", f"scale={o.width}:{o.height}", "-fps_mode", "passthrough",  # never duplicate a frame
+             "-vf", f"scale={o.width}:{o.height},showinfo=checksum=0",  # showinfo: each frame's pts, in order
+             "-fps_mode", "passthrough",  # never duplicate a frame
              "-f", "rawvideo", "-pix_fmt", "bgr24", "-"]
     return args
 
@@ -189,15 +249,37 @@ class _Ffmpeg:
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                      start_new_session=True)  # a terminal's Ctrl-C reaches us, not it
         os.set_blocking(self.proc.stdout.fileno(), False)
-        self.stderr: collections.deque[str] = collections.deque(maxlen=20)
+        self.stderr: collections.deque[str] = collections.deque(maxlen=20)  # warnings and errors, level tag off
+        self.pts: collections.deque = collections.deque(maxlen=4096)  # showinfo's pts_time (or None), frame order
+        self._pts_seen = threading.Condition()
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
         self.poller = select.poll()
         self.poller.register(self.proc.stdout.fileno(), select.POLLIN | select.POLLHUP)
 
     def _drain(self) -> None:
-        for line in iter(self.proc.stderr.readline, b""):
-            self.stderr.append(line.decode(errors="replace").rstrip())
+        for raw in iter(self.proc.stderr.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            m = _LEVELLED.match(line)
+            context, level, msg = (m.group(1) or "", m.group(2), m.group(3)) if m else ("", "", line)
+            if context.startswith("[Parsed_showinfo"):
+                is_frame, pts = _showinfo_pts(msg)
+                if is_frame:  # None (no timestamp) too: the frame is then stamped on arrival, without waiting
+                    with self._pts_seen:
+                        self.pts.append(pts)
+                        self._pts_seen.notify()
+            elif level not in ("info", "verbose", "debug", "trace"):  # problems, and lines without a level
+                self.stderr.append(context + msg)
+        with self._pts_seen:
+            self._pts_seen.notify_all()
+
+    def next_pts(self, wait_s: float = PTS_WAIT_S) -> float | None:
+        """The pts (seconds) of the frame just read: showinfo logs it before the frame leaves ffmpeg, but the
+        two pipes are read by two threads, so it may take a moment to arrive. None if it does not."""
+        with self._pts_seen:
+            if not self.pts:
+                self._pts_seen.wait(wait_s)
+            return self.pts.popleft() if self.pts else None  # an empty deque: no line came in time
 
     def read_frame(self, view: memoryview, deadline: float, stop) -> str:
         """Fills `view`: "frame"; or "eof", "stopped", "timeout" (nothing for the deadline)."""
@@ -256,12 +338,14 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     report = ConnectionReporter(writer)
     frame_bytes = o.width * o.height * 3
     period = 1.0 / o.fps if o.fps else 0.0
+    clock = StreamClock()
     published = decoded = reconnects = 0
     backoff = o.backoff_min
     last_published = -1e9
     try:
         while True:
             child = _Ffmpeg(args)
+            clock.reset()  # a new connection's timestamps start anew
             deadline = time.monotonic() + o.connect_timeout
             frames_this_time = 0
             while True:
@@ -269,6 +353,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 got = child.read_frame(view, deadline, stop)
                 if got != "frame":
                     break
+                capture_ns, capture_real_ns = clock.stamp(child.next_pts(), ring.monotonic_ns(), time.time_ns())
                 decoded += 1
                 frames_this_time += 1
                 deadline = time.monotonic() + o.read_timeout
@@ -276,7 +361,8 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 if period and now - last_published < period * 0.98:
                     continue  # over the fps limit: dropped (the slot is written again)
                 last_published = now
-                writer.publish(frame_id=decoded)  # the frame's position in what the source sent
+                # The frame's position in what the source sent, and its time from the stream's timestamps.
+                writer.publish(capture_ns, frame_id=decoded, realtime_ns=capture_real_ns)
                 report()
                 published += 1
                 on_publish(published)
