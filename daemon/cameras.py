@@ -121,6 +121,8 @@ def add(name: str, fields: dict, directory: str = CAMERA_DIR, create_user: bool 
     path = path_of(name, directory)
     text = yaml.safe_dump({k: v for k, v in fields.items() if v is not None}, sort_keys=False)
     cam = load_yaml_model(CameraConfig, text, path)  # refuse before anything is written
+    if create_user:  # before the file: a camera whose user could not be made is not left half added
+        ensure_user(name)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
     try:
@@ -132,8 +134,6 @@ def add(name: str, fields: dict, directory: str = CAMERA_DIR, create_user: bool 
     except BaseException:
         os.unlink(tmp)
         raise
-    if create_user:
-        ensure_user(name)
     entry = (f"streams:\n  - name: {cam.stream or name}\n    producer: {{user: {user_of(name)}}}\n"
              f"    width: {cam.width}\n    height: {cam.height}\n"
              f"    # readers: {{users: [...], groups: [...]}}  who may read its results\n")
