@@ -32,7 +32,7 @@ CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels", "impersonation_refused",
           "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart", "fdstore_kill", "daemon_sigkill_restart",
           "lane_restarted_by_daemon", "watchdog_restart", "socket_activation", "camera_add", "camera_unit",
-          "camera_stalled_source", "camera_stop", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
+          "camera_stalled_source", "camera_restarts_100", "camera_stop", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
 # The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
 RELEASE_0_1 = ("f68a388", "0.1.0")
 
@@ -187,6 +187,10 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
              "one restart; config and state kept; the camera never reconnects; results resume"),
             ("upgrade_from_0_1", "daemon", "apt upgrade from 0.1.0 (ABI 1), an edited config kept", 1,
              "one restart; config and state kept; deprecated keys warned; an ABI 2 camera served"),
+            ("camera_restarts_100", "camera", "a camera unit (edgeinfer-camera@) stopped and started 100 times "
+             "(booted systemd)", 100, "every start READY; the daemon serves on; its fds and memory do not grow"),
+            ("camera_stalled_source", "camera", "a camera unit whose RTSP server accepts and never answers", 1,
+             "never READY; the start times out and systemd restarts it; the reason in the journal"),
             ("impersonation_refused", "isolation", "a camera user produces another camera's stream (booted systemd)",
              1, "refused with the reason"),
             ("outsider_refused", "isolation", "a user outside group edgeinfer (booted systemd, real users)", 1,

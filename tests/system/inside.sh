@@ -166,6 +166,24 @@ camera_stalled_source() {
 }
 check camera_stalled_source camera_stalled_source
 kill $silent 2>/dev/null; wait $silent 2>/dev/null
+# Reliability row: the camera unit stopped and started 100 times; every start READY, the daemon serves on,
+# and neither the daemon's fds nor its memory grow with the cameras that came and went.
+daemon_fds() { local p n=0; for p in $(systemctl show -P MainPID edgeinferd) $(pgrep -x 'edgeinfer-lane[0-9]+'); do n=$((n + $(ls /proc/$p/fd | wc -l))); done; echo $n; }
+camera_restarts_100() {
+    local dpid fd0 rss0 fd1 rss1 i ready=0 r
+    dpid=$(systemctl show -P MainPID edgeinferd)
+    fd0=$(daemon_fds); rss0=$(awk '/VmRSS/ {print $2}' /proc/$dpid/status)
+    for i in $(seq 1 100); do
+        systemctl stop edgeinfer-camera@gate1 || return 1
+        systemctl start edgeinfer-camera@gate1 && [ "$(systemctl is-active edgeinfer-camera@gate1)" = active ] && ready=$((ready + 1))
+    done
+    r=$(runuser -u reader -- edgeinferctl results gate1 --count 3 --timeout 30 | wc -l)
+    sleep 2
+    fd1=$(daemon_fds); rss1=$(awk '/VmRSS/ {print $2}' /proc/$dpid/status)
+    echo "100 stop/start: $ready ready; daemon pid unchanged: $([ "$(systemctl show -P MainPID edgeinferd)" = "$dpid" ] && echo yes || echo no); results after: $r; fds of the daemon and its lanes $fd0 -> $fd1, daemon RSS $((rss0 / 1024)) -> $((rss1 / 1024)) MiB"
+    [ $ready = 100 ] && [ "$(systemctl show -P MainPID edgeinferd)" = "$dpid" ] && [ "$r" = 3 ] && [ $fd1 -le $((fd0 + 4)) ] && [ $rss1 -le $((rss0 + 65536)) ]
+}
+check camera_restarts_100 camera_restarts_100
 check camera_stop bash -c 'systemctl stop edgeinfer-camera@gate1 && [ "$(systemctl show -P ExecMainStatus edgeinfer-camera@gate1)" = 0 ] && [ "$(systemctl is-active edgeinfer-camera@gate1)" = inactive ] && journalctl -t edgeinfer-camera@gate1 --no-pager -o cat | grep "camera gate1: published" | tail -1'
 systemctl disable edgeinfer-camera@gate1 2>/dev/null
 journalctl -u "edgeinfer-camera@*" --no-pager > /out/camera-journal.txt 2>&1
