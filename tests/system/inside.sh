@@ -124,7 +124,9 @@ lane_back() {
 check lane_restarted_by_daemon lane_back
 # When that recovery fails (lane0 killed beyond runtime.lane_restarts: 2), the watchdog stops being fed and
 # systemd restarts the daemon.
-check watchdog_restart bash -c "for k in 1 2 3; do kill -KILL \$(pgrep -x edgeinfer-lane0 | head -1) 2>/dev/null; sleep 1.5; done; for i in \$(seq 1 40); do [ \$(systemctl show -P NRestarts edgeinferd) -gt $before ] && wait_active_again=1 && break; sleep 0.5; done; [ \"\${wait_active_again:-0}\" = 1 ] && systemctl show -P NRestarts edgeinferd"
+# Every incarnation of lane0 is killed until systemd restarts the daemon: a fixed count of kills could land on
+# a lane still being restarted (none to kill) and leave the budget unspent.
+check watchdog_restart bash -c "kills=0; for i in \$(seq 1 120); do [ \$(systemctl show -P NRestarts edgeinferd) -gt $before ] && restarted=1 && break; pid=\$(pgrep -x edgeinfer-lane0 | head -1); [ -n \"\$pid\" ] && kill -KILL \$pid 2>/dev/null && kills=\$((kills + 1)); sleep 0.5; done; [ \"\${restarted:-0}\" = 1 ] && echo \"lane0 killed \$kills times; NRestarts \$(systemctl show -P NRestarts edgeinferd)\""
 wait_active
 
 # systemctl stop drops the fd store: the camera sees its connection close, reconnects with backoff, and the
