@@ -100,7 +100,7 @@ class Admission:
         except OSError as e:  # ours, not the ring's (ENOMEM mapping it, EMFILE): passes by itself, so "sys"
             raise Refusal("sys", "bad_ring", f"{client.peer}: {e.strerror or e}") from None
         lay = reader.layout
-        geometry = Geometry(ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]], lay["height"], lay["width"])
+        geometry = Geometry(ring.format_name(lay), lay["height"], lay["width"])
         try:
             self._count_geometry_change(s, geometry, now)
             in_use = self.geometries_in_use(s.model)

@@ -27,6 +27,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgeinfer.vocabulary import YUV_BASES, FrameFormat
 from edgeinfer.yamlconf import load_yaml_file, load_yaml_model
 
 CAMERA_DIR = "/etc/edgeinfer/cameras"
@@ -45,9 +46,13 @@ class CameraConfig(BaseModel):
     source: str = Field(min_length=1, description="file, rtsp:// or http(s):// URL, /dev/videoN, or synthetic")
     stream: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$",
                                   description="edgeinferd's stream name (default: the camera's name)")
-    width: int = Field(640, ge=1, le=16384)   # the frames handed over (the model's graph resizes them further)
-    height: int = Field(480, ge=1, le=16384)
-    pixel_format: Literal["bgr24"] = "bgr24"
+    # The frames handed over (the model's graph resizes them further). None: the source's size, not scaled
+    # (synthetic: 640x480).
+    width: Optional[int] = Field(None, ge=1, le=16384)
+    height: Optional[int] = Field(None, ge=1, le=16384)
+    # i420 (the decoder's own yuv420p), nv12, yuyv: with the source's colorimetry unless given (i420:bt709 …);
+    # bgr24/rgb24: converted in the producer by swscale (the CPU pays twice).
+    pixel_format: FrameFormat = "i420"
     fps: Optional[float] = Field(None, ge=0, le=1000, description="at most this many a second (default: the source's)")
     transport: Optional[Literal["tcp", "udp"]] = None  # rtsp
     connect_timeout_s: float = Field(10.0, gt=0, le=300)
@@ -106,11 +111,11 @@ def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.envir
     stream = cam.stream or name
     unit = UnitNotifier(Notifier(env), name, stream)
     if cam.source == SYNTHETIC:
-        return synthetic.run(stream, cam.width, cam.height, 30.0 if cam.fps is None else cam.fps, socket=cam.socket,
-                             wait=0, stop=stop, on_publish=unit.published)
-    opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, fps=cam.fps, connect_timeout=cam.connect_timeout_s,
-                                read_timeout=cam.read_timeout_s, transport=cam.transport, hwaccel=cam.hwaccel,
-                                reconnect=cam.reconnect)
+        return synthetic.run(stream, cam.width or 640, cam.height or 480, 30.0 if cam.fps is None else cam.fps,
+                             socket=cam.socket, wait=0, stop=stop, on_publish=unit.published)
+    opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format, fps=cam.fps,
+                                connect_timeout=cam.connect_timeout_s, read_timeout=cam.read_timeout_s,
+                                transport=cam.transport, hwaccel=cam.hwaccel, reconnect=cam.reconnect)
     return ffmpeg.run(opts, stream, socket=cam.socket, wait=0, stop=stop, say=unit.problem,
                       on_publish=unit.published)
 
@@ -134,8 +139,15 @@ def add(name: str, fields: dict, directory: str = CAMERA_DIR, create_user: bool 
     except BaseException:
         os.unlink(tmp)
         raise
-    entry = (f"streams:\n  - name: {cam.stream or name}\n    producer: {{user: {user_of(name)}}}\n"
-             f"    width: {cam.width}\n    height: {cam.height}\n"
+    # Declared, the daemon builds the geometry's session before READY; `camera test` says what is not known yet
+    # (the source's size, the colorimetry it reports).
+    size = f"    width: {cam.width}\n    height: {cam.height}\n" if cam.width else \
+        "    # width: …, height: …  the source's (edgeinferctl camera test NAME says them)\n"
+    known_colour = ":" in cam.pixel_format or cam.pixel_format.partition(":")[0] not in YUV_BASES
+    size += f"    pixel_format: {cam.pixel_format}\n" if known_colour else \
+        f"    pixel_format: {cam.pixel_format}  # with the source's colorimetry, e.g. {cam.pixel_format}:bt709 " \
+        "(camera test says it)\n"
+    entry = (f"streams:\n  - name: {cam.stream or name}\n    producer: {{user: {user_of(name)}}}\n{size}"
              f"    # readers: {{users: [...], groups: [...]}}  who may read its results\n")
     return path, entry
 
@@ -175,28 +187,6 @@ def unit_state(name: str) -> str:
     return r.stdout.strip() or "-" if r.returncode == 0 else "-"
 
 
-def probe(source: str, timeout_s: float) -> dict:
-    """The source's first video stream as ffprobe sees it: codec, width, height, rate."""
-    import json
-    import shutil
-    ffprobe = shutil.which("ffprobe")
-    if ffprobe is None:
-        raise OSError("ffprobe is not installed (Debian: apt install ffmpeg)")
-    us = str(int(timeout_s * 1e6))
-    net = ["-rw_timeout", us] if "://" in source and not source.startswith("rtsp") else \
-        (["-timeout", us] if source.startswith("rtsp") else [])
-    r = subprocess.run([ffprobe, "-v", "error", *net, "-select_streams", "v:0", "-show_entries",
-                        "stream=codec_name,width,height,avg_frame_rate", "-of", "json", source],
-                       capture_output=True, text=True, timeout=timeout_s + 10)
-    if r.returncode != 0:
-        from edgeinfer.producers.ffmpeg import explain
-        raise OSError(f"{source}: {explain(r.stderr.strip().splitlines(), r.returncode)}")
-    streams = json.loads(r.stdout or "{}").get("streams") or []
-    if not streams:
-        raise OSError(f"{source}: no video stream in the source")
-    return streams[0]
-
-
 def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) -> float:
     """Runs the camera's source into a private ring (no daemon) for `frames` frames: says the source's geometry, the
     frames' and the rate; returns frames a second. A file is decoded as fast as it goes (its decode rate); a live
@@ -210,22 +200,30 @@ def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) ->
     with tempfile.TemporaryDirectory(prefix="edgeinfer-camera-test-") as d:
         sock = os.path.join(d, "nobody.sock")  # no daemon: the frames go into the ring and no further
         if cam.source == SYNTHETIC:
-            say(f"camera {name}: source synthetic, {cam.width}x{cam.height}")
-            synthetic.run(f"{name}-test", cam.width, cam.height, 0, frames, socket=sock, wait=0, on_publish=seen)
+            geometry = f"{cam.width or 640}x{cam.height or 480} bgr24"
+            say(f"camera {name}: source synthetic, {geometry}")
+            synthetic.run(f"{name}-test", cam.width or 640, cam.height or 480, 0, frames, socket=sock, wait=0,
+                          on_publish=seen)
         else:
-            src = probe(cam.source, cam.connect_timeout_s)
-            say(f"camera {name}: source {cam.source}: {src.get('codec_name')} {src.get('width')}x{src.get('height')}"
-                f" at {src.get('avg_frame_rate')} fps")
-            opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height,
+            opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format,
                                         fps=cam.fps if "://" in cam.source or cam.source.startswith("/dev/") else 0,
                                         frames=frames, connect_timeout=cam.connect_timeout_s,
                                         read_timeout=cam.read_timeout_s, transport=cam.transport, hwaccel=cam.hwaccel,
                                         reconnect=False)
+            try:
+                src = ffmpeg.probe(ffmpeg.find_ffmpeg(), opts)
+                out = ffmpeg.output_of(opts, src)
+            except ffmpeg.FeedError as e:
+                raise OSError(str(e)) from None
+            say(f"camera {name}: source {cam.source}: {src.get('codec_name')} {src.get('width')}x{src.get('height')}"
+                f" at {src.get('avg_frame_rate')} fps ({src.get('pix_fmt')}, colour space "
+                f"{src.get('color_space', 'unknown')}, range {src.get('color_range', 'unknown')})")
+            geometry = f"{out.width}x{out.height} {out.pixel_format}"
             ffmpeg.run(opts, f"{name}-test", socket=sock, wait=0, on_publish=seen)
     if not times:
         raise OSError(f"camera {name}: no frame")
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
     live = cam.source != SYNTHETIC and ("://" in cam.source or cam.source.startswith("/dev/"))
-    say(f"camera {name}: frames {cam.width}x{cam.height} {cam.pixel_format}; {len(times)} in "
+    say(f"camera {name}: frames {geometry}; {len(times)} in "
         f"{times[-1] - times[0]:.2f} s: {rate:.1f} frames/s ({'the source' if live else 'decode'} rate)")
     return rate

@@ -158,11 +158,13 @@ def _cmd_feed(args) -> int:
     stop = _stop_flag()
     if args.synthetic:
         from edgeinfer.producers import synthetic
-        n = synthetic.run(args.stream, args.width, args.height, 30.0 if args.fps is None else args.fps, args.frames,
+        n = synthetic.run(args.stream, args.width or 640, args.height or 480, 30.0 if args.fps is None else args.fps,
+                          args.frames,
                           socket=args.socket, wait=args.wait, seed=args.seed, stop=stop)
     else:
         from edgeinfer.producers import ffmpeg
-        opts = ffmpeg.FfmpegOptions(args.ffmpeg, args.width, args.height, fps=args.fps, frames=args.frames,
+        opts = ffmpeg.FfmpegOptions(args.ffmpeg, args.width, args.height, args.pixel_format, fps=args.fps,
+                                    frames=args.frames,
                                     loop=args.loop, connect_timeout=args.connect_timeout,
                                     read_timeout=args.read_timeout, transport=args.transport, hwaccel=args.hwaccel,
                                     reconnect=args.reconnect, max_reconnects=args.max_reconnects)
@@ -175,8 +177,8 @@ def _cmd_feed(args) -> int:
     return 0
 
 
-_CAMERA_KEYS = ("source", "stream", "width", "height", "fps", "transport", "connect_timeout_s", "read_timeout_s",
-                "reconnect", "hwaccel", "socket")
+_CAMERA_KEYS = ("source", "stream", "width", "height", "pixel_format", "fps", "transport", "connect_timeout_s",
+                "read_timeout_s", "reconnect", "hwaccel", "socket")
 
 
 def _cmd_camera_add(args) -> int:
@@ -195,7 +197,8 @@ def _cmd_camera_list(args) -> int:
     for name in cameras.names(args.dir):
         try:
             cam = cameras.load(name, args.dir)
-            what = f"stream {cam.stream or name}  {cam.width}x{cam.height}  {cam.source}"
+            size = f"{cam.width}x{cam.height}" if cam.width else "source size"
+            what = f"stream {cam.stream or name}  {size} {cam.pixel_format}  {cam.source}"
         except ConfigError as e:
             what = f"invalid: {e.problems[0] if e.problems else e}"
         print(f"{name}  {cameras.unit_state(name)}  {what}")
@@ -351,8 +354,13 @@ def edgeinferctl_main(argv=None) -> int:
     src.add_argument("--synthetic", action="store_true", help="rotated text pages with known rotation")
     src.add_argument("--ffmpeg", metavar="URL|FILE|/dev/videoN", help="anything ffmpeg can read")
     p.add_argument("--stream", required=True)
-    p.add_argument("--width", type=int, default=640)
-    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=None,
+                   help="frame width (synthetic: default 640; ffmpeg: default the source's, no scaling)")
+    p.add_argument("--height", type=int, default=None, help="frame height (synthetic: default 480)")
+    p.add_argument("--pixel-format", default="i420",
+                   help="ffmpeg: the ring's pixel format: i420 (default: the decoder's own yuv420p), nv12, yuyv, "
+                        "with the source's colorimetry unless given (i420:bt709, nv12:bt601-full, …); or bgr24, "
+                        "rgb24 (converted by swscale)")
     p.add_argument("--fps", type=float, default=None,
                    help="synthetic: frames a second (default 30; 0: as fast as possible). ffmpeg: at most this many "
                         "published a second, the others dropped (default: the source's own rate; 0: a file as fast "
@@ -382,8 +390,9 @@ def edgeinferctl_main(argv=None) -> int:
     c.add_argument("name")
     c.add_argument("--source", required=True, help="file, rtsp:// or http(s):// URL, /dev/videoN, or synthetic")
     c.add_argument("--stream", help="edgeinferd's stream name (default: NAME)")
-    c.add_argument("--width", type=int)
+    c.add_argument("--width", type=int, help="scale to this size (default: the source's size)")
     c.add_argument("--height", type=int)
+    c.add_argument("--pixel-format", help="i420 (default), nv12, yuyv (optionally :bt709 …), bgr24, rgb24")
     c.add_argument("--fps", type=float, help="at most this many frames a second (default: the source's rate)")
     c.add_argument("--transport", choices=["tcp", "udp"])
     c.add_argument("--connect-timeout", type=float, dest="connect_timeout_s")

@@ -60,7 +60,7 @@ def stream_frames(stream: str, count: int, socket_path: str, timeout: float) -> 
         finally:
             os.close(fd)  # the reader holds its own duplicate
         lay = reader.layout
-        fmt = ring.PIXEL_FORMAT_NAMES[lay["pixel_format"]]
+        fmt = ring.format_name(lay)
         frames = []
         while len(frames) < count:
             f = reader.next_frame(timeout)

@@ -14,7 +14,7 @@ from onnx import TensorProto, compose, helper, numpy_helper
 
 from edgeinfer.bundle import BundleError, InputSpec, PreprocessSpec
 from edgeinfer.placement import placement
-from edgeinfer.vocabulary import FRAME_CHANNELS, MODEL_CHANNELS
+from edgeinfer.vocabulary import FRAME_CHANNELS, MODEL_CHANNELS, frame_shape, yuv_parts
 
 FRAME_INPUT = "frame"
 _PREFIX = "ei_pre_"
@@ -56,6 +56,135 @@ def default_opset(model: onnx.ModelProto) -> int:
     raise BundleError("the model imports no default ONNX opset")
 
 
+# Kr, Kb of each matrix (Kg = 1 - Kr - Kb), and the (Y offset, Y scale, chroma scale) of each range, so that
+# R' = Y' + 2(1-Kr)V', B' = Y' + 2(1-Kb)U', G' = Y' - (2Kb(1-Kb)U' + 2Kr(1-Kr)V') / Kg (ITU-R BT.601 / BT.709).
+_MATRICES = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
+_RANGES = {"limited": (16.0, 255.0 / 219.0, 255.0 / 224.0), "full": (0.0, 1.0, 1.0)}
+
+
+def yuv_to_rgb(colorimetry: str) -> tuple[np.ndarray, np.ndarray]:
+    """(M, offsets) with [R, G, B] = M @ ([Y, U, V] - offsets), in 0..255 before clipping."""
+    matrix, _, rng = colorimetry.partition("-")
+    kr, kb = _MATRICES[matrix]
+    kg = 1.0 - kr - kb
+    y0, ys, cs = _RANGES["full" if rng == "full" else "limited"]
+    m = np.array([[1.0, 0.0, 2 * (1 - kr)],
+                  [1.0, -2 * kb * (1 - kb) / kg, -2 * kr * (1 - kr) / kg],
+                  [1.0, 2 * (1 - kb), 0.0]]) * np.array([ys, cs, cs])
+    return m, np.array([y0, 128.0, 128.0])
+
+
+def _crop_resize(cur: str, tag: str, crop: tuple[int, int, int, int] | None, size: tuple[int, int] | None,
+                 channels: int, sampling: dict, batched: bool, name) -> tuple[list, list, str]:
+    """Slice (crop: y0, x0, y1, x1) then Resize (size: H', W') of a uint8 [n, H, W, C] tensor; either may be None.
+    tag keeps the names of several planes apart ("" for an RGB frame)."""
+    nodes, inits = [], []
+    t = (lambda s: name(f"{tag}_{s}")) if tag else name
+    if crop is not None:  # crop: the centre region, before any resize
+        y0, x0, y1, x1 = crop
+        inits += [numpy_helper.from_array(np.array([y0, x0], np.int64), t("crop_starts")),
+                  numpy_helper.from_array(np.array([y1, x1], np.int64), t("crop_ends")),
+                  numpy_helper.from_array(np.array([1, 2], np.int64), t("hw_axes"))]
+        nodes.append(helper.make_node("Slice", [cur, t("crop_starts"), t("crop_ends"), t("hw_axes")],
+                                      [t("cropped")], name=t("crop")))
+        cur = t("cropped")
+    if size is not None:
+        # Resize the uint8 frame first: casting the full frame to float first costs far more.
+        inits += [numpy_helper.from_array(np.zeros(0, np.float32), t("roi")),
+                  numpy_helper.from_array(np.zeros(0, np.float32), t("scales"))]
+        if batched:  # sizes = [the frame's own batch, H', W', C]
+            inits += [numpy_helper.from_array(np.array([0], np.int64), t("zero")),
+                      numpy_helper.from_array(np.array([1], np.int64), t("one")),
+                      numpy_helper.from_array(np.array([size[0], size[1], channels], np.int64), t("hwc"))]
+            nodes += [helper.make_node("Shape", [cur], [t("shape")], name=t("shape_of")),
+                      helper.make_node("Slice", [t("shape"), t("zero"), t("one")], [t("n")], name=t("batch_of")),
+                      helper.make_node("Concat", [t("n"), t("hwc")], [t("sizes")], axis=0, name=t("sizes_of"))]
+        else:
+            inits.append(numpy_helper.from_array(np.array([1, size[0], size[1], channels], np.int64), t("sizes")))
+        nodes.append(helper.make_node("Resize", [cur, t("roi"), t("scales"), t("sizes")], [t("resized")],
+                                      name=t("resize"), **sampling))
+        cur = t("resized")
+    return nodes, inits, cur
+
+
+def _yuv_nodes(base: str, h: int, w: int, place, sampling: dict, batched: bool, name) -> tuple[list, list, str]:
+    """Nodes that make a uint8 [n, H', W', 3] (Y, U, V) image at the resize's size from a YUV frame as the ring
+    holds it (4:2:0: [n, H*3/2, W, 1]; yuyv: [n, H, W, 2]). Each plane is cropped and resized from its own
+    resolution (the chroma from half size), so nothing is computed at the frame's full size but the Y plane's
+    resize, as for an RGB frame. Chroma samples cover 2x2 (4:2:0) or 2x1 (4:2:2) pixels, centred on them; when
+    the frame is not resized, chroma is repeated over those pixels (nearest), which is what ffmpeg's swscale
+    does (-sws_flags neighbor+accurate_rnd+full_chroma_int matches it within 1 level)."""
+    ints = lambda a, n: numpy_helper.from_array(np.array(a, np.int64), name(n))  # noqa: E731
+    inits, nodes = [], []
+    if base == "yuyv":  # Y0 U Y1 V per pixel pair. Strided slices at full size are slow in ORT: the frame is
+        # resized as it is ([n, H, W, 2]: Y, then U or V) for Y, and as pairs ([n, H, W/2, 4]: Y0 U Y1 V) for U
+        # and V; each keeps its channels only at the model's size.
+        inits += [ints([0, h, w // 2, 4], "pairs"), ints([3], "c_axis"), ints([0], "y_first"), ints([1], "y_end"),
+                  ints([1], "uv_first"), ints([4], "uv_end"), ints([2], "uv_step")]
+        nodes.append(helper.make_node("Reshape", [FRAME_INPUT, name("pairs")], [name("uv")], name=name("pairs_of")))
+        luma = (FRAME_INPUT, 2, [name("y_first"), name("y_end"), name("c_axis")])
+        chroma, sub_y = [("uv", 4, [name("uv_first"), name("uv_end"), name("c_axis"), name("uv_step")])], 1
+    else:  # nv12 / i420: the Y rows, then the chroma rows
+        q = h // 4  # rows of width w one i420 chroma plane takes
+        inits += [ints([0], "y_first"), ints([h], "y_end"), ints([h * 3 // 2], "rows_end"), ints([1], "row_axis")]
+        nodes.append(helper.make_node("Slice", [FRAME_INPUT, name("y_first"), name("y_end"), name("row_axis")],
+                                      [name("y")], name=name("y_rows")))
+        luma = (name("y"), 1, None)
+        if base == "nv12":  # U V interleaved at half size
+            inits.append(ints([0, h // 2, w // 2, 2], "uv_dims"))
+            nodes += [helper.make_node("Slice", [FRAME_INPUT, name("y_end"), name("rows_end"), name("row_axis")],
+                                       [name("uv_rows")], name=name("uv_rows")),
+                      helper.make_node("Reshape", [name("uv_rows"), name("uv_dims")], [name("uv")], name=name("uv"))]
+            chroma = [("uv", 2, None)]
+        else:  # i420: the U plane, then the V plane
+            inits += [ints([h + q], "u_end"), ints([0, h // 2, w // 2, 1], "c_shape")]
+            for plane, lo, hi in (("u", "y_end", "u_end"), ("v", "u_end", "rows_end")):
+                nodes += [helper.make_node("Slice", [FRAME_INPUT, name(lo), name(hi), name("row_axis")],
+                                           [name(f"{plane}_rows")], name=name(f"{plane}_rows")),
+                          helper.make_node("Reshape", [name(f"{plane}_rows"), name("c_shape")], [name(plane)],
+                                           name=name(plane))]
+            chroma = [("u", 1, None), ("v", 1, None)]
+        sub_y = 2
+    whole = (place.crop_w, place.crop_h) == (w, h)
+    resized = (place.resize_w, place.resize_h) != (place.crop_w, place.crop_h)
+    size = (place.resize_h, place.resize_w)
+    planes = []
+
+    def plane(src: str, tag: str, ch: int, keep: list | None, crop, size, how: dict) -> None:
+        nonlocal nodes, inits
+        more, more_inits, out = _crop_resize(src, tag, crop, size, ch, how, batched, name)
+        if keep is not None:  # the plane's own channels, at the model's size
+            more.append(helper.make_node("Slice", [out, *keep], [name(f"{tag}_kept")], name=name(f"{tag}_keep")))
+            out = name(f"{tag}_kept")
+        nodes, inits = nodes + more, inits + more_inits
+        planes.append(out)
+    plane(luma[0], "y", luma[1], luma[2], None if whole else (
+        place.crop_y, place.crop_x, place.crop_y + place.crop_h, place.crop_x + place.crop_w),
+        size if resized else None, sampling)
+    # A chroma crop covers every chroma sample the luma crop touches (an odd offset: half a sample more).
+    c_crop = None if whole else (place.crop_y // sub_y, place.crop_x // 2, -(-(place.crop_y + place.crop_h) // sub_y),
+                                 -(-(place.crop_x + place.crop_w) // 2))
+    for tag, ch, keep in chroma:
+        plane(name(tag), tag, ch, keep, c_crop, size, sampling if resized else {"mode": "nearest"})
+    nodes.append(helper.make_node("Concat", planes, [name("yuv444")], axis=3, name=name("yuv444")))
+    return nodes, inits, name("yuv444")
+
+
+def _colour_nodes(colorimetry: str, model_channels: str, cur: str, name) -> tuple[list, list, str]:
+    """uint8 (Y, U, V) → float RGB in the model's channel order, clipped and rounded to whole levels as an
+    8-bit RGB frame would be (so results match a model fed ffmpeg's rgb24 of the same frame)."""
+    m, offsets = yuv_to_rgb(colorimetry)
+    rows = [{"R": 0, "G": 1, "B": 2}[c] for c in model_channels]
+    f32 = lambda a, n: numpy_helper.from_array(np.asarray(a, np.float32), name(n))  # noqa: E731
+    inits = [f32(offsets, "yuv_offsets"), f32(m[rows].T, "yuv_matrix"), f32(0.0, "lo"), f32(255.0, "hi")]
+    nodes = [helper.make_node("Cast", [cur], [name("yuv_f")], to=TensorProto.FLOAT, name=name("yuv_cast")),
+             helper.make_node("Sub", [name("yuv_f"), name("yuv_offsets")], [name("yuv_c")], name=name("yuv_centre")),
+             helper.make_node("MatMul", [name("yuv_c"), name("yuv_matrix")], [name("rgb_f")], name=name("to_rgb")),
+             helper.make_node("Clip", [name("rgb_f"), name("lo"), name("hi")], [name("rgb_c")], name=name("clip")),
+             helper.make_node("Round", [name("rgb_c")], [name("float")], name=name("levels"))]
+    return nodes, inits, name("float")
+
+
 def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputSpec, pre: PreprocessSpec,
                      opset: int, ir_version: int, batched: bool = False) -> onnx.ModelProto:
     """The ops between the camera's frame and the model's input, as a model of its own. batched: the batch
@@ -72,49 +201,42 @@ def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputS
         return _PREFIX + s
 
     place = placement(pre.resize, frame_w, frame_h, spec.width, spec.height)
-    if (place.crop_w, place.crop_h) != (frame_w, frame_h):  # crop: the centre region, before any resize
-        inits += [numpy_helper.from_array(np.array([place.crop_y, place.crop_x], np.int64), name("crop_starts")),
-                  numpy_helper.from_array(np.array([place.crop_y + place.crop_h, place.crop_x + place.crop_w],
-                                                   np.int64), name("crop_ends")),
-                  numpy_helper.from_array(np.array([1, 2], np.int64), name("hw_axes"))]
-        nodes.append(helper.make_node("Slice", [cur, name("crop_starts"), name("crop_ends"), name("hw_axes")],
-                                      [name("cropped")], name=name("crop")))
-        cur = name("cropped")
-    if (place.resize_w, place.resize_h) != (place.crop_w, place.crop_h):
-        # Resize the uint8 frame first: casting the full frame to float first costs far more.
-        inits += [numpy_helper.from_array(np.zeros(0, np.float32), name("roi")),
-                  numpy_helper.from_array(np.zeros(0, np.float32), name("scales"))]
-        if batched:  # sizes = [the frame's own batch, H', W', C]
-            inits += [numpy_helper.from_array(np.array([0], np.int64), name("zero")),
-                      numpy_helper.from_array(np.array([1], np.int64), name("one")),
-                      numpy_helper.from_array(np.array([place.resize_h, place.resize_w, ch_in], np.int64),
-                                              name("hwc"))]
-            nodes += [helper.make_node("Shape", [cur], [name("shape")], name=name("shape_of")),
-                      helper.make_node("Slice", [name("shape"), name("zero"), name("one")], [name("n")],
-                                       name=name("batch_of")),
-                      helper.make_node("Concat", [name("n"), name("hwc")], [name("sizes")], axis=0,
-                                       name=name("sizes_of"))]
-        else:
-            inits.append(numpy_helper.from_array(np.array([1, place.resize_h, place.resize_w, ch_in], np.int64),
-                                                 name("sizes")))
-        nodes.append(helper.make_node("Resize", [cur, name("roi"), name("scales"), name("sizes")], [name("resized")],
-                                      name=name("resize"), **_sampling(pre.interpolation, opset)))
-        cur = name("resized")
+    sampling = _sampling(pre.interpolation, opset)
+    yuv = yuv_parts(frame_format)
+    if yuv is not None:
+        channel_map(frame_format, spec.pixel_format)  # a gray8 model is refused here, with the reason
+        if frame_h % 2 or frame_w % 2:
+            raise BundleError(f"a {frame_format} frame needs an even width and height, not {frame_w}x{frame_h}")
+        more, more_inits, cur = _yuv_nodes(yuv[0], frame_h, frame_w, place, sampling, batched, name)
+    else:
+        crop = None if (place.crop_w, place.crop_h) == (frame_w, frame_h) else (
+            place.crop_y, place.crop_x, place.crop_y + place.crop_h, place.crop_x + place.crop_w)
+        size = None if (place.resize_w, place.resize_h) == (place.crop_w, place.crop_h) else (
+            place.resize_h, place.resize_w)
+        more, more_inits, cur = _crop_resize(cur, "", crop, size, ch_in, sampling, batched, name)
+    nodes += more
+    inits += more_inits
+    if yuv is not None:  # YUV → RGB at the model's size: far fewer pixels than the frame's
+        more, more_inits, cur = _colour_nodes(yuv[1], MODEL_CHANNELS[spec.pixel_format], cur, name)
+        nodes += more
+        inits += more_inits
     if any(place.pads):  # letterbox: pad the resized frame to the input's size with pad_value
         top, left, bottom, right = place.pads
+        dtype = np.float32 if yuv is not None else np.uint8  # (a YUV frame is RGB floats by now)
         inits += [numpy_helper.from_array(np.array([0, top, left, 0, 0, bottom, right, 0], np.int64), name("pads")),
-                  numpy_helper.from_array(np.array(pre.pad_value, np.uint8), name("pad_value"))]
+                  numpy_helper.from_array(np.array(pre.pad_value, dtype), name("pad_value"))]
         nodes.append(helper.make_node("Pad", [cur, name("pads"), name("pad_value")], [name("padded")],
                                       mode="constant", name=name("letterbox")))
         cur = name("padded")
-    idx = channel_map(frame_format, spec.pixel_format)
-    if idx is not None:
-        inits.append(numpy_helper.from_array(np.array(idx, np.int64), name("channels")))
-        nodes.append(helper.make_node("Gather", [cur, name("channels")], [name("ordered")], axis=3,
-                                      name=name("channel_order")))
-        cur = name("ordered")
-    nodes.append(helper.make_node("Cast", [cur], [name("float")], to=TensorProto.FLOAT, name=name("cast")))
-    cur = name("float")
+    if yuv is None:
+        idx = channel_map(frame_format, spec.pixel_format)
+        if idx is not None:
+            inits.append(numpy_helper.from_array(np.array(idx, np.int64), name("channels")))
+            nodes.append(helper.make_node("Gather", [cur, name("channels")], [name("ordered")], axis=3,
+                                          name=name("channel_order")))
+            cur = name("ordered")
+        nodes.append(helper.make_node("Cast", [cur], [name("float")], to=TensorProto.FLOAT, name=name("cast")))
+        cur = name("float")
     if spec.layout == "nchw":
         nodes.append(helper.make_node("Transpose", [cur], [name("nchw")], perm=[0, 3, 1, 2], name=name("to_nchw")))
         cur = name("nchw")
@@ -129,7 +251,8 @@ def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputS
     out_shape = [n, ch, spec.height, spec.width] if spec.layout == "nchw" else [n, spec.height, spec.width, ch]
     graph = helper.make_graph(
         nodes, "edgeinfer_preprocess",
-        [helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, [n, frame_h, frame_w, ch_in])],
+        [helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8,
+                                       [n, *frame_shape(frame_format, frame_h, frame_w)])],
         [helper.make_tensor_value_info(name("out"), TensorProto.FLOAT, out_shape)],
         initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)

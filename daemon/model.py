@@ -23,7 +23,7 @@ from edgeinfer.bundle import Bundle, BundleError
 from edgeinfer.decoders import Decoder, DecoderError, make_decoder
 from edgeinfer.fusion import FRAME_INPUT, check_sampling, fuse
 from edgeinfer.outputprobe import dims_of, output_infos
-from edgeinfer.vocabulary import Geometry, channels
+from edgeinfer.vocabulary import Geometry, channels, frame_shape
 from edgeinfer.yamlconf import clip
 
 
@@ -57,9 +57,9 @@ class FusedSession:
         self.session = session
         self.pixel_format, self.height, self.width = pixel_format, height, width
         self.output_names = [o.name for o in session.get_outputs()]
-        self.channels = channels(pixel_format)
+        self.frame_shape = frame_shape(pixel_format, height, width)  # a slot's view: YUV has its own
         # Micro-batching: the one tensor frames of this geometry are copied into (allocated here, not per frame).
-        self.batch = np.empty((batch, height, width, self.channels), np.uint8) if batch > 1 else None
+        self.batch = np.empty((batch, *self.frame_shape), np.uint8) if batch > 1 else None
         # Its rows and its first k rows, as views made once: the loop indexes these, allocating nothing.
         self.rows = [self.batch[i] for i in range(batch)] if batch > 1 else []
         self.firsts = [self.batch[:k] for k in range(batch + 1)] if batch > 1 else []
@@ -74,7 +74,7 @@ class FusedSession:
         """Runs a synthetic frame `runs` times, and decodes its outputs once; returns the last run's seconds.
         A run that fails, or outlasts deadline_s (cancelled), or outputs the decoder's payload cannot hold,
         refuses the model."""
-        frames = [np.full((1, self.height, self.width, self.channels), 127, np.uint8)]
+        frames = [np.full((1, *self.frame_shape), 127, np.uint8)]
         if self.batch is not None:  # the full batch too: its first run allocates as well
             frames.append(np.full_like(self.batch, 127))
         took = 0.0

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgeinfer.bundle import load_unverified_bundle
 from edgeinfer.model import ModelRuntime, ThreadPlan
-from edgeinfer.vocabulary import channels
+from edgeinfer.vocabulary import frame_shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ def thread_plan(threads: int, cpus: list[int] | None) -> ThreadPlan:
 
 def frame_for(pixel_format: str, width: int, height: int, seed: int = 1) -> np.ndarray:
     """A camera-like frame: random pixels (a constant frame would let some kernels take shortcuts)."""
-    return np.random.default_rng(seed).integers(0, 256, (1, height, width, channels(pixel_format)), np.uint8)
+    return np.random.default_rng(seed).integers(0, 256, (1, *frame_shape(pixel_format, height, width)), np.uint8)
 
 
 def bench_bundle(path: str, plan: ThreadPlan, geometry: tuple[str, int, int], frames: int,

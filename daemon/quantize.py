@@ -33,7 +33,7 @@ from onnx import TensorProto, helper
 from edgeinfer.bundle import META_FILE, MODEL_FILE, Bundle, BundleError, ModelMeta, load_unverified_bundle
 from edgeinfer.fusion import FRAME_INPUT, _PREFIX, default_opset, fuse
 from edgeinfer.model import ModelRuntime, ThreadPlan
-from edgeinfer.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION
+from edgeinfer.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION, frame_height
 
 # The model input inside the fused graph: fusion's last preprocessing tensor, which merge_models wires to the
 # model's input (fusion.fuse's io_map).
@@ -72,7 +72,7 @@ class ModelInputs:
 
     def __call__(self, frame: np.ndarray, pixel_format: str) -> np.ndarray:
         import onnxruntime as ort
-        key = (pixel_format, *frame.shape[:2])
+        key = (pixel_format, frame_height(pixel_format, frame.shape[0]), frame.shape[1])
         sess = self._sessions.get(key)
         if sess is None:
             meta = self.model.meta

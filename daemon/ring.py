@@ -50,6 +50,9 @@ INGRESS_SOCKET = _ring.INGRESS_SOCKET
 RESULTS_SOCKET = _ring.RESULTS_SOCKET
 PIXEL_FORMATS = dict(_ring.PIXEL_FORMATS)
 PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
+COLORIMETRIES = dict(_ring.COLORIMETRIES)
+COLORIMETRY_NAMES = {code: name for name, code in COLORIMETRIES.items()}
+YUV_FORMATS = ("nv12", "i420", "yuyv")  # converted to RGB inside the model graph (fusion)
 MAX_WAIT = _ring.MAX_WAIT
 STREAM_NAME_MAX = _ring.STREAM_NAME_MAX
 STATUS = dict(_ring.STATUS)
@@ -69,13 +72,24 @@ def transient(error: BaseException) -> bool:
         type(error) is OSError
 
 
-def _pixel_format(pixel_format: str | int) -> int:
+def parse_pixel_format(pixel_format: str | int) -> tuple[int, int]:
+    """(ring.h pixel format, colorimetry) of a name: "bgr24", "nv12" (BT.601 limited), "nv12:bt709", ..."""
     if isinstance(pixel_format, int):
-        return pixel_format
-    try:
-        return PIXEL_FORMATS[pixel_format.lower()]
-    except KeyError:
-        raise ValueError(f"unknown pixel format {pixel_format!r}; one of {sorted(PIXEL_FORMATS)}") from None
+        return pixel_format, 0
+    base, _, colour = pixel_format.lower().partition(":")
+    if base not in PIXEL_FORMATS:
+        raise ValueError(f"unknown pixel format {pixel_format!r}; one of {sorted(PIXEL_FORMATS)}")
+    if colour and (base not in YUV_FORMATS or colour not in COLORIMETRIES):
+        raise ValueError(f"pixel format {pixel_format!r}: only {', '.join(YUV_FORMATS)} take a colorimetry, one of "
+                         f"{', '.join(COLORIMETRIES)} (e.g. nv12:bt709)")
+    return PIXEL_FORMATS[base], COLORIMETRIES.get(colour, 0)
+
+
+def format_name(layout: dict) -> str:
+    """The pixel format's name of a ring's layout, with its colorimetry unless BT.601 limited (the default)."""
+    name = PIXEL_FORMAT_NAMES[layout["pixel_format"]]
+    colour = COLORIMETRY_NAMES.get(layout.get("colorimetry", 0), "bt601")
+    return f"{name}:{colour}" if colour != "bt601" else name
 
 
 # ------------------------------------------------------------------ producer
@@ -94,7 +108,8 @@ class FrameWriter:
     def create(cls, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
                row_stride: int = 0, label: str = "edgeinfer-frames") -> "FrameWriter":
         """A ring of its own, handed to nobody yet (`fd`): for in-process use and tests."""
-        return cls(_ring.FrameProducer(label, width, height, _pixel_format(pixel_format), row_stride, slots))
+        code, colour = parse_pixel_format(pixel_format)
+        return cls(_ring.FrameProducer(label, width, height, code, row_stride, slots, colour))
 
     @classmethod
     def connect(cls, stream: str, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,

@@ -12,19 +12,46 @@ from typing import Literal, NamedTuple, get_args
 
 # ------------------------------------------------------------------ pixels
 
-FrameFormat = Literal["gray8", "rgb24", "bgr24", "rgba32", "bgra32"]  # what a camera may write
+YUV_BASES = ("nv12", "i420", "yuyv")                   # YUV as decoders and V4L2 give it
+COLORIMETRIES = ("bt601", "bt601-full", "bt709", "bt709-full")  # ring.h ei_colorimetry, in its order
+# A YUV format's name carries its colorimetry unless it is BT.601 limited (the zero): nv12, nv12:bt709, ...
+YUV_FORMATS: tuple[str, ...] = tuple(f"{b}:{c}" if c != "bt601" else b for b in YUV_BASES for c in COLORIMETRIES)
+FRAME_FORMATS: tuple[str, ...] = ("gray8", "rgb24", "bgr24", "rgba32", "bgra32", *YUV_FORMATS)
+FrameFormat = Literal[FRAME_FORMATS]                                  # what a camera may write
 ModelFormat = Literal["rgb24", "bgr24", "gray8"]                      # what a model may ask for
-FRAME_FORMATS: tuple[str, ...] = get_args(FrameFormat)
 MODEL_FORMATS: tuple[str, ...] = get_args(ModelFormat)
 
-# Channel order of each format (fusion maps a frame's channels onto the model's).
-FRAME_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR", "rgba32": "RGBA", "bgra32": "BGRA"}
+# Channel order of each interleaved format (fusion maps a frame's channels onto the model's); a YUV frame
+# becomes RGB inside the graph first.
+FRAME_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR", "rgba32": "RGBA", "bgra32": "BGRA",
+                  **{f: "RGB" for f in YUV_FORMATS}}
 MODEL_CHANNELS = {f: FRAME_CHANNELS[f] for f in MODEL_FORMATS}
+# Bytes per pixel of a row as the ring holds it (the Y plane's, for the planar formats).
+_ROW_BYTES = {"gray8": 1, "rgb24": 3, "bgr24": 3, "rgba32": 4, "bgra32": 4, "nv12": 1, "i420": 1, "yuyv": 2}
+
+
+def yuv_parts(pixel_format: str) -> tuple[str, str] | None:
+    """(base, colorimetry) of a YUV format's name ("nv12:bt709" → ("nv12", "bt709")); None for RGB/gray."""
+    base, _, colour = pixel_format.partition(":")
+    return (base, colour or "bt601") if base in YUV_BASES else None
 
 
 def channels(pixel_format: str) -> int:
-    """Channels of a frame or model pixel format (gray8: 1)."""
+    """Channels of a frame or model pixel format as the model sees them (gray8: 1; a YUV frame: 3, RGB)."""
     return len(FRAME_CHANNELS[pixel_format])
+
+
+def frame_shape(pixel_format: str, height: int, width: int) -> tuple[int, int, int]:
+    """(rows, width, bytes per pixel) of one frame in a ring slot, as the slot's view has it: a 4:2:0 frame
+    is its Y rows then half as many chroma rows, a yuyv frame two bytes a pixel."""
+    base = pixel_format.partition(":")[0]
+    rows = height * 3 // 2 if base in ("nv12", "i420") else height
+    return rows, width, _ROW_BYTES[base]
+
+
+def frame_height(pixel_format: str, rows: int) -> int:
+    """The picture's height of a slot view with `rows` rows (the inverse of frame_shape)."""
+    return rows * 2 // 3 if pixel_format.partition(":")[0] in ("nv12", "i420") else rows
 
 
 class Geometry(NamedTuple):

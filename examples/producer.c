@@ -17,7 +17,9 @@
  *   --frames N        stop after N frames (default: until SIGINT/SIGTERM)
  *   --fps F           pace to F frames per second (default: as fast as possible)
  *   --slots S         ring slots, >= 3 (default 4)
- *   --format F        gray8|rgb24|bgr24|rgba32|bgra32 (default bgr24)
+ *   --format F        gray8|rgb24|bgr24|rgba32|bgra32, or nv12|i420|yuyv (YUV as a decoder gives it;
+ *                     even width and height) (default bgr24)
+ *   --colorimetry C   YUV formats: bt601|bt601-full|bt709|bt709-full (default bt601, limited range)
  *   --socket P        the daemon's ingress socket (default /run/edgeinfer/ingress.sock)
  *   --wait S          wait up to S seconds for the daemon at start (default 10; 0: start publishing at once)
  *   --row-delay-us U  sleep U microseconds after each row (makes writes slow, for crash tests)
@@ -36,17 +38,27 @@ static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
 static uint32_t parse_format(const char *s) {
-    static const char *names[] = {"gray8", "rgb24", "bgr24", "rgba32", "bgra32"};
-    static const uint32_t codes[] = {EI_PIX_GRAY8, EI_PIX_RGB24, EI_PIX_BGR24, EI_PIX_RGBA32, EI_PIX_BGRA32};
+    static const char *names[] = {"gray8", "rgb24", "bgr24", "rgba32", "bgra32", "nv12", "i420", "yuyv"};
+    static const uint32_t codes[] = {EI_PIX_GRAY8, EI_PIX_RGB24, EI_PIX_BGR24, EI_PIX_RGBA32, EI_PIX_BGRA32,
+                                     EI_PIX_NV12, EI_PIX_I420, EI_PIX_YUYV};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(s, names[i]) == 0) return codes[i];
     fprintf(stderr, "unknown pixel format '%s'\n", s);
     exit(2);
 }
 
+static uint32_t parse_colorimetry(const char *s) {
+    static const char *names[] = {"bt601", "bt601-full", "bt709", "bt709-full"};
+    static const uint32_t codes[] = {EI_COLOUR_BT601, EI_COLOUR_BT601_FULL, EI_COLOUR_BT709, EI_COLOUR_BT709_FULL};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(s, names[i]) == 0) return codes[i];
+    fprintf(stderr, "unknown colorimetry '%s'\n", s);
+    exit(2);
+}
+
 static void fill_pattern(uint8_t *payload, const ei_frame_layout *l, uint64_t seq, long row_delay_us) {
     const uint64_t row_bytes = l->row_stride;
-    for (uint32_t y = 0; y < l->height; y++) {
+    for (uint32_t y = 0; y < l->rows; y++) { /* every row of the frame: a 4:2:0 frame's chroma rows too */
         uint8_t *row = payload + y * row_bytes;
         uint64_t base = y * row_bytes;
         for (uint64_t x = 0; x < row_bytes; x++) row[x] = (uint8_t)(seq * 7 + ((base + x) >> 6));
@@ -57,11 +69,11 @@ static void fill_pattern(uint8_t *payload, const ei_frame_layout *l, uint64_t se
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s STREAM WIDTH HEIGHT [--frames N] [--fps F] [--slots S] [--format F] "
-                        "[--socket P] [--wait S] [--row-delay-us U]\n", argv[0]);
+                        "[--colorimetry C] [--socket P] [--wait S] [--row-delay-us U]\n", argv[0]);
         return 2;
     }
     const char *stream = argv[1];
-    ei_frame_geometry g = {(uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), EI_PIX_BGR24, 0, 4};
+    ei_frame_geometry g = {(uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), EI_PIX_BGR24, 0, 4, EI_COLOUR_BT601};
     const char *socket_path = EI_INGRESS_SOCKET;
     long long frames = -1;
     double fps = 0, wait_s = 10;
@@ -74,6 +86,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--fps") == 0) fps = atof(v);
         else if (strcmp(a, "--slots") == 0) g.slot_count = (uint32_t)atoi(v);
         else if (strcmp(a, "--format") == 0) g.pixel_format = parse_format(v);
+        else if (strcmp(a, "--colorimetry") == 0) g.colorimetry = parse_colorimetry(v);
         else if (strcmp(a, "--socket") == 0) socket_path = v;
         else if (strcmp(a, "--wait") == 0) wait_s = atof(v);
         else if (strcmp(a, "--row-delay-us") == 0) row_delay_us = atol(v);

@@ -43,7 +43,10 @@ RESULTS_SOCKET = EI_RESULTS_SOCKET.decode()
 INGRESS_STATES = {EI_INGRESS_DISCONNECTED: "disconnected", EI_INGRESS_HANDSHAKE: "handshake",
                   EI_INGRESS_CONNECTED: "connected"}
 PIXEL_FORMATS = {"gray8": EI_PIX_GRAY8, "rgb24": EI_PIX_RGB24, "bgr24": EI_PIX_BGR24,
-                 "rgba32": EI_PIX_RGBA32, "bgra32": EI_PIX_BGRA32}
+                 "rgba32": EI_PIX_RGBA32, "bgra32": EI_PIX_BGRA32,
+                 "nv12": EI_PIX_NV12, "i420": EI_PIX_I420, "yuyv": EI_PIX_YUYV}
+COLORIMETRIES = {"bt601": EI_COLOUR_BT601, "bt601-full": EI_COLOUR_BT601_FULL, "bt709": EI_COLOUR_BT709,
+                 "bt709-full": EI_COLOUR_BT709_FULL}
 # Status classes a refusal carries (the daemon's reply): name → ring.h code.
 STATUS = {"ok": EI_OK, "denied": EI_ERR_DENIED, "busy": EI_ERR_BUSY, "again": EI_ERR_AGAIN, "arg": EI_ERR_ARG,
           "geometry": EI_ERR_GEOMETRY, "insecure": EI_ERR_INSECURE, "abi": EI_ERR_ABI, "protocol": EI_ERR_PROTOCOL,
@@ -257,7 +260,8 @@ cdef tuple _slot_views(_Mapping m, const ei_frame_layout *l, bint readonly):
     for i in range(l.slot_count):
         reg = _region(m, ei_frame_payload(m.base, l, i), <Py_ssize_t>l.payload_capacity, readonly)
         flat = np.frombuffer(reg, dtype=np.uint8)
-        img = np.ndarray(shape=(l.height, l.width, l.channels), dtype=np.uint8, buffer=reg,
+        # YUV 4:2:0: the chroma rows follow the Y rows (packed), so (rows, W, 1) covers the whole frame.
+        img = np.ndarray(shape=(l.rows, l.width, l.channels), dtype=np.uint8, buffer=reg,
                          strides=(l.row_stride, l.channels, 1))
         images.append(img)
         batches.append(img[None])
@@ -267,6 +271,7 @@ cdef tuple _slot_views(_Mapping m, const ei_frame_layout *l, bint readonly):
 
 cdef dict _layout_dict(const ei_frame_layout *l):
     return dict(width=l.width, height=l.height, channels=l.channels, pixel_format=l.pixel_format,
+                colorimetry=l.colorimetry, rows=l.rows,
                 row_stride=l.row_stride, slot_count=l.slot_count, slot_stride=l.slot_stride,
                 payload_capacity=l.payload_capacity, total_size=l.total_size, frame_bytes=ei_frame_bytes(l))
 
@@ -286,9 +291,10 @@ cdef class FrameProducer:
     cdef bint closed
 
     def __cinit__(self, str label, uint32_t width, uint32_t height, uint32_t pixel_format, uint32_t row_stride=0,
-                  uint32_t slots=4):
+                  uint32_t slots=4, uint32_t colorimetry=0):
         cdef ei_error err
         cdef ei_frame_geometry g
+        g.colorimetry = colorimetry
         g.width = width
         g.height = height
         g.pixel_format = pixel_format

@@ -42,6 +42,13 @@ cdef extern from "edgeinfer/ring.h" nogil:
         EI_PIX_BGR24
         EI_PIX_RGBA32
         EI_PIX_BGRA32
+        EI_PIX_NV12
+        EI_PIX_I420
+        EI_PIX_YUYV
+        EI_COLOUR_BT601
+        EI_COLOUR_BT601_FULL
+        EI_COLOUR_BT709
+        EI_COLOUR_BT709_FULL
 
     enum:
         EI_OK
@@ -93,6 +100,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
         uint32_t pixel_format     # ei_pixel_format
         uint32_t row_stride       # bytes per row, 0 = packed
         uint32_t slot_count       # 3..64
+        uint32_t colorimetry      # ei_colorimetry for YUV formats, else 0
 
     ctypedef struct ei_frame_layout:
         uint64_t total_size       # bytes of the whole ring
@@ -104,6 +112,8 @@ cdef extern from "edgeinfer/ring.h" nogil:
         uint32_t channels         # bytes per pixel
         uint32_t pixel_format     # ei_pixel_format
         uint32_t row_stride       # bytes per row
+        uint32_t rows             # rows of row_stride bytes per frame (4:2:0: height * 3 / 2)
+        uint32_t colorimetry      # ei_colorimetry for YUV formats, else 0
 
     ctypedef struct ei_frame_producer:
         int fd                    # owns the sealed memfd (we hand it to _Mapping)

@@ -62,10 +62,10 @@ def memfd_with(data: bytes, seals: int = FRAME_SEALS, name: str = "test-ring") -
     return fd
 
 
-def ring_bytes(width: int = 16, height: int = 8, slots: int = 3) -> bytes:
+def ring_bytes(width: int = 16, height: int = 8, slots: int = 3, pixel_format: str = "bgr24") -> bytes:
     """The bytes of a real, valid frame ring with one published frame (its `latest` names it)."""
     from edgeinfer import ring
-    with ring.FrameWriter.create(width, height, slots=slots) as w:
+    with ring.FrameWriter.create(width, height, pixel_format, slots=slots) as w:
         w.begin()[:] = 5
         w.publish()
         return os.pread(w.fd, os.fstat(w.fd).st_size, 0)

@@ -44,3 +44,10 @@ def test_quantize_bench_runs_both_models_to_its_summary():
     assert set(s["rows"]) == {"orientation", "detector"}
     for name, row in s["rows"].items():
         assert row["fp32"]["p99_ms"] > 0 and row["int8"]["p99_ms"] > 0 and 0 <= row["agreement"] <= 1, name
+
+
+def test_yuv_bench_runs_each_format_to_its_summary():
+    s = _summary(["bench/yuv.py", "--quick"], timeout=600)
+    assert [r["format"] for r in s["rows"]] == ["bgr24", "i420", "nv12"]
+    for row in s["rows"]:
+        assert row["served"] > 0 and row["errors"] == 0 and row["producer_ms"] > 0 and row["daemon_ms"] > 0, row

@@ -97,7 +97,8 @@ def test_test_shows_the_source_geometry_and_the_rate(tmp_path):
     r = ctl("camera", "test", "door", "--dir", str(tmp_path / "cameras"), "--frames", "30")
     assert r.returncode == 0, r.stderr
     assert f"source {video}: h264 320x240 at 25/1 fps" in r.stdout, r.stdout
-    assert "frames 160x120 bgr24; 30 in" in r.stdout and "(decode rate)" in r.stdout, r.stdout
+    # The decoder's own YUV, BT.601 limited (the source says no colour space and is under 720 lines).
+    assert "frames 160x120 i420; 30 in" in r.stdout and "(decode rate)" in r.stdout, r.stdout
     assert add(tmp_path, "gone", "--source", str(tmp_path / "missing.mkv")).returncode == 0
     r = ctl("camera", "test", "gone", "--dir", str(tmp_path / "cameras"))
     assert r.returncode == 1 and "no such file" in r.stderr, r.stderr

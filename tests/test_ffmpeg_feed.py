@@ -105,11 +105,13 @@ def test_ffmpeg_killed_mid_stream_is_a_failure(videos, tmp_path, children):
 
 
 def test_bad_sizes_and_a_missing_hardware_decoder_are_refused_in_one_line(videos, tmp_path):
-    r = subprocess.run([*CTL, "feed", "--ffmpeg", str(videos / "short.mkv"), "--stream", "cam", "--width", "-1"],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and last_line(r).startswith("edgeinferctl: --width -1 --height 480: each must be"), \
-        r.stderr
-    assert "Traceback" not in r.stderr
+    for size, said in [(["--width", "-1", "--height", "480"], "--width -1 --height 480: each must be"),
+                       (["--width", "320"], "--width and --height: give both"),
+                       (["--width", "321", "--height", "240"], "--width 321 --height 240: i420 frames need an even")]:
+        r = subprocess.run([*CTL, "feed", "--ffmpeg", str(videos / "short.mkv"), "--stream", "cam", *size],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and said in last_line(r), r.stderr
+        assert "Traceback" not in r.stderr
     r = feed(str(videos / "short.mkv"), tmp_path, "--hwaccel", "no-such-accelerator")
     assert r.returncode == 1 and "hardware decoding 'no-such-accelerator' is not available in this ffmpeg" in \
         last_line(r), r.stderr

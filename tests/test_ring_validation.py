@@ -25,7 +25,7 @@ FIELDS = {  # name: (offset, struct format)
     "abi_version": (8, "<I"), "header_size": (12, "<I"), "total_size": (16, "<Q"), "slot_count": (24, "<I"),
     "slot_header_size": (28, "<I"), "slot_stride": (32, "<Q"), "payload_capacity": (40, "<Q"),
     "width": (48, "<I"), "height": (52, "<I"), "channels": (56, "<I"), "pixel_format": (60, "<I"),
-    "row_stride": (64, "<I"),
+    "row_stride": (64, "<I"), "colorimetry": (68, "<I"),
 }
 PUBLISHED_OFFSET = 152
 
@@ -67,6 +67,7 @@ CASES = [
     ("declared size disagrees", lambda d: patch(d, "total_size", 12345), ring.BadGeometry, "declared size"),
     ("slot stride unaligned", lambda d: patch(d, "slot_stride", 500), ring.BadGeometry, "slot stride"),
     ("zero row stride", lambda d: patch(d, "row_stride", 0), ring.BadGeometry, "row stride 0"),
+    ("colorimetry on an RGB ring", lambda d: patch(d, "colorimetry", 2), ring.BadGeometry, "colorimetry 2"),
 ]
 
 
@@ -75,6 +76,29 @@ def test_malformed_ring_is_refused_with_its_reason(image, case):
     _, mutate, exc, text = case
     with pytest.raises(exc, match=text) as info:
         open_ring(mutate(image))
+    assert "stream t" in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def nv12_image():
+    return ring_bytes(16, 8, pixel_format="nv12:bt709")
+
+
+YUV_CASES = [  # a producer's header claims that would make the graph read the wrong bytes as chroma
+    ("unknown colorimetry", lambda d: patch(d, "colorimetry", 9), "unknown colorimetry 9"),
+    ("padded YUV rows", lambda d: patch(d, "row_stride", 32), "packed"),
+    ("odd width", lambda d: patch(patch(d, "width", 15), "row_stride", 15), "even width"),
+    ("as yuyv (two bytes a pixel)", lambda d: patch(d, "pixel_format", 8), "smaller than a row"),
+]
+
+
+@pytest.mark.parametrize("case", YUV_CASES, ids=[c[0] for c in YUV_CASES])
+def test_malformed_yuv_ring_is_refused_with_its_reason(nv12_image, case):
+    _, mutate, text = case
+    with open_ring(nv12_image) as r:  # the honest ring opens
+        assert (r.layout["rows"], r.layout["colorimetry"]) == (12, 2)
+    with pytest.raises(ring.BadGeometry, match=text) as info:
+        open_ring(mutate(nv12_image))
     assert "stream t" in str(info.value)
 
 

@@ -1,6 +1,12 @@
 """The ffmpeg producer: any source ffmpeg reads (a file, an RTSP/HTTP URL, /dev/videoN) decoded
-to raw BGR frames on a pipe, read straight into the ring's free slot (readinto: the only copy is
+to raw frames on a pipe, read straight into the ring's free slot (readinto: the only copy is
 the kernel's, pipe → slot).
+
+Frames are the decoder's own YUV by default (i420, ffmpeg's yuv420p, what H.264/H.265 decode to):
+no colour conversion in the producer (the model's graph does it, at the model's size) and no
+scaling unless a size is asked for. The colorimetry (BT.601/709, limited/full) is the source's,
+as ffprobe reports it; a source that does not say gets BT.709 from 720 lines up, else BT.601,
+limited range (what players assume). bgr24/rgb24 remain available (swscale converts).
 
 What a supervisor (systemd, an operator) can rely on:
 - A failure exits non-zero with one line that says what failed (file missing, no video stream,
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import re
 import select
@@ -43,6 +50,8 @@ _LEVELLED = re.compile(r"^(\[[^\]]* @ 0x[0-9a-f]+\] )?\[(\w+)\] (.*)$")
 
 
 _SHOWINFO_FRAME = re.compile(r"\bn:\s*\d+\s+pts:\s*(\S+)\s+pts_time:(\S+)")
+_SHOWINFO_GEOMETRY = re.compile(r"\bfmt:(\S+).*\bs:(\d+)x(\d+)")
+_SHOWINFO_COLOUR = re.compile(r"\bcolor_range:(\S+)\s+color_space:(\S+)")
 
 
 def _showinfo_pts(line: str) -> tuple[bool, float | None]:
@@ -96,11 +105,19 @@ class FeedError(RuntimeError):
     """The feed failed; the message is the one line a supervisor's log shows."""
 
 
+# The ring's pixel formats as ffmpeg names them.
+FFMPEG_PIX = {"i420": "yuv420p", "nv12": "nv12", "yuyv": "yuyv422", "bgr24": "bgr24", "rgb24": "rgb24",
+              "gray8": "gray", "rgba32": "rgba", "bgra32": "bgra"}
+# ffprobe's color_space → the ring's matrix (SMPTE 170M and BT.470BG are BT.601's).
+_MATRIX_OF = {"bt709": "bt709", "smpte170m": "bt601", "bt470bg": "bt601", "fcc": "bt601"}
+
+
 @dataclasses.dataclass(frozen=True)
 class FfmpegOptions:
     source: str
-    width: int
-    height: int
+    width: int | None = None       # None (with height): the source's own size, no scaling
+    height: int | None = None
+    pixel_format: str = "i420"     # a YUV format without ":colorimetry" takes the source's
     fps: float | None = None       # None: the source's own rate; 0: as fast as it decodes; N: at most N/s
     frames: int | None = None      # stop after publishing this many
     loop: bool = False             # a file: play it again at its end
@@ -114,8 +131,17 @@ class FfmpegOptions:
     max_reconnects: int | None = None  # None: for as long as it runs
 
     def __post_init__(self):
-        if not (1 <= self.width <= 16384 and 1 <= self.height <= 16384):
+        if (self.width is None) != (self.height is None):
+            raise ValueError("--width and --height: give both (a scaled size) or neither (the source's size)")
+        if self.width is not None and not (1 <= self.width <= 16384 and 1 <= self.height <= 16384):
             raise ValueError(f"--width {self.width} --height {self.height}: each must be 1 … 16384")
+        ring.parse_pixel_format(self.pixel_format)  # ValueError naming the formats
+        base = self.pixel_format.partition(":")[0]
+        if base not in FFMPEG_PIX:
+            raise ValueError(f"--pixel-format {self.pixel_format}: one of {', '.join(FFMPEG_PIX)}")
+        if base in ring.YUV_FORMATS and self.width is not None and (self.width % 2 or self.height % 2):
+            raise ValueError(f"--width {self.width} --height {self.height}: {base} frames need an even width and "
+                             "height")
         if self.fps is not None and not 0 <= self.fps <= 1000:
             raise ValueError(f"--fps {self.fps}: 0 (as fast as it decodes) … 1000")
         if self.frames is not None and self.frames < 1:
@@ -140,7 +166,7 @@ class FfmpegOptions:
         return self.kind != "file" if self.reconnect is None else self.reconnect
 
 
-def _ffmpeg() -> str:
+def find_ffmpeg() -> str:
     path = shutil.which("ffmpeg")
     if path is None:
         raise FeedError("ffmpeg is not installed (Debian: apt install ffmpeg)")
@@ -176,7 +202,58 @@ def check_file(ffmpeg: str, path: str) -> None:
                         "text art)")
 
 
-def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """What the ring holds: the frame size and the pixel format with its colorimetry."""
+    width: int
+    height: int
+    pixel_format: str
+
+
+def probe(ffmpeg: str, o: FfmpegOptions) -> dict:
+    """The source's first video stream as ffprobe sees it (width, height, color_space, color_range, pix_fmt);
+    bounded by the connect timeout. Raises FeedError with ffprobe's reason."""
+    ffprobe = os.path.join(os.path.dirname(ffmpeg), "ffprobe")
+    args = [ffprobe, "-v", "error", "-select_streams", "v:0", "-show_entries",
+            "stream=codec_name,width,height,avg_frame_rate,color_space,color_range,pix_fmt", "-of", "json"]
+    if o.kind == "network":
+        us = str(int(o.connect_timeout * 1e6))
+        args += ["-timeout", us] if o.source.startswith(("rtsp://", "rtsps://")) else ["-rw_timeout", us]
+        if o.transport:
+            args += ["-rtsp_transport", o.transport]
+    try:
+        r = subprocess.run([*args, o.source], capture_output=True, text=True, timeout=o.connect_timeout + 5)
+    except subprocess.TimeoutExpired:
+        raise FeedError(f"{o.source}: no answer to ffprobe within {o.connect_timeout:g} s") from None
+    if r.returncode != 0:
+        raise FeedError(f"{o.source}: {explain(r.stderr.strip().splitlines(), r.returncode)}")
+    streams = json.loads(r.stdout or "{}").get("streams")
+    if not streams:
+        raise FeedError(f"{o.source}: no video stream in the source")
+    return streams[0]
+
+
+def output_of(o: FfmpegOptions, src: dict | None) -> Output:
+    """The ring's geometry: the asked size or the source's; the source's colorimetry for a YUV format given
+    without one. src: the source's width, height, color_space, color_range, pix_fmt (ffprobe's names; showinfo
+    says the same of the first frame)."""
+    w, h = (o.width, o.height) if o.width is not None else (int(src["width"]), int(src["height"]))
+    fmt = o.pixel_format
+    base = fmt.partition(":")[0]
+    if base in ring.YUV_FORMATS and ":" not in fmt:
+        src = src or {}
+        matrix = _MATRIX_OF.get(src.get("color_space", ""), "bt709" if int(src.get("height") or h) >= 720
+                                else "bt601")
+        full = src.get("color_range") == "pc" or str(src.get("pix_fmt", "")).startswith("yuvj")
+        colour = matrix + ("-full" if full else "")
+        fmt = base if colour == "bt601" else f"{base}:{colour}"
+    if base in ring.YUV_FORMATS and (w % 2 or h % 2):
+        raise FeedError(f"the source's {w}x{h}: {base} frames need an even width and height (give an even "
+                        "--width/--height to scale to)")
+    return Output(w, h, fmt)
+
+
+def ffmpeg_args(ffmpeg: str, o: FfmpegOptions, out: Output | None = None) -> list[str]:
     # level+info: each stderr line says its level (problems are kept, info dropped) and showinfo's per-frame lines
     # (the frame's pts) are info.
     args = [ffmpeg, "-nostdin", "-hide_banner", "-nostats", "-loglevel", "level+info"]
@@ -195,10 +272,14 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
                 args += ["-rtsp_transport", o.transport]
         elif o.kind == "network":
             args += ["-rw_timeout", us]
+    out = out or Output(o.width or 0, o.height or 0, o.pixel_format)
+    # showinfo first: each decoded frame's pts, size, format and colour, in order. Scaled only when a size was
+    # asked for (a frame already in the output's format then passes through without swscale).
+    scale = f",scale={out.width}:{out.height}" if o.width is not None else ""
     args += ["-i", o.source, "-map", "0:v:0",  # the first video stream, or an error if there is none
-             "-vf", f"scale={o.width}:{o.height},showinfo=checksum=0",  # showinfo: each frame's pts, in order
+             "-vf", f"showinfo=checksum=0{scale}",
              "-fps_mode", "passthrough",  # never duplicate a frame
-             "-f", "rawvideo", "-pix_fmt", "bgr24", "-"]
+             "-f", "rawvideo", "-pix_fmt", FFMPEG_PIX[out.pixel_format.partition(":")[0]], "-"]
     return args
 
 
@@ -251,6 +332,8 @@ class _Ffmpeg:
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.stderr: collections.deque[str] = collections.deque(maxlen=20)  # warnings and errors, level tag off
         self.pts: collections.deque = collections.deque(maxlen=4096)  # showinfo's pts_time (or None), frame order
+        self.first: dict | None = None  # the first frame as showinfo saw it: pix_fmt, width, height, colour
+        self._first: dict | None = None  # (its frame line, until its colour line completes `first`)
         self._pts_seen = threading.Condition()
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
@@ -265,13 +348,37 @@ class _Ffmpeg:
             if context.startswith("[Parsed_showinfo"):
                 is_frame, pts = _showinfo_pts(msg)
                 if is_frame:  # None (no timestamp) too: the frame is then stamped on arrival, without waiting
+                    g = _SHOWINFO_GEOMETRY.search(msg) if self.first is None else None
                     with self._pts_seen:
                         self.pts.append(pts)
+                        if g:
+                            self._first = {"pix_fmt": g.group(1), "width": g.group(2), "height": g.group(3)}
                         self._pts_seen.notify()
+                elif self.first is None and self._first is not None:  # the first frame's colour line
+                    c = _SHOWINFO_COLOUR.search(msg)
+                    with self._pts_seen:
+                        self.first = {**self._first, **({"color_range": c.group(1), "color_space": c.group(2)}
+                                                        if c else {})}
+                        self._pts_seen.notify_all()
             elif level not in ("info", "verbose", "debug", "trace"):  # problems, and lines without a level
                 self.stderr.append(context + msg)
         with self._pts_seen:
             self._pts_seen.notify_all()
+
+    def first_frame(self, deadline: float, stop) -> dict | str:
+        """What showinfo said of the first frame (before its bytes leave ffmpeg); or "stopped", "timeout", or
+        "eof" (ffmpeg's stderr ended: it exited without a frame)."""
+        with self._pts_seen:
+            while self.first is None:
+                if stop():
+                    return "stopped"
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return "timeout"
+                if not self._thread.is_alive():
+                    return self._first or "eof"  # a frame line without its colour line: take what we have
+                self._pts_seen.wait(min(left, POLL_S))
+            return self.first
 
     def next_pts(self, wait_s: float = PTS_WAIT_S) -> float | None:
         """The pts (seconds) of the frame just read: showinfo logs it before the frame leaves ffmpeg, but the
@@ -328,15 +435,27 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     """Publishes the source's frames as `stream` until its end (a file), `frames`, or stop(); returns the count.
     Raises FeedError when the source fails and is not (or no longer) reconnected. say(line) hears each
     reconnection; on_publish(count) each frame (a camera unit's READY and watchdog)."""
-    ffmpeg = _ffmpeg()
+    ffmpeg = find_ffmpeg()
     if o.hwaccel:
         check_hwaccel(ffmpeg, o.hwaccel)
     if o.kind == "file":
         check_file(ffmpeg, o.source)
-    args = ffmpeg_args(ffmpeg, o)
-    writer = ring.FrameWriter.connect(stream, o.width, o.height, "bgr24", socket=socket, wait=wait)
-    report = ConnectionReporter(writer)
-    frame_bytes = o.width * o.height * 3
+    # The ring's geometry: known now when a size and (for YUV) a colorimetry were given, else from what
+    # showinfo says of the first frame (no second connection to the source to ask).
+    known = o.width is not None and (o.pixel_format.partition(":")[0] not in ring.YUV_FORMATS or ":" in o.pixel_format)
+    out = output_of(o, None) if known else None
+    writer = report = None
+
+    def open_ring(first: Output) -> None:
+        nonlocal writer, report, frame_bytes
+        writer = ring.FrameWriter.connect(stream, first.width, first.height, first.pixel_format, socket=socket,
+                                          wait=wait)
+        report = ConnectionReporter(writer)
+        frame_bytes = writer.layout["frame_bytes"]
+    frame_bytes = 0
+    if out is not None:
+        open_ring(out)
+    args = ffmpeg_args(ffmpeg, o, out)
     period = 1.0 / o.fps if o.fps else 0.0
     clock = StreamClock()
     published = decoded = reconnects = 0
@@ -348,7 +467,22 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
             clock.reset()  # a new connection's timestamps start anew
             deadline = time.monotonic() + o.connect_timeout
             frames_this_time = 0
-            while True:
+            got = "frame"
+            if not known:  # the source's size and colour, from its first frame
+                first = child.first_frame(deadline, stop)
+                if isinstance(first, dict):
+                    now_out = output_of(o, first)
+                    if writer is None:
+                        open_ring(now_out)
+                    elif now_out != out:  # (a ring's geometry is sealed: systemd restarts the camera anew)
+                        child.finish(ended=False)
+                        raise FeedError(f"{o.source}: the source came back as {now_out.width}x{now_out.height} "
+                                        f"{now_out.pixel_format}, its ring holds {out.width}x{out.height} "
+                                        f"{out.pixel_format}: restart the feed")
+                    out = now_out
+                else:
+                    got = first
+            while got == "frame":
                 view = memoryview(writer.begin_flat())[:frame_bytes]
                 got = child.read_frame(view, deadline, stop)
                 if got != "frame":
@@ -396,4 +530,5 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 time.sleep(min(POLL_S, max(end - time.monotonic(), 0)))
             backoff = min(backoff * 2, o.backoff_max)
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()

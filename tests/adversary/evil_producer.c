@@ -42,7 +42,7 @@ static void die(const char *what, const ei_error *e) {
 
 static void make_ring(ei_frame_producer *p, uint32_t w, uint32_t h) {
     ei_error e;
-    ei_frame_geometry g = {w, h, fmt, 0, 4};
+    ei_frame_geometry g = {w, h, fmt, 0, 4, 0};
     if (ei_frame_producer_create(p, "evil", &g, &e) != EI_OK) die("create", &e);
 }
 

@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *stream = argv[1];
-    ei_frame_geometry g = {(uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), EI_PIX_BGR24, 0, 4};
+    ei_frame_geometry g = {(uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), EI_PIX_BGR24, 0, 4, 0};
     const char *socket_path = EI_INGRESS_SOCKET;
     long attempts = 1000;
     double fps = 500, wait_s = 10;

@@ -107,14 +107,33 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free (add
 /* ...and a result ring: in addition, no mapping made after sealing can write. */
 #define EI_RESULT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
 
-/* Pixel formats: all 8 bits per channel, interleaved (HWC). */
+/* Pixel formats, 8 bits per sample. 1-5 are interleaved (HWC). 6-8 are YUV as
+ * decoders and V4L2 cameras give it (the daemon converts to RGB inside the model
+ * graph); their rows are packed (row_stride = width, yuyv: 2 * width), width and
+ * height are even, and `colorimetry` says which YUV it is:
+ *   NV12: the Y plane (height rows), then interleaved U,V at half size (height/2 rows of width bytes);
+ *   I420: the Y plane, then U, then V, each chroma plane (width/2) x (height/2) (ffmpeg's yuv420p);
+ *   YUYV: 4:2:2 packed, Y0 U Y1 V for each pair of pixels (V4L2's YUYV, ffmpeg's yuyv422). */
 enum ei_pixel_format {
     EI_PIX_GRAY8 = 1,
     EI_PIX_RGB24 = 2,
     EI_PIX_BGR24 = 3,
     EI_PIX_RGBA32 = 4,
     EI_PIX_BGRA32 = 5,
+    EI_PIX_NV12 = 6,
+    EI_PIX_I420 = 7,
+    EI_PIX_YUYV = 8,
 };
+
+/* Which YUV a YUV frame holds (header `colorimetry`; zero for the RGB formats).
+ * Limited range: Y 16-235, U/V 16-240 (broadcast video, most cameras); full: 0-255 (JPEG, some webcams). */
+enum ei_colorimetry {
+    EI_COLOUR_BT601 = 0,      /* BT.601 limited range: SD video, most IP cameras' default */
+    EI_COLOUR_BT601_FULL = 1, /* BT.601 full range (JPEG / MJPEG) */
+    EI_COLOUR_BT709 = 2,      /* BT.709 limited range: HD video */
+    EI_COLOUR_BT709_FULL = 3, /* BT.709 full range */
+};
+#define EI_COLOUR_MAX EI_COLOUR_BT709_FULL
 
 /* Slot state, the low 8 bits of a slot's `word` (the high 56 bits are the seq). */
 enum ei_slot_state {
@@ -186,8 +205,9 @@ typedef struct ei_frame_ring_header {
     uint32_t height;            /* pixels */
     uint32_t channels;          /* bytes per pixel, implied by pixel_format */
     uint32_t pixel_format;      /* enum ei_pixel_format */
-    uint32_t row_stride;        /* bytes per row, >= width * channels */
-    uint32_t reserved0[15];     /* zero */
+    uint32_t row_stride;        /* bytes per row, >= width * channels (YUV formats: == width * channels) */
+    uint32_t colorimetry;       /* YUV formats: enum ei_colorimetry; zero otherwise */
+    uint32_t reserved0[14];     /* zero */
     /* line 2: written by the producer */
     _Atomic uint64_t latest;           /* seq << 8 | slot of the newest complete frame; 0 = none yet */
     _Atomic uint32_t doorbell;         /* futex word: +1 on every publish and flag change */
@@ -335,13 +355,22 @@ static inline void ei_cpu_relax(void) {
 #endif
 }
 
+/* Bytes per pixel of a row (of the Y plane for the planar YUV formats); 0 = unknown format. */
 static inline uint32_t ei_pixel_channels(uint32_t fmt) {
     switch (fmt) {
-    case EI_PIX_GRAY8: return 1;
+    case EI_PIX_GRAY8: case EI_PIX_NV12: case EI_PIX_I420: return 1;
+    case EI_PIX_YUYV: return 2;
     case EI_PIX_RGB24: case EI_PIX_BGR24: return 3;
     case EI_PIX_RGBA32: case EI_PIX_BGRA32: return 4;
     default: return 0;
     }
+}
+
+static inline int ei_pixel_is_yuv(uint32_t fmt) { return fmt >= EI_PIX_NV12 && fmt <= EI_PIX_YUYV; }
+
+/* Rows of row_stride bytes one frame takes: the 4:2:0 formats add half a frame of chroma rows. */
+static inline uint64_t ei_frame_rows(uint32_t fmt, uint32_t height) {
+    return (fmt == EI_PIX_NV12 || fmt == EI_PIX_I420) ? (uint64_t)height * 3 / 2 : height;
 }
 
 static inline int ei_fail(ei_error *err, int code, int sys_errno, const char *fmt, ...)
@@ -488,6 +517,7 @@ typedef struct ei_frame_geometry {
     uint32_t pixel_format; /* enum ei_pixel_format */
     uint32_t row_stride;   /* 0 = packed (width * channels) */
     uint32_t slot_count;   /* EI_MIN_SLOTS..EI_MAX_SLOTS */
+    uint32_t colorimetry;  /* YUV formats: enum ei_colorimetry (0, BT.601 limited, if left out); else 0 */
 } ei_frame_geometry;
 
 /* A private, validated copy of a frame ring's geometry. Readers use only this,
@@ -498,6 +528,8 @@ typedef struct ei_frame_layout {
     uint64_t payload_capacity;
     uint32_t slot_count;
     uint32_t width, height, channels, pixel_format, row_stride;
+    uint32_t rows;         /* rows of row_stride bytes per frame (ei_frame_rows) */
+    uint32_t colorimetry;  /* enum ei_colorimetry for YUV formats, else 0 */
 } ei_frame_layout;
 
 static inline int ei_frame_layout_from_geometry(const ei_frame_geometry *g, ei_frame_layout *out, const char *name,
@@ -514,13 +546,28 @@ static inline int ei_frame_layout_from_geometry(const ei_frame_geometry *g, ei_f
     if (row < packed || row > UINT32_MAX)
         return ei_fail(err, EI_ERR_ARG, 0, "%s: row stride %llu smaller than a row (%llu bytes)", name,
                        (unsigned long long)row, (unsigned long long)packed);
+    if (ei_pixel_is_yuv(g->pixel_format)) {
+        /* The graph finds the chroma by offset: packed rows and whole chroma samples only. */
+        if (g->width % 2 || g->height % 2)
+            return ei_fail(err, EI_ERR_ARG, 0, "%s: a YUV frame needs an even width and height, not %ux%u", name,
+                           g->width, g->height);
+        if (row != packed)
+            return ei_fail(err, EI_ERR_ARG, 0, "%s: YUV rows are packed: row stride %llu, expected %llu", name,
+                           (unsigned long long)row, (unsigned long long)packed);
+        if (g->colorimetry > EI_COLOUR_MAX)
+            return ei_fail(err, EI_ERR_ARG, 0, "%s: unknown colorimetry %u", name, g->colorimetry);
+    } else if (g->colorimetry) {
+        return ei_fail(err, EI_ERR_ARG, 0, "%s: colorimetry %u given for an RGB/gray format", name, g->colorimetry);
+    }
     out->width = g->width;
     out->height = g->height;
     out->channels = ch;
     out->pixel_format = g->pixel_format;
     out->row_stride = (uint32_t)row;
+    out->rows = (uint32_t)ei_frame_rows(g->pixel_format, g->height);
+    out->colorimetry = g->colorimetry;
     out->slot_count = g->slot_count;
-    out->payload_capacity = ei_align_up(row * g->height);
+    out->payload_capacity = ei_align_up(row * out->rows);
     out->slot_stride = ei_align_up(EI_SLOT_HEADER_SIZE + out->payload_capacity);
     out->total_size = EI_HEADER_SIZE + (uint64_t)g->slot_count * out->slot_stride;
     return EI_OK;
@@ -547,7 +594,7 @@ static inline int ei_frame_ring_check(const void *base, uint64_t ring_size, cons
     if (h.abi_version != EI_ABI_VERSION)
         return ei_fail(err, EI_ERR_ABI, 0, "%s: ABI version %u, this build understands %u", name, h.abi_version,
                        EI_ABI_VERSION);
-    ei_frame_geometry g = {h.width, h.height, h.pixel_format, h.row_stride, h.slot_count};
+    ei_frame_geometry g = {h.width, h.height, h.pixel_format, h.row_stride, h.slot_count, h.colorimetry};
     ei_error sub;
     if (h.header_size != EI_HEADER_SIZE || h.slot_header_size != EI_SLOT_HEADER_SIZE)
         return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: header size %u / slot header size %u, expected %u / %u", name,
@@ -557,7 +604,7 @@ static inline int ei_frame_ring_check(const void *base, uint64_t ring_size, cons
     if (h.channels != out->channels)
         return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: %u channels does not match pixel format %u", name, h.channels,
                        h.pixel_format);
-    if (h.payload_capacity < (uint64_t)out->row_stride * out->height || h.payload_capacity > EI_MAX_PAYLOAD ||
+    if (h.payload_capacity < (uint64_t)out->row_stride * out->rows || h.payload_capacity > EI_MAX_PAYLOAD ||
         h.slot_stride < EI_SLOT_HEADER_SIZE + h.payload_capacity || h.slot_stride % EI_ALIGN ||
         h.slot_stride > EI_SLOT_HEADER_SIZE + EI_MAX_PAYLOAD)
         return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: slot stride %llu / payload capacity %llu do not hold a %ux%u frame",
@@ -587,7 +634,7 @@ static inline uint8_t *ei_frame_payload(uint8_t *base, const ei_frame_layout *l,
 }
 
 /* Bytes of one whole frame: a payload_len below this is a short (skipped) frame. */
-static inline uint64_t ei_frame_bytes(const ei_frame_layout *l) { return (uint64_t)l->row_stride * l->height; }
+static inline uint64_t ei_frame_bytes(const ei_frame_layout *l) { return (uint64_t)l->row_stride * l->rows; }
 
 /* ------------------------------------------------------------------ */
 /* Frame ring: producer                                                */
@@ -632,6 +679,7 @@ static inline int ei_frame_producer_create(ei_frame_producer *p, const char *lab
     h->channels = l.channels;
     h->pixel_format = l.pixel_format;
     h->row_stride = l.row_stride;
+    h->colorimetry = l.colorimetry;
     atomic_store(&h->claimed, EI_NO_SLOT);
     atomic_store(&h->producer_pid, (uint32_t)getpid());
     atomic_store(&h->generation, 1);
