@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgeinfer.decoders import params_union
+from edgeinfer.placement import ResizeMode
 from edgeinfer.vocabulary import ModelFormat, channels
 from edgeinfer.yamlconf import ConfigError, load_yaml_model
 
@@ -66,7 +67,7 @@ class PreprocessSpec(_Strict):
     std: list[float] = Field(default_factory=lambda: [1.0])
     # Where the frame lands in the input (placement.py; docs/decoders.md, "Before the model"): stretch (aspect
     # ignored), letterbox (fit, padded with pad_value; 114 is the YOLO family's grey) or crop (the centre, covering).
-    resize: Literal["stretch", "letterbox", "crop"] = "stretch"
+    resize: ResizeMode = "stretch"
     pad_value: int = Field(114, ge=0, le=255)
     # Resize's sampling on the uint8 frame: linear (bilinear, no antialias: a large downscale aliases), nearest,
     # or area (linear with antialias, the average of the pixels covered: needs the model's opset >= 18).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,9 +26,9 @@ import time
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edgeinfer.vocabulary import YUV_BASES, FrameFormat
+from edgeinfer.vocabulary import FrameFormat, takes_source_colour
 from edgeinfer.yamlconf import load_yaml_file, load_yaml_model
 
 CAMERA_DIR = "/etc/edgeinfer/cameras"
@@ -61,9 +62,26 @@ class CameraConfig(BaseModel):
     hwaccel: Optional[str] = Field(None, pattern=r"^[a-z0-9_]{1,32}$")
     socket: str = "/run/edgeinfer/ingress.sock"
 
+    @model_validator(mode="after")
+    def _size(self):
+        if (self.width is None) != (self.height is None):
+            raise ValueError("width and height: give both (a scaled size) or neither (the source's size)")
+        return self
+
+    @property
+    def frame_format(self) -> str:
+        """The ring's pixel format as configured (a synthetic source always publishes its own)."""
+        from edgeinfer.producers import synthetic
+        return synthetic.PIXEL_FORMAT if self.source == SYNTHETIC else self.pixel_format
+
+    @property
+    def live(self) -> bool:
+        """A source that delivers at its own rate (a URL, a device), not a file read as fast as it decodes."""
+        from edgeinfer.producers.ffmpeg import source_kind
+        return self.source != SYNTHETIC and source_kind(self.source) != "file"
+
 
 def path_of(name: str, directory: str = CAMERA_DIR) -> str:
-    import re
     if not re.match(NAME_PATTERN, name):
         raise ValueError(f"camera name {name!r}: letters, digits, '-' and '_', at most 24, starting with a letter "
                          "or digit")
@@ -111,8 +129,8 @@ def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.envir
     stream = cam.stream or name
     unit = UnitNotifier(Notifier(env), name, stream)
     if cam.source == SYNTHETIC:
-        return synthetic.run(stream, cam.width or 640, cam.height or 480, 30.0 if cam.fps is None else cam.fps,
-                             socket=cam.socket, wait=0, stop=stop, on_publish=unit.published)
+        return synthetic.run(stream, cam.width, cam.height, cam.fps, socket=cam.socket, wait=0, stop=stop,
+                             on_publish=unit.published)
     opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format, fps=cam.fps,
                                 connect_timeout=cam.connect_timeout_s, read_timeout=cam.read_timeout_s,
                                 transport=cam.transport, hwaccel=cam.hwaccel, reconnect=cam.reconnect)
@@ -143,8 +161,7 @@ def add(name: str, fields: dict, directory: str = CAMERA_DIR, create_user: bool 
     # (the source's size, the colorimetry it reports).
     size = f"    width: {cam.width}\n    height: {cam.height}\n" if cam.width else \
         "    # width: …, height: …  the source's (edgeinferctl camera test NAME says them)\n"
-    known_colour = ":" in cam.pixel_format or cam.pixel_format.partition(":")[0] not in YUV_BASES
-    size += f"    pixel_format: {cam.pixel_format}\n" if known_colour else \
+    size += f"    pixel_format: {cam.frame_format}\n" if not takes_source_colour(cam.frame_format) else \
         f"    pixel_format: {cam.pixel_format}  # with the source's colorimetry, e.g. {cam.pixel_format}:bt709 " \
         "(camera test says it)\n"
     entry = (f"streams:\n  - name: {cam.stream or name}\n    producer: {{user: {user_of(name)}}}\n{size}"
@@ -200,13 +217,12 @@ def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) ->
     with tempfile.TemporaryDirectory(prefix="edgeinfer-camera-test-") as d:
         sock = os.path.join(d, "nobody.sock")  # no daemon: the frames go into the ring and no further
         if cam.source == SYNTHETIC:
-            geometry = f"{cam.width or 640}x{cam.height or 480} bgr24"
+            geometry = f"{cam.width or synthetic.WIDTH}x{cam.height or synthetic.HEIGHT} {cam.frame_format}"
             say(f"camera {name}: source synthetic, {geometry}")
-            synthetic.run(f"{name}-test", cam.width or 640, cam.height or 480, 0, frames, socket=sock, wait=0,
-                          on_publish=seen)
+            synthetic.run(f"{name}-test", cam.width, cam.height, 0, frames, socket=sock, wait=0, on_publish=seen)
         else:
             opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format,
-                                        fps=cam.fps if "://" in cam.source or cam.source.startswith("/dev/") else 0,
+                                        fps=cam.fps if cam.live else 0,
                                         frames=frames, connect_timeout=cam.connect_timeout_s,
                                         read_timeout=cam.read_timeout_s, transport=cam.transport, hwaccel=cam.hwaccel,
                                         reconnect=False)
@@ -223,7 +239,6 @@ def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) ->
     if not times:
         raise OSError(f"camera {name}: no frame")
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
-    live = cam.source != SYNTHETIC and ("://" in cam.source or cam.source.startswith("/dev/"))
     say(f"camera {name}: frames {geometry}; {len(times)} in "
-        f"{times[-1] - times[0]:.2f} s: {rate:.1f} frames/s ({'the source' if live else 'decode'} rate)")
+        f"{times[-1] - times[0]:.2f} s: {rate:.1f} frames/s ({'the source' if cam.live else 'decode'} rate)")
     return rate

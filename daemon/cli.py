@@ -158,8 +158,7 @@ def _cmd_feed(args) -> int:
     stop = _stop_flag()
     if args.synthetic:
         from edgeinfer.producers import synthetic
-        n = synthetic.run(args.stream, args.width or 640, args.height or 480, 30.0 if args.fps is None else args.fps,
-                          args.frames,
+        n = synthetic.run(args.stream, args.width, args.height, args.fps, args.frames,
                           socket=args.socket, wait=args.wait, seed=args.seed, stop=stop)
     else:
         from edgeinfer.producers import ffmpeg
@@ -198,7 +197,7 @@ def _cmd_camera_list(args) -> int:
         try:
             cam = cameras.load(name, args.dir)
             size = f"{cam.width}x{cam.height}" if cam.width else "source size"
-            what = f"stream {cam.stream or name}  {size} {cam.pixel_format}  {cam.source}"
+            what = f"stream {cam.stream or name}  {size} {cam.frame_format}  {cam.source}"
         except ConfigError as e:
             what = f"invalid: {e.problems[0] if e.problems else e}"
         print(f"{name}  {cameras.unit_state(name)}  {what}")

@@ -107,8 +107,9 @@ def _crop_resize(cur: str, tag: str, crop: tuple[int, int, int, int] | None, siz
     return nodes, inits, cur
 
 
-def _yuv_nodes(base: str, h: int, w: int, place, sampling: dict, batched: bool, name) -> tuple[list, list, str]:
-    """Nodes that make a uint8 [n, H', W', 3] (Y, U, V) image at the resize's size from a YUV frame as the ring
+def _yuv_nodes(base: str, h: int, w: int, crop: tuple[int, int, int, int] | None, size: tuple[int, int] | None,
+               out: tuple[int, int], sampling: dict, batched: bool, name) -> tuple[list, list, str]:
+    """Nodes that make a uint8 [n, H', W', 3] (Y, U, V) image of size `out` from a YUV frame as the ring
     holds it (4:2:0: [n, H*3/2, W, 1]; yuyv: [n, H, W, 2]). Each plane is cropped and resized from its own
     resolution (the chroma from half size), so nothing is computed at the frame's full size but the Y plane's
     resize, as for an RGB frame. Chroma samples cover 2x2 (4:2:0) or 2x1 (4:2:2) pixels, centred on them; when
@@ -145,27 +146,21 @@ def _yuv_nodes(base: str, h: int, w: int, place, sampling: dict, batched: bool, 
                                            name=name(plane))]
             chroma = [("u", 1, None), ("v", 1, None)]
         sub_y = 2
-    whole = (place.crop_w, place.crop_h) == (w, h)
-    resized = (place.resize_w, place.resize_h) != (place.crop_w, place.crop_h)
-    size = (place.resize_h, place.resize_w)
     planes = []
 
-    def plane(src: str, tag: str, ch: int, keep: list | None, crop, size, how: dict) -> None:
-        nonlocal nodes, inits
-        more, more_inits, out = _crop_resize(src, tag, crop, size, ch, how, batched, name)
+    def plane(src: str, tag: str, ch: int, keep: list | None, box, to, how: dict) -> None:
+        more, more_inits, res = _crop_resize(src, tag, box, to, ch, how, batched, name)
         if keep is not None:  # the plane's own channels, at the model's size
-            more.append(helper.make_node("Slice", [out, *keep], [name(f"{tag}_kept")], name=name(f"{tag}_keep")))
-            out = name(f"{tag}_kept")
-        nodes, inits = nodes + more, inits + more_inits
-        planes.append(out)
-    plane(luma[0], "y", luma[1], luma[2], None if whole else (
-        place.crop_y, place.crop_x, place.crop_y + place.crop_h, place.crop_x + place.crop_w),
-        size if resized else None, sampling)
+            more.append(helper.make_node("Slice", [res, *keep], [name(f"{tag}_kept")], name=name(f"{tag}_keep")))
+            res = name(f"{tag}_kept")
+        nodes.extend(more)
+        inits.extend(more_inits)
+        planes.append(res)
+    plane(luma[0], "y", luma[1], luma[2], crop, size, sampling)
     # A chroma crop covers every chroma sample the luma crop touches (an odd offset: half a sample more).
-    c_crop = None if whole else (place.crop_y // sub_y, place.crop_x // 2, -(-(place.crop_y + place.crop_h) // sub_y),
-                                 -(-(place.crop_x + place.crop_w) // 2))
-    for tag, ch, keep in chroma:
-        plane(name(tag), tag, ch, keep, c_crop, size, sampling if resized else {"mode": "nearest"})
+    c_crop = None if crop is None else (crop[0] // sub_y, crop[1] // 2, -(-crop[2] // sub_y), -(-crop[3] // 2))
+    for tag, ch, keep in chroma:  # always resized: from half size to `out`, nearest when the frame is not resized
+        plane(name(tag), tag, ch, keep, c_crop, out, sampling if size is not None else {"mode": "nearest"})
     nodes.append(helper.make_node("Concat", planes, [name("yuv444")], axis=3, name=name("yuv444")))
     return nodes, inits, name("yuv444")
 
@@ -192,7 +187,6 @@ def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputS
     n = "batch" if batched else 1
     if opset < 11:
         raise BundleError(f"model opset {opset}: in-graph preprocessing needs opset >= 11 (Resize)")
-    ch_in = len(FRAME_CHANNELS[frame_format])
     ch = len(MODEL_CHANNELS[spec.pixel_format])
     nodes, inits = [], []
     cur = FRAME_INPUT
@@ -202,18 +196,22 @@ def preprocess_graph(frame_format: str, frame_h: int, frame_w: int, spec: InputS
 
     place = placement(pre.resize, frame_w, frame_h, spec.width, spec.height)
     sampling = _sampling(pre.interpolation, opset)
+    # The crop (y0, x0, y1, x1) and the resize (H', W') the placement asks for; None where there is none.
+    crop = None if (place.crop_w, place.crop_h) == (frame_w, frame_h) else (
+        place.crop_y, place.crop_x, place.crop_y + place.crop_h, place.crop_x + place.crop_w)
+    size = None if (place.resize_w, place.resize_h) == (place.crop_w, place.crop_h) else (
+        place.resize_h, place.resize_w)
     yuv = yuv_parts(frame_format)
     if yuv is not None:
-        channel_map(frame_format, spec.pixel_format)  # a gray8 model is refused here, with the reason
+        if spec.pixel_format == "gray8":
+            raise BundleError(f"a {frame_format} stream cannot feed a gray8 model (no gray path from YUV in-graph)")
         if frame_h % 2 or frame_w % 2:
             raise BundleError(f"a {frame_format} frame needs an even width and height, not {frame_w}x{frame_h}")
-        more, more_inits, cur = _yuv_nodes(yuv[0], frame_h, frame_w, place, sampling, batched, name)
+        more, more_inits, cur = _yuv_nodes(yuv[0], frame_h, frame_w, crop, size, (place.resize_h, place.resize_w),
+                                           sampling, batched, name)
     else:
-        crop = None if (place.crop_w, place.crop_h) == (frame_w, frame_h) else (
-            place.crop_y, place.crop_x, place.crop_y + place.crop_h, place.crop_x + place.crop_w)
-        size = None if (place.resize_w, place.resize_h) == (place.crop_w, place.crop_h) else (
-            place.resize_h, place.resize_w)
-        more, more_inits, cur = _crop_resize(cur, "", crop, size, ch_in, sampling, batched, name)
+        more, more_inits, cur = _crop_resize(cur, "", crop, size, len(FRAME_CHANNELS[frame_format]), sampling,
+                                             batched, name)
     nodes += more
     inits += more_inits
     if yuv is not None:  # YUV → RGB at the model's size: far fewer pixels than the frame's

@@ -11,6 +11,7 @@ daemon without bound.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import threading
 import time
@@ -160,7 +161,9 @@ class SessionSet:
         except Exception as e:
             raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
         s = FusedSession(sess, *key, batch=self.batch)
-        s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where, self.decoder)
+        # Its own copy of the decoder: this runs on a lane's control thread, and the loop's payload is a view of
+        # the shared decoder's buffer until it is written (a warm-up result must never reach a record).
+        s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where, copy.deepcopy(self.decoder))
         self._sessions[key] = s
         return s
 

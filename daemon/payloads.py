@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer.vocabulary import (KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW, KIND_TENSORS, TENSOR_ALIGN,
-                                  TENSOR_DESC_SIZE, TENSOR_DTYPES, TENSOR_MAX_DIMS, TENSOR_NAME_BYTES)
+from edgeinfer.vocabulary import (ITEM_VALUES, KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW, KIND_TENSORS,
+                                  TENSOR_ALIGN, TENSOR_DESC_SIZE, TENSOR_DTYPES, TENSOR_MAX_DIMS, TENSOR_NAME_BYTES)
 
 
 class PayloadError(ValueError):
@@ -45,11 +45,11 @@ def describe(kind: int, payload: bytes, item_count: int, labels: list[str] = ())
     """JSON-ready: {"classes": [...]} , {"detections": [...]}, {"values": [...]} or {"tensors": [...]}."""
     labels = list(labels)
     if kind == KIND_CLASSIFICATION:
-        rows = np.frombuffer(payload, np.float32).reshape(-1, 2)[:item_count]
+        rows = np.frombuffer(payload, np.float32).reshape(-1, ITEM_VALUES[kind])[:item_count]
         return {"classes": [{"class_id": int(c), "label": _label(labels, int(c)), "score": float(s)}
                             for c, s in rows]}
     if kind == KIND_DETECTION:
-        rows = np.frombuffer(payload, np.float32).reshape(-1, 6)[:item_count]
+        rows = np.frombuffer(payload, np.float32).reshape(-1, ITEM_VALUES[kind])[:item_count]
         return {"detections": [{"box": [float(v) for v in r[:4]], "score": float(r[4]), "class_id": int(r[5]),
                                 "label": _label(labels, int(r[5]))} for r in rows]}
     if kind == KIND_RAW:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal, get_args
 
-RESIZE_MODES = ("stretch", "letterbox", "crop")
+ResizeMode = Literal["stretch", "letterbox", "crop"]  # model.yaml preprocess.resize
+RESIZE_MODES: tuple[str, ...] = get_args(ResizeMode)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,8 @@ from typing import Iterator
 import numpy as np
 
 from edgeinfer import _ring
+from edgeinfer import vocabulary as _vocabulary
+from edgeinfer.vocabulary import YUV_BASES, yuv_format_name
 from edgeinfer._ring import (  # noqa: F401  (re-exported: the error types are part of the API)
     AbiMismatch,
     AccessDenied,
@@ -52,7 +54,8 @@ PIXEL_FORMATS = dict(_ring.PIXEL_FORMATS)
 PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
 COLORIMETRIES = dict(_ring.COLORIMETRIES)
 COLORIMETRY_NAMES = {code: name for name, code in COLORIMETRIES.items()}
-YUV_FORMATS = ("nv12", "i420", "yuyv")  # converted to RGB inside the model graph (fusion)
+# ring.h's codes and the names the schemas take (vocabulary) are one list, in one order.
+assert tuple(sorted(COLORIMETRIES, key=COLORIMETRIES.get)) == _vocabulary.COLORIMETRIES, COLORIMETRIES
 MAX_WAIT = _ring.MAX_WAIT
 STREAM_NAME_MAX = _ring.STREAM_NAME_MAX
 STATUS = dict(_ring.STATUS)
@@ -79,17 +82,16 @@ def parse_pixel_format(pixel_format: str | int) -> tuple[int, int]:
     base, _, colour = pixel_format.lower().partition(":")
     if base not in PIXEL_FORMATS:
         raise ValueError(f"unknown pixel format {pixel_format!r}; one of {sorted(PIXEL_FORMATS)}")
-    if colour and (base not in YUV_FORMATS or colour not in COLORIMETRIES):
-        raise ValueError(f"pixel format {pixel_format!r}: only {', '.join(YUV_FORMATS)} take a colorimetry, one of "
+    if colour and (base not in YUV_BASES or colour not in COLORIMETRIES):
+        raise ValueError(f"pixel format {pixel_format!r}: only {', '.join(YUV_BASES)} take a colorimetry, one of "
                          f"{', '.join(COLORIMETRIES)} (e.g. nv12:bt709)")
     return PIXEL_FORMATS[base], COLORIMETRIES.get(colour, 0)
 
 
 def format_name(layout: dict) -> str:
-    """The pixel format's name of a ring's layout, with its colorimetry unless BT.601 limited (the default)."""
+    """The pixel format's name of a ring's layout (a YUV one with its colorimetry: vocabulary.yuv_format_name)."""
     name = PIXEL_FORMAT_NAMES[layout["pixel_format"]]
-    colour = COLORIMETRY_NAMES.get(layout.get("colorimetry", 0), "bt601")
-    return f"{name}:{colour}" if colour != "bt601" else name
+    return yuv_format_name(name, COLORIMETRY_NAMES[layout["colorimetry"]]) if name in YUV_BASES else name
 
 
 # ------------------------------------------------------------------ producer
@@ -166,7 +168,8 @@ class FrameWriter:
         return self._p.step()
 
     def begin(self) -> np.ndarray:
-        """A writable (height, width, channels) uint8 view of a free slot."""
+        """A writable uint8 view of a free slot: (height, width, channels); a YUV frame's (rows, width, bytes per
+        pixel), its chroma rows after the Y rows (vocabulary.frame_shape)."""
         return self._p.images[self._p.begin()]
 
     def begin_flat(self) -> np.ndarray:

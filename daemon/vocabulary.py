@@ -14,17 +14,22 @@ from typing import Literal, NamedTuple, get_args
 
 YUV_BASES = ("nv12", "i420", "yuyv")                   # YUV as decoders and V4L2 give it
 COLORIMETRIES = ("bt601", "bt601-full", "bt709", "bt709-full")  # ring.h ei_colorimetry, in its order
-# A YUV format's name carries its colorimetry unless it is BT.601 limited (the zero): nv12, nv12:bt709, ...
-YUV_FORMATS: tuple[str, ...] = tuple(f"{b}:{c}" if c != "bt601" else b for b in YUV_BASES for c in COLORIMETRIES)
+
+
+def yuv_format_name(base: str, colorimetry: str) -> str:
+    """A YUV format's name carries its colorimetry unless it is BT.601 limited (the zero): nv12, nv12:bt709, ..."""
+    return base if colorimetry == COLORIMETRIES[0] else f"{base}:{colorimetry}"
+
+
+YUV_FORMATS: tuple[str, ...] = tuple(yuv_format_name(b, c) for b in YUV_BASES for c in COLORIMETRIES)
 FRAME_FORMATS: tuple[str, ...] = ("gray8", "rgb24", "bgr24", "rgba32", "bgra32", *YUV_FORMATS)
 FrameFormat = Literal[FRAME_FORMATS]                                  # what a camera may write
 ModelFormat = Literal["rgb24", "bgr24", "gray8"]                      # what a model may ask for
 MODEL_FORMATS: tuple[str, ...] = get_args(ModelFormat)
 
-# Channel order of each interleaved format (fusion maps a frame's channels onto the model's); a YUV frame
-# becomes RGB inside the graph first.
-FRAME_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR", "rgba32": "RGBA", "bgra32": "BGRA",
-                  **{f: "RGB" for f in YUV_FORMATS}}
+# Channel order of each interleaved format (fusion maps a frame's channels onto the model's; a YUV frame is
+# converted to the model's order in the graph, fusion._colour_nodes).
+FRAME_CHANNELS = {"gray8": "Y", "rgb24": "RGB", "bgr24": "BGR", "rgba32": "RGBA", "bgra32": "BGRA"}
 MODEL_CHANNELS = {f: FRAME_CHANNELS[f] for f in MODEL_FORMATS}
 # Bytes per pixel of a row as the ring holds it (the Y plane's, for the planar formats).
 _ROW_BYTES = {"gray8": 1, "rgb24": 3, "bgr24": 3, "rgba32": 4, "bgra32": 4, "nv12": 1, "i420": 1, "yuyv": 2}
@@ -36,8 +41,15 @@ def yuv_parts(pixel_format: str) -> tuple[str, str] | None:
     return (base, colour or "bt601") if base in YUV_BASES else None
 
 
+def takes_source_colour(pixel_format: str) -> bool:
+    """A YUV format named without its colorimetry: a producer fills in the source's ("i420" but not
+    "i420:bt601" nor "bgr24")."""
+    base, colon, _ = pixel_format.partition(":")
+    return base in YUV_BASES and not colon
+
+
 def channels(pixel_format: str) -> int:
-    """Channels of a frame or model pixel format as the model sees them (gray8: 1; a YUV frame: 3, RGB)."""
+    """Channels of an interleaved frame or model pixel format (gray8: 1). A YUV frame's layout: frame_shape."""
     return len(FRAME_CHANNELS[pixel_format])
 
 

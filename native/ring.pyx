@@ -418,7 +418,7 @@ cdef class Frame:
     nothing; copy out what must outlive the hold (a view taken out before
     release() still points at the slot: that is the caller's contract)."""
     cdef FrameConsumer owner                 # the consumer holding the slot
-    cdef object _array                       # (height, width, channels) uint8 view of the slot; None once released
+    cdef object _array                       # (rows, width, channels) uint8 view of the slot; None once released
     cdef object _batch                       # the same as a batch of one: (1, height, width, channels)
     cdef object _flat                        # the whole payload area as a flat uint8 view
     cdef readonly uint64_t seq               # frame sequence number in this ring

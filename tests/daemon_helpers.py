@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -158,3 +159,33 @@ def results(proc, stream: str, **kw):
     """A ResultReader of `stream` on the daemon `proc` (follows it across restarts)."""
     from edgeinfer import ring
     return ring.ResultReader.watch(stream, socket=proc.results, **kw)
+
+
+def measured(cmd: list[str], out_dir: str, tag: str, timeout: float = 60.0):
+    """Starts `cmd` (stdout and stderr to files); returns a function that waits for it (bounded) and gives
+    (exit code, stdout, stderr, rchar, peak RSS bytes): rchar (bytes read by system calls; -1 if /proc could not
+    say) is read while it is a zombie (WNOWAIT), before it is reaped. Killed after `timeout` seconds."""
+    out, err = open(os.path.join(out_dir, f"{tag}.out"), "w+"), open(os.path.join(out_dir, f"{tag}.err"), "w+")
+    p = subprocess.Popen(cmd, stdout=out, stderr=err)
+
+    def finish():
+        deadline = time.monotonic() + timeout
+        while os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            if time.monotonic() > deadline:
+                p.kill()
+                break
+            time.sleep(0.01)
+        try:
+            with open(f"/proc/{p.pid}/io") as f:
+                rchar = int(next(x for x in f if x.startswith("rchar:")).split()[1])
+        except OSError:
+            rchar = -1
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read())
+            f.close()
+        return p.returncode, texts[0], texts[1], rchar, usage.ru_maxrss * 1024
+    return finish

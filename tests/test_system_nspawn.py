@@ -29,10 +29,11 @@ ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v3.tar")
 DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db,ffmpeg"
 
 CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
-          "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels", "impersonation_refused",
-          "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart", "fdstore_kill", "daemon_sigkill_restart",
-          "lane_restarted_by_daemon", "watchdog_restart", "socket_activation", "camera_add", "camera_unit",
-          "camera_stalled_source", "camera_restarts_100", "camera_stop", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
+          "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
+          "impersonation_refused", "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart",
+          "fdstore_kill", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
+          "socket_activation", "camera_add", "camera_unit", "camera_stalled_source", "camera_restarts_100",
+          "camera_stop", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
 # The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
 RELEASE_0_1 = ("f68a388", "0.1.0")
 
@@ -147,23 +148,15 @@ def test_system_check(system_run, check):
     assert line.startswith("PASS"), f"{line}\n--- journal ---\n{extra['journal.txt'][-4000:]}"
 
 
-def test_security_exposure_printed_and_within_target(system_run):
+@pytest.mark.parametrize("report, unit", [("security.txt", "edgeinferd.service"),
+                                          ("camera-security.txt", "edgeinfer-camera@gate1.service")])
+def test_security_exposure_printed_and_within_target(system_run, report, unit):
     _, extra, _ = system_run
-    sec = extra["security.txt"]
+    sec = extra[report]
     print(sec[-600:])
     line = next((x for x in sec.splitlines() if "Overall exposure level" in x), None)
     assert line is not None, sec[-2000:]
-    exposure = float(line.split("level for edgeinferd.service:")[1].split()[0])
-    assert exposure <= 2.5, line
-
-
-def test_camera_unit_security_exposure_within_target(system_run):
-    _, extra, _ = system_run
-    sec = extra["camera-security.txt"]
-    print(sec[-600:])
-    line = next((x for x in sec.splitlines() if "Overall exposure level" in x), None)
-    assert line is not None, sec[-2000:]
-    exposure = float(line.split("level for edgeinfer-camera@gate1.service:")[1].split()[0])
+    exposure = float(line.split(f"level for {unit}:")[1].split()[0])
     assert exposure <= 2.5, line
 
 

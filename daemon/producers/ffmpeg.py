@@ -38,6 +38,7 @@ import time
 
 from edgeinfer import ring
 from edgeinfer.producers.connection import ConnectionReporter
+from edgeinfer.vocabulary import YUV_BASES, takes_source_colour
 
 POLL_S = 0.1  # the longest stop() waits for us
 EXIT_WAIT_S = 2.0  # for ffmpeg to exit (and say why) once its output ended
@@ -112,6 +113,15 @@ FFMPEG_PIX = {"i420": "yuv420p", "nv12": "nv12", "yuyv": "yuyv422", "bgr24": "bg
 _MATRIX_OF = {"bt709": "bt709", "smpte170m": "bt601", "bt470bg": "bt601", "fcc": "bt601"}
 
 
+def source_kind(source: str) -> str:
+    """file, network or device."""
+    if source.startswith("/dev/"):
+        return "device"
+    if "://" in source and not source.startswith("file:"):
+        return "network"
+    return "file"
+
+
 @dataclasses.dataclass(frozen=True)
 class FfmpegOptions:
     source: str
@@ -139,7 +149,7 @@ class FfmpegOptions:
         base = self.pixel_format.partition(":")[0]
         if base not in FFMPEG_PIX:
             raise ValueError(f"--pixel-format {self.pixel_format}: one of {', '.join(FFMPEG_PIX)}")
-        if base in ring.YUV_FORMATS and self.width is not None and (self.width % 2 or self.height % 2):
+        if base in YUV_BASES and self.width is not None and (self.width % 2 or self.height % 2):
             raise ValueError(f"--width {self.width} --height {self.height}: {base} frames need an even width and "
                              "height")
         if self.fps is not None and not 0 <= self.fps <= 1000:
@@ -154,12 +164,7 @@ class FfmpegOptions:
 
     @property
     def kind(self) -> str:
-        """file, network or device."""
-        if self.source.startswith("/dev/"):
-            return "device"
-        if "://" in self.source and not self.source.startswith("file:"):
-            return "network"
-        return "file"
+        return source_kind(self.source)
 
     @property
     def reconnects(self) -> bool:
@@ -187,16 +192,35 @@ _NOT_VIDEO_DEMUXERS = {"tty": "a text file", "bin": "binary data", "xbin": "bina
                        "idf": "binary data"}
 
 
-def check_file(ffmpeg: str, path: str) -> None:
-    """A file is looked at before it is played: ffprobe says what ffmpeg would read it as."""
+def _input_options(o: FfmpegOptions, timeout_s: float) -> list[str]:
+    """ffmpeg's and ffprobe's options for reading the source: a network source's socket I/O timeout (our own
+    watchdog stands behind it) and RTSP transport."""
+    us = str(int(timeout_s * 1e6))
+    if o.source.startswith(("rtsp://", "rtsps://")):
+        return ["-timeout", us, *(["-rtsp_transport", o.transport] if o.transport else [])]
+    return ["-rw_timeout", us] if o.kind == "network" else []
+
+
+def _ffprobe(ffmpeg: str, args: list[str], source: str, timeout_s: float) -> str | None:
+    """ffprobe's stdout for `args` on `source`; None where there is no ffprobe beside ffmpeg (Debian ships them
+    together; elsewhere ffmpeg's own errors still apply). A failure is a FeedError with ffprobe's reason."""
     ffprobe = os.path.join(os.path.dirname(ffmpeg), "ffprobe")
     if not os.access(ffprobe, os.X_OK):
-        return  # ffprobe ships with ffmpeg in Debian; elsewhere ffmpeg's own errors still apply
-    r = subprocess.run([ffprobe, "-v", "error", "-show_entries", "format=format_name", "-of", "csv=p=0", path],
-                       capture_output=True, text=True, timeout=30)
+        return None
+    try:
+        r = subprocess.run([ffprobe, "-v", "error", *args, source], capture_output=True, text=True,
+                           timeout=timeout_s + 5)
+    except subprocess.TimeoutExpired:
+        raise FeedError(f"{source}: no answer to ffprobe within {timeout_s:g} s") from None
     if r.returncode != 0:
-        raise FeedError(f"{path}: {explain(r.stderr.strip().splitlines(), r.returncode)}")
-    what = _NOT_VIDEO_DEMUXERS.get(r.stdout.strip())
+        raise FeedError(f"{source}: {explain(r.stderr.strip().splitlines(), r.returncode)}")
+    return r.stdout
+
+
+def check_file(ffmpeg: str, path: str) -> None:
+    """A file is looked at before it is played: ffprobe says what ffmpeg would read it as."""
+    out = _ffprobe(ffmpeg, ["-show_entries", "format=format_name", "-of", "csv=p=0"], path, 25)
+    what = _NOT_VIDEO_DEMUXERS.get((out or "").strip())
     if what:
         raise FeedError(f"{path}: not a video ffmpeg can decode ({what}: ffmpeg would only render its bytes as "
                         "text art)")
@@ -213,21 +237,12 @@ class Output:
 def probe(ffmpeg: str, o: FfmpegOptions) -> dict:
     """The source's first video stream as ffprobe sees it (width, height, color_space, color_range, pix_fmt);
     bounded by the connect timeout. Raises FeedError with ffprobe's reason."""
-    ffprobe = os.path.join(os.path.dirname(ffmpeg), "ffprobe")
-    args = [ffprobe, "-v", "error", "-select_streams", "v:0", "-show_entries",
-            "stream=codec_name,width,height,avg_frame_rate,color_space,color_range,pix_fmt", "-of", "json"]
-    if o.kind == "network":
-        us = str(int(o.connect_timeout * 1e6))
-        args += ["-timeout", us] if o.source.startswith(("rtsp://", "rtsps://")) else ["-rw_timeout", us]
-        if o.transport:
-            args += ["-rtsp_transport", o.transport]
-    try:
-        r = subprocess.run([*args, o.source], capture_output=True, text=True, timeout=o.connect_timeout + 5)
-    except subprocess.TimeoutExpired:
-        raise FeedError(f"{o.source}: no answer to ffprobe within {o.connect_timeout:g} s") from None
-    if r.returncode != 0:
-        raise FeedError(f"{o.source}: {explain(r.stderr.strip().splitlines(), r.returncode)}")
-    streams = json.loads(r.stdout or "{}").get("streams")
+    out = _ffprobe(ffmpeg, [*_input_options(o, o.connect_timeout), "-select_streams", "v:0", "-show_entries",
+                            "stream=codec_name,width,height,avg_frame_rate,color_space,color_range,pix_fmt",
+                            "-of", "json"], o.source, o.connect_timeout)
+    if out is None:
+        raise FeedError("ffprobe is not installed beside ffmpeg (Debian: apt install ffmpeg)")
+    streams = json.loads(out or "{}").get("streams")
     if not streams:
         raise FeedError(f"{o.source}: no video stream in the source")
     return streams[0]
@@ -240,20 +255,20 @@ def output_of(o: FfmpegOptions, src: dict | None) -> Output:
     w, h = (o.width, o.height) if o.width is not None else (int(src["width"]), int(src["height"]))
     fmt = o.pixel_format
     base = fmt.partition(":")[0]
-    if base in ring.YUV_FORMATS and ":" not in fmt:
+    if takes_source_colour(fmt):
         src = src or {}
         matrix = _MATRIX_OF.get(src.get("color_space", ""), "bt709" if int(src.get("height") or h) >= 720
                                 else "bt601")
         full = src.get("color_range") == "pc" or str(src.get("pix_fmt", "")).startswith("yuvj")
         colour = matrix + ("-full" if full else "")
         fmt = base if colour == "bt601" else f"{base}:{colour}"
-    if base in ring.YUV_FORMATS and (w % 2 or h % 2):
+    if base in YUV_BASES and (w % 2 or h % 2):
         raise FeedError(f"the source's {w}x{h}: {base} frames need an even width and height (give an even "
                         "--width/--height to scale to)")
     return Output(w, h, fmt)
 
 
-def ffmpeg_args(ffmpeg: str, o: FfmpegOptions, out: Output | None = None) -> list[str]:
+def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
     # level+info: each stderr line says its level (problems are kept, info dropped) and showinfo's per-frame lines
     # (the frame's pts) are info.
     args = [ffmpeg, "-nostdin", "-hide_banner", "-nostats", "-loglevel", "level+info"]
@@ -265,21 +280,14 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions, out: Output | None = None) -> lis
         if o.loop:
             args += ["-stream_loop", "-1"]
     else:
-        us = str(int(o.read_timeout * 1e6))
-        if o.source.startswith(("rtsp://", "rtsps://")):
-            args += ["-timeout", us]  # the socket's I/O timeout (our own watchdog stands behind it)
-            if o.transport:
-                args += ["-rtsp_transport", o.transport]
-        elif o.kind == "network":
-            args += ["-rw_timeout", us]
-    out = out or Output(o.width or 0, o.height or 0, o.pixel_format)
+        args += _input_options(o, o.read_timeout)
     # showinfo first: each decoded frame's pts, size, format and colour, in order. Scaled only when a size was
     # asked for (a frame already in the output's format then passes through without swscale).
-    scale = f",scale={out.width}:{out.height}" if o.width is not None else ""
+    scale = f",scale={o.width}:{o.height}" if o.width is not None else ""
     args += ["-i", o.source, "-map", "0:v:0",  # the first video stream, or an error if there is none
              "-vf", f"showinfo=checksum=0{scale}",
              "-fps_mode", "passthrough",  # never duplicate a frame
-             "-f", "rawvideo", "-pix_fmt", FFMPEG_PIX[out.pixel_format.partition(":")[0]], "-"]
+             "-f", "rawvideo", "-pix_fmt", FFMPEG_PIX[o.pixel_format.partition(":")[0]], "-"]
     return args
 
 
@@ -442,7 +450,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
         check_file(ffmpeg, o.source)
     # The ring's geometry: known now when a size and (for YUV) a colorimetry were given, else from what
     # showinfo says of the first frame (no second connection to the source to ask).
-    known = o.width is not None and (o.pixel_format.partition(":")[0] not in ring.YUV_FORMATS or ":" in o.pixel_format)
+    known = o.width is not None and not takes_source_colour(o.pixel_format)
     out = output_of(o, None) if known else None
     writer = report = None
 
@@ -455,7 +463,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     frame_bytes = 0
     if out is not None:
         open_ring(out)
-    args = ffmpeg_args(ffmpeg, o, out)
+    args = ffmpeg_args(ffmpeg, o)
     period = 1.0 / o.fps if o.fps else 0.0
     clock = StreamClock()
     published = decoded = reconnects = 0
@@ -490,8 +498,8 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 capture_ns, capture_real_ns = clock.stamp(child.next_pts(), ring.monotonic_ns(), time.time_ns())
                 decoded += 1
                 frames_this_time += 1
-                deadline = time.monotonic() + o.read_timeout
                 now = time.monotonic()
+                deadline = now + o.read_timeout
                 if period and now - last_published < period * 0.98:
                     continue  # over the fps limit: dropped (the slot is written again)
                 last_published = now

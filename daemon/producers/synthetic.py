@@ -48,15 +48,20 @@ def make_frames(width: int, height: int, pages: int = 6, seed: int = 1) -> list[
     return out
 
 
-def run(stream: str, width: int, height: int, fps: float, frames: int | None = None, *,
+WIDTH, HEIGHT, FPS = 640, 480, 30.0  # what `feed --synthetic` and a synthetic camera publish unless told
+PIXEL_FORMAT = "bgr24"
+
+
+def run(stream: str, width: int | None, height: int | None, fps: float | None, frames: int | None = None, *,
         socket: str = ring.INGRESS_SOCKET, wait: float = 10.0, seed: int = 1, stop=lambda: False,
         on_publish=lambda n: None) -> int:
     """Hands a ring to the daemon as `stream` and publishes frames at `fps` (0: as fast as possible)
     until `frames` or stop(); returns the count. The daemon's refusal is raised. on_publish(count) after
-    each frame (a camera unit's READY and watchdog)."""
+    each frame (a camera unit's READY and watchdog). None: WIDTH, HEIGHT, FPS."""
+    width, height, fps = width or WIDTH, height or HEIGHT, FPS if fps is None else fps
     pool = make_frames(width, height, seed=seed)
     rng = random.Random(seed)
-    writer = ring.FrameWriter.connect(stream, width, height, "bgr24", socket=socket, wait=wait)
+    writer = ring.FrameWriter.connect(stream, width, height, PIXEL_FORMAT, socket=socket, wait=wait)
     report = ConnectionReporter(writer)
     period = 1.0 / fps if fps > 0 else 0.0
     next_t = time.monotonic()

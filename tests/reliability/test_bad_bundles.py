@@ -16,10 +16,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import bad_bundles
-from daemon_helpers import edgeinferd_args, sign_copy, write_config
+from daemon_helpers import edgeinferd_args, measured, sign_copy, write_config
 from rel_helpers import Lines
 from reliability_matrix import COUNTS
 
@@ -79,35 +78,6 @@ class Checker:
                 timer.cancel()
             self.proc.returncode = 0
         self.stderr.close()
-
-
-def measured(cmd: list[str], out_dir: str, tag: str):
-    """Starts `cmd` (stdout and stderr to files); returns a function that waits for it (bounded) and gives
-    (exit code, stdout, stderr, rchar, peak RSS bytes): rchar is read while it is a zombie (WNOWAIT)."""
-    out, err = open(os.path.join(out_dir, f"{tag}.out"), "w+"), open(os.path.join(out_dir, f"{tag}.err"), "w+")
-    p = subprocess.Popen(cmd, stdout=out, stderr=err)
-
-    def finish():
-        deadline = time.monotonic() + CASE_TIMEOUT_S
-        while os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            if time.monotonic() > deadline:
-                p.kill()
-                break
-            time.sleep(0.01)
-        try:
-            with open(f"/proc/{p.pid}/io") as f:
-                rchar = int(next(x for x in f if x.startswith("rchar:")).split()[1])
-        except OSError:
-            rchar = -1
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        texts = []
-        for f in (out, err):
-            f.seek(0)
-            texts.append(f.read())
-            f.close()
-        return p.returncode, texts[0], texts[1], rchar, usage.ru_maxrss * 1024
-    return finish
 
 
 def said(stderr: str, prog: str) -> str | None:
@@ -192,7 +162,7 @@ def test_bad_bundles_are_refused_unread(request, matrix, signing_key, bundles):
         # The measurement sees a whole read: the good bundle's model is read (more than) once.
         assert control and control["accepted"] and control["rchar"] >= model_size, control
         ctl = [os.path.join(os.path.dirname(sys.executable), "edgeinferctl"), "model", "verify"]
-        fin = measured([*ctl, ctx.good, "--trust-dir", trust], root, "control")()
+        fin = measured([*ctl, ctx.good, "--trust-dir", trust], root, "control", CASE_TIMEOUT_S)()
         assert fin[0] == 0 and fin[3] >= model_size, fin
         cli_control_rchar = fin[3]
         sample = sample_of(sample_n)
@@ -286,8 +256,8 @@ def through_the_commands(ctl, d, trust, message, root, n, cli, dmn) -> str | Non
     os.mkdir(cfg_dir)
     from pathlib import Path
     cfg = write_config(Path(cfg_dir), d, [{"name": "b"}], trust_dir=trust, state_dir=os.path.join(cfg_dir, "state"))
-    c = measured([*ctl, d, "--trust-dir", trust], cfg_dir, "ctl")
-    e = measured(edgeinferd_args(cfg, "--verify-only"), cfg_dir, "daemon")
+    c = measured([*ctl, d, "--trust-dir", trust], cfg_dir, "ctl", CASE_TIMEOUT_S)
+    e = measured(edgeinferd_args(cfg, "--verify-only"), cfg_dir, "daemon", CASE_TIMEOUT_S)
     c, e = c(), e()
     cli["n"] += 1
     dmn["n"] += 1

@@ -366,6 +366,7 @@ static inline uint32_t ei_pixel_channels(uint32_t fmt) {
     }
 }
 
+/* The YUV formats are numbered consecutively, NV12 … YUYV (keep it so when adding one). */
 static inline int ei_pixel_is_yuv(uint32_t fmt) { return fmt >= EI_PIX_NV12 && fmt <= EI_PIX_YUYV; }
 
 /* Rows of row_stride bytes one frame takes: the 4:2:0 formats add half a frame of chroma rows. */
