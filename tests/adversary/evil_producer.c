@@ -148,7 +148,18 @@ static int fd_of_kind(const char *kind, ei_frame_producer *p) {
     int fd = memfd_create("evil-kind", MFD_ALLOW_SEALING);
     uint64_t size = !strcmp(kind, "huge") ? (UINT64_C(1) << 40) : p->layout.total_size;
     if (ftruncate(fd, (off_t)size)) die("ftruncate", NULL);
-    if (pwrite(fd, p->base, EI_HEADER_SIZE, 0) != EI_HEADER_SIZE) die("pwrite", NULL);
+    /* A sealed ring whose header lies about its pixels: a colorimetry on a BGR ring, or an NV12 claim of an
+     * odd width (the graph would read the wrong bytes as chroma). */
+    uint8_t hdr[EI_HEADER_SIZE];
+    memcpy(hdr, p->base, EI_HEADER_SIZE);
+    ei_frame_ring_header *h = (ei_frame_ring_header *)hdr;
+    if (!strcmp(kind, "colour-on-rgb")) h->colorimetry = 9;
+    if (!strcmp(kind, "yuv-odd")) {
+        h->pixel_format = EI_PIX_NV12;
+        h->channels = 1;
+        h->width = h->row_stride = h->width | 1;
+    }
+    if (pwrite(fd, hdr, EI_HEADER_SIZE, 0) != EI_HEADER_SIZE) die("pwrite", NULL);
     if (!strcmp(kind, "unsealed")) return fd;
     int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
     if (!strcmp(kind, "write-sealed")) seals |= F_SEAL_WRITE;

@@ -487,7 +487,7 @@ FD_ABUSE = {  # kind: what the refusal must say
     "none": "without its ring fd", "pipe": "not a memfd", "socket": "not a memfd", "unsealed": "not sealed",
     "devshm": "not sealed|cannot be sealed|named file", "write-sealed": "write-sealed",
     "huge": "larger than", "many": "more fds than one", "garbage": "bad magic|malformed", "abi1": "ABI 1",
-    "after": "protocol violation",
+    "after": "protocol violation", "colour-on-rgb": "colorimetry 9 given for an RGB", "yuv-odd": "even width",
 }
 
 
@@ -506,7 +506,8 @@ def test_fd_abuse_is_refused_with_the_reason(request, matrix, arena, users):
     observed = "; ".join(f"{k}: {seen[k].get('REPLY', seen[k]['_err'])[:70]!r}" for k in FD_ABUSE) + \
         f"; refusals counted {refusals}; {text}"
     row(matrix, request, "a camera sends no fd, a pipe, a socket, an unsealed memfd, a /dev/shm file, a "
-        "write-sealed memfd, a 1 TiB sparse memfd, 8 fds, garbage, an ABI 1 hello, data after its handshake",
+        "write-sealed memfd, a 1 TiB sparse memfd, 8 fds, garbage, an ABI 1 hello, data after its handshake, a ring "
+        "whose header claims a colorimetry for BGR or NV12 of an odd width",
         len(FD_ABUSE), "each refused with its reason, counted; the daemon and the victim unharmed", observed,
         all(good.values()) and refusals >= len(FD_ABUSE) - 1 and ok)
 
