@@ -56,6 +56,9 @@ class CameraConfig(BaseModel):
     pixel_format: FrameFormat = "i420"
     fps: Optional[float] = Field(None, ge=0, le=1000, description="at most this many a second (default: the source's)")
     transport: Optional[Literal["tcp", "udp"]] = None  # rtsp
+    # rtsp: stamp frames by the sender's clock (RTCP sender reports; decoded by PyAV) or by the stream's own
+    # timestamps (decoded by the ffmpeg program, e.g. for a hardware decoder only it has)
+    rtsp_clock: Literal["sender", "stream"] = "sender"
     connect_timeout_s: float = Field(10.0, gt=0, le=300)
     read_timeout_s: float = Field(5.0, gt=0, le=300)
     reconnect: bool = True
@@ -133,7 +136,8 @@ def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.envir
                              on_publish=unit.published)
     opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format, fps=cam.fps,
                                 connect_timeout=cam.connect_timeout_s, read_timeout=cam.read_timeout_s,
-                                transport=cam.transport, hwaccel=cam.hwaccel, reconnect=cam.reconnect)
+                                transport=cam.transport, rtsp_clock=cam.rtsp_clock, hwaccel=cam.hwaccel,
+                                reconnect=cam.reconnect)
     return ffmpeg.run(opts, stream, socket=cam.socket, wait=0, stop=stop, say=unit.problem,
                       on_publish=unit.published)
 
@@ -224,8 +228,8 @@ def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) ->
             opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format,
                                         fps=cam.fps if cam.live else 0,
                                         frames=frames, connect_timeout=cam.connect_timeout_s,
-                                        read_timeout=cam.read_timeout_s, transport=cam.transport, hwaccel=cam.hwaccel,
-                                        reconnect=False)
+                                        read_timeout=cam.read_timeout_s, transport=cam.transport,
+                                        rtsp_clock=cam.rtsp_clock, hwaccel=cam.hwaccel, reconnect=False)
             try:
                 src = ffmpeg.probe(ffmpeg.find_ffmpeg(), opts)
                 out = ffmpeg.output_of(opts, src)
@@ -235,7 +239,8 @@ def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) ->
                 f" at {src.get('avg_frame_rate')} fps ({src.get('pix_fmt')}, colour space "
                 f"{src.get('color_space', 'unknown')}, range {src.get('color_range', 'unknown')})")
             geometry = f"{out.width}x{out.height} {out.pixel_format}"
-            ffmpeg.run(opts, f"{name}-test", socket=sock, wait=0, on_publish=seen)
+            ffmpeg.run(opts, f"{name}-test", socket=sock, wait=0, on_publish=seen,
+                       note=lambda line: say(f"camera {name}: {line}"))
     if not times:
         raise OSError(f"camera {name}: no frame")
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0

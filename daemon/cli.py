@@ -166,6 +166,7 @@ def _cmd_feed(args) -> int:
                                     frames=args.frames,
                                     loop=args.loop, connect_timeout=args.connect_timeout,
                                     read_timeout=args.read_timeout, transport=args.transport, hwaccel=args.hwaccel,
+                                    rtsp_clock=args.rtsp_clock,
                                     reconnect=args.reconnect, max_reconnects=args.max_reconnects)
         try:
             n = ffmpeg.run(opts, args.stream, socket=args.socket, wait=args.wait, stop=stop)
@@ -176,8 +177,8 @@ def _cmd_feed(args) -> int:
     return 0
 
 
-_CAMERA_KEYS = ("source", "stream", "width", "height", "pixel_format", "fps", "transport", "connect_timeout_s",
-                "read_timeout_s", "reconnect", "hwaccel", "socket")
+_CAMERA_KEYS = ("source", "stream", "width", "height", "pixel_format", "fps", "transport", "rtsp_clock",
+                "connect_timeout_s", "read_timeout_s", "reconnect", "hwaccel", "socket")
 
 
 def _cmd_camera_add(args) -> int:
@@ -371,6 +372,10 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--read-timeout", type=float, default=5.0,
                    help="ffmpeg: seconds without a frame before the source counts as failed (default 5)")
     p.add_argument("--transport", choices=["tcp", "udp"], help="ffmpeg: RTSP transport")
+    p.add_argument("--rtsp-clock", choices=["sender", "stream"], default="sender",
+                   help="ffmpeg: stamp an RTSP source's frames by the sender's clock (its RTCP sender reports, read "
+                        "by decoding with PyAV; the default) or by the stream's own timestamps (decoded by the ffmpeg "
+                        "program)")
     p.add_argument("--hwaccel", metavar="vaapi|cuda|...", help="ffmpeg: hardware decoding (refused if missing)")
     p.add_argument("--reconnect", action=argparse.BooleanOptionalAction, default=None,
                    help="ffmpeg: reconnect a failed source with backoff (default: yes for URLs and devices, no for "
@@ -394,6 +399,7 @@ def edgeinferctl_main(argv=None) -> int:
     c.add_argument("--pixel-format", help="i420 (default), nv12, yuyv (optionally :bt709 …), bgr24, rgb24")
     c.add_argument("--fps", type=float, help="at most this many frames a second (default: the source's rate)")
     c.add_argument("--transport", choices=["tcp", "udp"])
+    c.add_argument("--rtsp-clock", choices=["sender", "stream"], help="sender (default) or stream (see feed)")
     c.add_argument("--connect-timeout", type=float, dest="connect_timeout_s")
     c.add_argument("--read-timeout", type=float, dest="read_timeout_s")
     c.add_argument("--no-reconnect", dest="reconnect", action="store_false", default=None)

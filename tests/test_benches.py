@@ -12,7 +12,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
+from test_rtsp import _gst_rtsp_missing
 
 
 def _summary(args: list[str], timeout: float) -> dict:
@@ -51,3 +54,11 @@ def test_yuv_bench_runs_each_format_to_its_summary():
     assert [r["format"] for r in s["rows"]] == ["bgr24", "i420", "nv12"]
     for row in s["rows"]:
         assert row["served"] > 0 and row["errors"] == 0 and row["producer_ms"] > 0 and row["daemon_ms"] > 0, row
+
+
+def test_rtsp_clock_bench_runs_both_decoders_to_its_summary():
+    missing = _gst_rtsp_missing()
+    if missing:
+        pytest.skip(missing)
+    s = _summary(["bench/rtsp_clock.py", "--quick"], timeout=300)
+    assert set(s["cpu_ms_per_frame"]) == {"sender", "stream"} and all(v > 0 for v in s["cpu_ms_per_frame"].values())

@@ -47,7 +47,8 @@ def last_line(r: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    """A 2 s 25 fps file (50 frames), a 20 s one, an MPEG-TS copy for HTTP, an audio-only file, text, noise."""
+    """A 2 s 25 fps file (50 frames), a 20 s one, an MPEG-TS copy for HTTP, an audio-only file, a full-range MJPEG
+    file, text, noise."""
     d = tmp_path_factory.mktemp("videos")
     run = functools.partial(subprocess.run, check=True, timeout=120, capture_output=True)
     run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=25", "-frames:v", "50",
@@ -56,6 +57,9 @@ def videos(tmp_path_factory):
          str(d / "long.mkv")])
     run(["ffmpeg", "-loglevel", "error", "-i", str(d / "short.mkv"), "-c:v", "mpeg2video", str(d / "short.ts")])
     run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "sine=duration=1", str(d / "audio.wav")])
+    # MJPEG decodes to yuvj420p: JPEG (full) range, what many USB cameras send
+    run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=25", "-frames:v", "10",
+         "-c:v", "mjpeg", "-pix_fmt", "yuvj420p", str(d / "full.avi")])
     (d / "notes.txt").write_text("this is not a video\n" * 100)
     (d / "noise.bin").write_bytes(os.urandom(200_000))
     return d
@@ -263,3 +267,67 @@ def test_capture_time_comes_from_the_streams_timestamps(videos, tmp_path, childr
     # arrival): a few early pairs re-anchor, the rest are exact.
     assert sum(exact) >= 0.7 * len(exact), [(b[1] - a[1]) / 1e6 for a, b in zip(seen, seen[1:])]
     assert all(0 < r - m for _, m, r in seen)  # realtime beside it, from the same anchor
+
+
+# ---------------------------------------------------------------- colour range: the ring holds what it says
+
+def _first_frame(source: str, tmp_path, stream: str, pixel_format: str) -> tuple[str, int, int]:
+    """The ring's pixel format (with its colorimetry) and the Y plane's darkest and brightest level."""
+    from ring_helpers import MiniIngress
+    from edgeinfer import ring
+    ingress = MiniIngress(str(tmp_path / "ingress.sock"))
+    try:
+        feed = subprocess.Popen([*CTL, "feed", "--ffmpeg", source, "--stream", stream, "--pixel-format",
+                                 pixel_format, "--frames", "3", "--fps", "0", "--socket", ingress.path],
+                                stderr=subprocess.PIPE, text=True)
+        reader, _, _ = ingress.accept(30)
+        with reader:
+            f = reader.next_frame(10.0)
+            assert f is not None
+            with f:
+                y = bytes(f.flat[:reader.layout["width"] * reader.layout["height"]])
+            name = ring.format_name(reader.layout)
+        feed.wait(30)
+    finally:
+        ingress.close()
+    return name, min(y), max(y)
+
+
+@pytest.mark.parametrize("pixel_format, ring_says, full", [
+    ("i420", "i420", False),                   # the source's colour: squeezed into limited range, and says so
+    ("i420:bt601-full", "i420:bt601-full", True),   # asked full: kept full
+    ("nv12:bt601", "nv12", False),             # asked limited: limited
+])
+def test_a_full_range_source_is_delivered_in_the_range_its_ring_says(videos, tmp_path, stream, pixel_format,
+                                                                      ring_says, full):
+    """The ffmpeg program converts a JPEG-range (yuvj420p) decode to limited range on its way to i420; the ring
+    said full range before, so a model saw every level compressed. testsrc has black and white: full range
+    reaches 0 and 255, limited 16 and 235."""
+    name, lo, hi = _first_frame(str(videos / "full.avi"), tmp_path, stream, pixel_format)
+    assert name == ring_says
+    assert (lo, hi) == ((0, 255) if full else (16, 235)), (lo, hi)
+
+
+def test_a_limited_source_asked_full_is_expanded(videos, tmp_path, stream):
+    name, lo, hi = _first_frame(str(videos / "short.mkv"), tmp_path, stream, "i420:bt601-full")
+    assert name == "i420:bt601-full" and lo < 16 and hi > 235, (lo, hi)
+
+
+@pytest.mark.parametrize("extra, first, full", [([], "yuv420p 160 120 pc", True),
+                                                (["--range", "limited"], "yuv420p 160 120 tv", False)])
+def test_the_pyav_decoder_keeps_or_converts_the_range_and_says_which(videos, extra, first, full):
+    """The PyAV decoder (RTSP's, driven here on a file): FFmpeg 8.1 keeps a JPEG range through the conversion to
+    yuv420p, so its first line says pc and the ring gets full range; --range limited (an i420:bt601 ring)
+    converts. The producer builds the ring's colorimetry from that line."""
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.producers.avdecode", *extra, "yuv420p",
+                        str(videos / "full.avi")], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    said = next(x for x in r.stderr.decode().splitlines() if x.startswith("first "))
+    assert said.startswith(f"first {first} "), r.stderr
+    y = r.stdout[:160 * 120]
+    assert (min(y), max(y)) == ((0, 255) if full else (16, 235))
+    from edgeinfer.producers.ffmpeg import FfmpegOptions, output_of
+    fmt, w, h, rng, space = said.split()[1:]
+    out = output_of(FfmpegOptions("rtsp://camera/x"), {"pix_fmt": fmt, "width": w, "height": h,
+                                                      "color_range": rng, "color_space": space})
+    assert out.pixel_format == ("i420:bt601-full" if full else "i420")

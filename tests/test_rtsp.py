@@ -33,20 +33,31 @@ def _gst_rtsp_missing() -> str | None:
 pytestmark = pytest.mark.skipif(bool(_gst_rtsp_missing()), reason=_gst_rtsp_missing() or "")
 
 
-class RtspServer:
-    """GStreamer's RTSP server on a fixed port, which can be killed and started again on that port."""
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"  # Debian's faketime (make test installs it)
 
-    def __init__(self):
+
+class RtspServer:
+    """GStreamer's RTSP server on a fixed port, which can be killed and started again on that port.
+    clock_offset_s: the server's wall clock (CLOCK_REALTIME, which its RTCP sender reports carry) set that far off
+    ours by libfaketime; its monotonic clock, and so its pacing, is left alone."""
+
+    def __init__(self, clock_offset_s: float | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"rtsp://127.0.0.1:{self.port}/cam"
         self.proc = None
+        self.env = None
+        if clock_offset_s is not None:
+            if not os.path.exists(FAKETIME):
+                pytest.skip(f"{FAKETIME} is missing (Debian's faketime: make test installs it)")
+            self.env = {**os.environ, "LD_PRELOAD": FAKETIME, "FAKETIME": f"{clock_offset_s:+g}",
+                        "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
         self.start()
 
     def start(self) -> None:
         self.proc = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(self.port)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, env=self.env)
         line = self.proc.stdout.readline().strip()
         assert line == f"READY {self.port}", (line, self.proc.stderr.read() if self.proc.poll() is not None else "")
 
@@ -71,10 +82,76 @@ def feed_args(url: str, tmp_path, *extra: str) -> list[str]:
             "tcp", "--socket", str(tmp_path / "nobody.sock"), "--wait", "0", *extra]
 
 
-def test_the_stream_is_served(rtsp, tmp_path):
-    r = subprocess.run(feed_args(rtsp.url, tmp_path, "--frames", "25"), capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stderr.strip().endswith("published 25 frames"), r.stderr
-    assert "reconnection" not in r.stderr  # (the daemon connection line says "reconnecting": no daemon here)
+@pytest.mark.parametrize("clock", ["sender", "stream"])
+def test_the_stream_is_served(rtsp, tmp_path, children, clock):
+    """By either decoder: PyAV's (the sender's clock, the default) and the ffmpeg program (--rtsp-clock stream)."""
+    proc = children.spawn(feed_args(rtsp.url, tmp_path, "--frames", "25", "--rtsp-clock", clock))
+    deadline = time.monotonic() + 30
+    decoders = []
+    while not decoders and proc.poll() is None and time.monotonic() < deadline:
+        decoders = subprocess.run(["pgrep", "-a", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+        time.sleep(0.05)
+    assert proc.wait(60) == 0
+    err = proc.stderr.read()
+    assert err.strip().endswith("published 25 frames"), err
+    assert "reconnection" not in err  # (the daemon connection line says "reconnecting": no daemon here)
+    assert ("edgeinfer.producers.avdecode" in decoders) == (clock == "sender"), decoders
+
+
+def _stamps(url: str, tmp_path, children, stream: str, frames: int) -> tuple[list, str]:
+    """Feeds `frames` of the RTSP source into a ring read here: each frame's (capture time, CLOCK_REALTIME
+    stamp, our monotonic clock when it was read), and what the feed said."""
+    from ring_helpers import MiniIngress
+    ingress = MiniIngress(str(tmp_path / "ingress.sock"))
+    try:
+        feed = children.spawn([*CTL, "feed", "--ffmpeg", url, "--stream", stream, "--width", "64", "--height", "48",
+                               "--transport", "tcp", "--frames", str(frames), "--socket", ingress.path])
+        reader, _, _ = ingress.accept(30)
+        seen = []
+        with reader:
+            while (f := reader.next_frame(10.0)) is not None:
+                with f:
+                    seen.append((f.capture_ns, f.capture_realtime_ns, time.monotonic_ns()))
+        assert feed.wait(30) == 0
+    finally:
+        ingress.close()
+    return seen, feed.stderr.read()
+
+
+def test_frames_are_stamped_by_the_senders_clock(tmp_path, children, stream):
+    """The issue: "For RTSP, use the RTCP wall clock where present". The server's clock is 3 s behind ours, so
+    by its sender reports every frame was captured 3 s before it reached us: once the first report is in, the
+    frames' capture times are 3 s (plus the encode and transfer) before their arrival, on CLOCK_MONOTONIC, with
+    the sender's wall clock beside it. Before the first report they are anchored on the stream (under 2 s)."""
+    server = RtspServer(clock_offset_s=-3)
+    try:
+        seen, err = _stamps(server.url, tmp_path, children, stream, 200)  # 8 s: reports come every few s
+    finally:
+        server.close()
+    assert "frames are stamped by the sender's clock (RTCP sender reports)" in err, err
+    ages = [(read - mono) / 1e9 for mono, _, read in seen]
+    sender = [a for a in ages if a > 2.5]
+    assert sender and ages[-1] > 2.5, ages  # the reports' clock, to the last frame
+    assert all(a < 3 + 2.0 for a in sender), ages  # 3 s, and not more than transfer and scheduling on top
+    assert ages.index(sender[0]) == len(ages) - len(sender), ages  # once it is in, every frame
+    offset = time.time_ns() - time.monotonic_ns()  # CLOCK_REALTIME beside it: the same instant on our clocks
+    assert all(abs(real - mono - offset) < 50_000_000 for mono, real, _ in seen), seen
+
+
+def test_a_senders_clock_far_off_ours_is_not_trusted(tmp_path, children, stream):
+    """A camera whose clock is an hour ahead (no NTP): its reports would put every frame in the future. The
+    feed says so once and stamps from the stream's own timestamps: no frame is stamped after its arrival."""
+    server = RtspServer(clock_offset_s=3600)
+    try:
+        seen, err = _stamps(server.url, tmp_path, children, stream, 200)
+    finally:
+        server.close()
+    said = [x for x in err.splitlines() if "the sender's clock (RTCP sender reports) is" in x]
+    assert len(said) == 1 and "stamped from the stream's own timestamps" in said[0], err
+    off = float(said[0].split(" is ")[1].split(" s off")[0])
+    assert 3598 < off <= 3600, said  # an hour ahead, less the frame's age at arrival
+    assert "frames are stamped by the sender's clock" not in err, err
+    assert all(0 <= read - mono < 2_500_000_000 for mono, _, read in seen), seen  # the stream clock's bound
 
 
 def test_a_killed_server_is_reconnected_with_backoff_and_frames_resume(rtsp, tmp_path, children):

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import ROOT, require_tool
 from daemon_helpers import sign_copy
+from test_rtsp import RtspServer, _gst_rtsp_missing
 
 CACHE = os.environ.get("EDGEINFER_ROOTFS_CACHE", os.path.expanduser("~/.cache/edgeinfer"))
 ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v3.tar")
@@ -32,8 +33,9 @@ CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
           "impersonation_refused", "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart",
           "fdstore_kill", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
-          "socket_activation", "camera_add", "camera_unit", "camera_stalled_source", "camera_restarts_100",
-          "camera_stop", "upgrade_keeps_cameras", "stop", "purge", "upgrade_from_0_1"]
+          "socket_activation", "camera_add", "camera_unit", "camera_stalled_source",
+          "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "upgrade_keeps_cameras", "stop", "purge",
+          "upgrade_from_0_1"]
 # The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
 RELEASE_0_1 = ("f68a388", "0.1.0")
 
@@ -114,6 +116,8 @@ def system_run(tmp_path_factory, signing_key):
         "  - name: gate1\n    producer: {user: edgeinfer-cam-gate1}\n    readers: {groups: [edgeinfer]}\n"
         "    width: 224\n    height: 224\n"
         "  - name: door\n    producer: {user: edgeinfer-cam-door}\n    readers: {groups: [edgeinfer]}\n"
+        "  - name: lobby\n    producer: {user: edgeinfer-cam-lobby}\n    readers: {groups: [edgeinfer]}\n"
+        "    width: 224\n    height: 224\n"
         "lanes: [{cpus: [0]}, {cpus: [1]}]\n"
         "runtime:\n  scheduling: fifo\n  fault_injection: true\n  lane_hang_s: 1\n  lane_restarts: 2\n"
         "metrics:\n  ready_requires_stream: false\n")
@@ -124,9 +128,19 @@ def system_run(tmp_path_factory, signing_key):
     wants.mkdir(parents=True, exist_ok=True)
     os.symlink("/etc/systemd/system/edgeinfer-systemtest.service", wants / "edgeinfer-systemtest.service")
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
-    boot = subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
-                           "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
-                          capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
+    # The RTSP camera's server runs here (the container shares this network namespace): GStreamer is not in the
+    # container, and the camera unit needs nothing but a server to reach.
+    missing = _gst_rtsp_missing()
+    if missing:
+        pytest.fail(missing)
+    rtsp = RtspServer()
+    try:
+        (test / "rtsp-port").write_text(str(rtsp.port))
+        boot = subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
+                               "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
+                              capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
+    finally:
+        rtsp.close()
     results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
     extra = {name: (out / name).read_text() if (out / name).exists() else "" for name in ("journal.txt",
                                                                                        "security.txt",

@@ -8,6 +8,11 @@ scaling unless a size is asked for. The colorimetry (BT.601/709, limited/full) i
 as ffprobe reports it; a source that does not say gets BT.709 from 720 lines up, else BT.601,
 limited range (what players assume). bgr24/rgb24 remain available (swscale converts).
 
+An RTSP source is decoded by avdecode.py (PyAV: FFmpeg's libraries) instead of the ffmpeg program, because
+only the libraries say what the RTCP sender reports say: the sender's wall clock of each frame, which then
+stamps it (StreamClock). The child is driven the same way (frames on stdout, a line per frame on stderr).
+`rtsp_clock="stream"` keeps the ffmpeg program (and the stream's own timestamps) for RTSP too.
+
 What a supervisor (systemd, an operator) can rely on:
 - A failure exits non-zero with one line that says what failed (file missing, no video stream,
   connection refused, unauthorized, a silent server, ffmpeg killed …); the end of a file exits 0.
@@ -44,6 +49,8 @@ POLL_S = 0.1  # the longest stop() waits for us
 EXIT_WAIT_S = 2.0  # for ffmpeg to exit (and say why) once its output ended
 PTS_WAIT_S = 0.2   # for the frame's pts line (stderr) once its bytes (stdout) are in
 MAX_LAG_NS = 2_000_000_000  # a frame stamped this far behind its arrival re-anchors the stream clock
+SENDER_AHEAD_NS = 100_000_000  # a sender's clock ahead of ours by up to this is clock error: stamped at arrival
+SENDER_BEHIND_NS = 10_000_000_000  # a frame older than this by the sender's clock: the clock is wrong, not the frame
 
 
 # "[ctx @ 0x55…] [level] message" or "[level] message" (-loglevel level+info)
@@ -69,24 +76,48 @@ def _showinfo_pts(line: str) -> tuple[bool, float | None]:
 
 
 class StreamClock:
-    """Capture time from the stream's own timestamps, on CLOCK_MONOTONIC (and CLOCK_REALTIME beside it).
+    """Capture time on CLOCK_MONOTONIC (and CLOCK_REALTIME beside it): the sender's wall clock where the stream
+    carries one, else the stream's own timestamps, else the arrival.
 
-    Frame k is stamped anchor + (pts(k) - pts(anchor)), where the anchor is the frame that arrived earliest
-    relative to its pts (a frame that would be stamped after its arrival moves the anchor to itself): the
-    least-delayed frame defines "no delay", and every later frame's extra decode and transport delay is inside
-    its e2e latency. Re-anchored when pts goes backwards (a loop, a reconnection) and when the stream falls
-    MAX_LAG_NS behind (a stall, or a source clock slower than ours). A file read faster than real time
-    (`--fps 0`) is therefore stamped on arrival. Without a pts a frame is stamped on arrival. RTCP sender
-    reports are not used: an RTSP stream's clock is anchored the same way."""
+    The sender's clock (an RTSP source's RTCP sender reports, read by the PyAV decoder): the frame was captured
+    when the sender's clock says, mapped onto CLOCK_MONOTONIC through our CLOCK_REALTIME; so the camera's encode,
+    the network and the decode are all inside the e2e latency. Trusted only from SENDER_AHEAD_NS ahead of ours
+    (clock error; stamped at arrival) to SENDER_BEHIND_NS behind: beyond, the clocks disagree (a camera without
+    NTP), and the frame is stamped as if there were no reports, which `notice` says once.
+
+    The stream's timestamps: frame k is stamped anchor + (pts(k) - pts(anchor)), where the anchor is the frame
+    that arrived earliest relative to its pts (a frame that would be stamped after its arrival moves the anchor
+    to itself): the least-delayed frame defines "no delay", and every later frame's extra decode and transport
+    delay is inside its e2e latency. Re-anchored when pts goes backwards (a loop, a reconnection) and when the
+    stream falls MAX_LAG_NS behind (a stall, or a source clock slower than ours). A file read faster than real
+    time (`--fps 0`) is therefore stamped on arrival. Without a pts a frame is stamped on arrival."""
 
     def __init__(self):
         self.anchor_pts = self.last_pts = None
         self.anchor_mono = self.real_offset = 0
+        self.notice: str | None = None  # something to say once (the caller takes it and clears it)
+        self._said_sender = self._said_refused = False
 
     def reset(self) -> None:
+        """A new connection: its timestamps start anew, and what the sender's clock does is said again."""
         self.anchor_pts = None
+        self._said_sender = self._said_refused = False
 
-    def stamp(self, pts: float | None, now_mono: int, now_real: int) -> tuple[int, int]:
+    def stamp(self, pts: float | None, now_mono: int, now_real: int, sender_real: int | None = None) -> tuple[int, int]:
+        if sender_real is not None:
+            age = now_real - sender_real
+            if -SENDER_AHEAD_NS <= age <= SENDER_BEHIND_NS:
+                age = max(age, 0)
+                self.anchor_pts = None  # should the reports stop, the stream's timestamps are anchored afresh
+                if not self._said_sender:
+                    self._said_sender = True
+                    self.notice = (f"frames are stamped by the sender's clock (RTCP sender reports): this one "
+                                   f"was {age / 1e6:.0f} ms old at its arrival")
+                return now_mono - age, now_real - age
+            if not self._said_refused:
+                self._said_refused = True
+                self.notice = (f"the sender's clock (RTCP sender reports) is {-age / 1e9:+.3f} s off ours: frames "
+                               "are stamped from the stream's own timestamps instead (set the camera's clock by NTP)")
         if pts is None:
             return now_mono, now_real
         if self.anchor_pts is None or pts < self.last_pts:
@@ -111,6 +142,11 @@ FFMPEG_PIX = {"i420": "yuv420p", "nv12": "nv12", "yuyv": "yuyv422", "bgr24": "bg
               "gray8": "gray", "rgba32": "rgba", "bgra32": "bgra"}
 # ffprobe's color_space → the ring's matrix (SMPTE 170M and BT.470BG are BT.601's).
 _MATRIX_OF = {"bt709": "bt709", "smpte170m": "bt601", "bt470bg": "bt601", "fcc": "bt601"}
+
+
+# How an RTSP source's frames are stamped: by the sender's clock (the RTCP sender reports, which only PyAV's
+# FFmpeg hands over) or by the stream's own timestamps (what the ffmpeg program can do; StreamClock says both).
+RTSP_CLOCKS = ("sender", "stream")
 
 
 def source_kind(source: str) -> str:
@@ -139,6 +175,7 @@ class FfmpegOptions:
     backoff_min: float = 0.5
     backoff_max: float = 10.0
     max_reconnects: int | None = None  # None: for as long as it runs
+    rtsp_clock: str = "sender"     # rtsp: "sender" (RTCP reports; decoded by PyAV) or "stream" (the ffmpeg program)
 
     def __post_init__(self):
         if (self.width is None) != (self.height is None):
@@ -161,6 +198,8 @@ class FfmpegOptions:
                 raise ValueError(f"{name.replace('_', '-')}: must be more than 0 seconds")
         if self.transport not in (None, "tcp", "udp"):
             raise ValueError(f"--transport {self.transport}: tcp or udp")
+        if self.rtsp_clock not in RTSP_CLOCKS:
+            raise ValueError(f"--rtsp-clock {self.rtsp_clock}: one of {', '.join(RTSP_CLOCKS)}")
 
     @property
     def kind(self) -> str:
@@ -170,6 +209,13 @@ class FfmpegOptions:
     def reconnects(self) -> bool:
         return self.kind != "file" if self.reconnect is None else self.reconnect
 
+    @property
+    def decoder(self) -> str:
+        """"pyav" (avdecode.py, which reads the RTCP sender reports) for RTSP with the sender's clock, else
+        "ffmpeg" (the program)."""
+        rtsp = self.source.startswith(("rtsp://", "rtsps://"))
+        return "pyav" if rtsp and self.rtsp_clock == "sender" else "ffmpeg"
+
 
 def find_ffmpeg() -> str:
     path = shutil.which("ffmpeg")
@@ -178,12 +224,19 @@ def find_ffmpeg() -> str:
     return path
 
 
-def check_hwaccel(ffmpeg: str, name: str) -> None:
-    """Refuses a hardware decoder this ffmpeg does not have, naming the ones it has."""
-    out = subprocess.run([ffmpeg, "-hide_banner", "-hwaccels"], capture_output=True, text=True, timeout=30).stdout
-    have = [x.strip() for x in out.splitlines()[1:] if x.strip()]
+def check_hwaccel(ffmpeg: str | None, name: str) -> None:
+    """Refuses a hardware decoder the decoder does not have, naming the ones it has. ffmpeg None: the PyAV
+    decoder's (its own FFmpeg's, which may differ from the program's)."""
+    if ffmpeg is None:
+        from av.codec.hwaccel import hwdevices_available
+        have, which = list(hwdevices_available()), "PyAV's FFmpeg (for RTSP with --rtsp-clock sender; " \
+            "--rtsp-clock stream decodes with the ffmpeg program)"
+    else:
+        out = subprocess.run([ffmpeg, "-hide_banner", "-hwaccels"], capture_output=True, text=True,
+                             timeout=30).stdout
+        have, which = [x.strip() for x in out.splitlines()[1:] if x.strip()], "this ffmpeg"
     if name not in have:
-        raise FeedError(f"hardware decoding {name!r} is not available in this ffmpeg (it has: "
+        raise FeedError(f"hardware decoding {name!r} is not available in {which} (it has: "
                         f"{', '.join(have) or 'none'})")
 
 
@@ -259,13 +312,25 @@ def output_of(o: FfmpegOptions, src: dict | None) -> Output:
         src = src or {}
         matrix = _MATRIX_OF.get(src.get("color_space", ""), "bt709" if int(src.get("height") or h) >= 720
                                 else "bt601")
-        full = src.get("color_range") == "pc" or str(src.get("pix_fmt", "")).startswith("yuvj")
+        # Full range only where the frames stay full: the ffmpeg program squeezes a JPEG-range decode (yuvj420p:
+        # MJPEG, full-range H.264) into limited range on its way to yuv420p/nv12/yuyv; the PyAV decoder reports
+        # the format and range it delivers.
+        full = src.get("color_range") == "pc" and not str(src.get("pix_fmt", "")).startswith("yuvj")
         colour = matrix + ("-full" if full else "")
         fmt = base if colour == "bt601" else f"{base}:{colour}"
     if base in YUV_BASES and (w % 2 or h % 2):
         raise FeedError(f"the source's {w}x{h}: {base} frames need an even width and height (give an even "
                         "--width/--height to scale to)")
     return Output(w, h, fmt)
+
+
+def asked_range(o: FfmpegOptions) -> str | None:
+    """"full" or "limited" where the ring's YUV colorimetry is given (the frames are then converted to it, so
+    they hold what the ring says); None where it is the source's."""
+    base, _, colour = o.pixel_format.partition(":")
+    if base not in YUV_BASES or takes_source_colour(o.pixel_format):
+        return None
+    return "full" if colour.endswith("-full") else "limited"
 
 
 def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
@@ -282,8 +347,12 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
     else:
         args += _input_options(o, o.read_timeout)
     # showinfo first: each decoded frame's pts, size, format and colour, in order. Scaled only when a size was
-    # asked for (a frame already in the output's format then passes through without swscale).
-    scale = f",scale={o.width}:{o.height}" if o.width is not None else ""
+    # asked for (a frame already in the output's format then passes through without swscale). A full range asked
+    # is made so (ffmpeg 5.1 would squeeze a JPEG-range frame into limited range); a limited one is what its
+    # conversion to a non-JPEG format gives anyway (an explicit out_range would cost a copy of every frame).
+    scale = [f"{o.width}:{o.height}"] if o.width is not None else []
+    scale += ["out_range=full"] if asked_range(o) == "full" else []
+    scale = f",scale={':'.join(scale)}" if scale else ""
     args += ["-i", o.source, "-map", "0:v:0",  # the first video stream, or an error if there is none
              "-vf", f"showinfo=checksum=0{scale}",
              "-fps_mode", "passthrough",  # never duplicate a frame
@@ -291,11 +360,27 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
     return args
 
 
+def avdecode_args(o: FfmpegOptions) -> list[str]:
+    """The PyAV decoder (avdecode.py) with the same input options and output as ffmpeg_args gives the program."""
+    opts = _input_options(o, o.read_timeout)
+    args = [sys.executable, "-m", "edgeinfer.producers.avdecode"]
+    for key, value in zip(opts[::2], opts[1::2]):
+        args += ["--option", f"{key.lstrip('-')}={value}"]
+    if o.width is not None:
+        args += ["--size", f"{o.width}x{o.height}"]
+    if asked_range(o):
+        args += ["--range", asked_range(o)]  # (FFmpeg 8.1 keeps a JPEG range through the conversion otherwise)
+    if o.hwaccel:
+        args += ["--hwaccel", o.hwaccel]
+    return [*args, FFMPEG_PIX[o.pixel_format.partition(":")[0]], o.source]
+
+
 # ffmpeg's words → the one line a supervisor reads (first match wins).
 _REASONS = [
     ("No such file or directory", "no such file"),
     ("Permission denied", "permission denied"),
     ("matches no streams", "no video stream in the source"),
+    ("no video stream in the source", "no video stream in the source"),
     ("does not contain any stream", "no video stream in the source"),
     ("401 Unauthorized", "unauthorized (401): wrong or missing credentials"),
     ("403 Forbidden", "forbidden (403)"),
@@ -310,37 +395,39 @@ _REASONS = [
 ]
 
 
-def explain(stderr_lines: list[str], returncode: int | None) -> str:
-    """One line for a failed ffmpeg: the reason it gave, in our words, with its own last line."""
+def explain(stderr_lines: list[str], returncode: int | None, who: str = "ffmpeg") -> str:
+    """One line for a failed ffmpeg (or `who`): the reason it gave, in our words, with its own last line."""
     text = "\n".join(stderr_lines)
     last = stderr_lines[-1].strip() if stderr_lines else ""
     for needle, reason in _REASONS:
         if needle in text:
-            return f"{reason} (ffmpeg: {last})" if last else reason
+            return f"{reason} ({who}: {last})" if last else reason
     if returncode is not None and returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        return f"ffmpeg was killed by {name}"
+        return f"{who} was killed by {name}"
     if returncode is None:  # its output ended but it did not exit: stopped by us
-        return f"ffmpeg's output ended and it did not exit{f' ({last})' if last else ''}"
+        return f"{who}'s output ended and it did not exit{f' ({last})' if last else ''}"
     if last:
-        return f"ffmpeg failed (exit {returncode}): {last}"
-    return f"ffmpeg exited {returncode} without a frame"
+        return f"{who} failed (exit {returncode}): {last}"
+    return f"{who} exited {returncode} without a frame"
 
 
 class _Ffmpeg:
     """One ffmpeg child: its stdout read without blocking for more than POLL_S, its stderr kept (the last
-    lines) by a thread."""
+    lines) by a thread, which also takes each frame's pts (showinfo's lines) and the first frame's geometry."""
+    who = "ffmpeg"  # in the lines that say why it failed
 
     def __init__(self, args: list[str]):
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                      start_new_session=True)  # a terminal's Ctrl-C reaches us, not it
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.stderr: collections.deque[str] = collections.deque(maxlen=20)  # warnings and errors, level tag off
-        self.pts: collections.deque = collections.deque(maxlen=4096)  # showinfo's pts_time (or None), frame order
-        self.first: dict | None = None  # the first frame as showinfo saw it: pix_fmt, width, height, colour
+        # Each frame's (pts in seconds, the sender's wall clock in ns), either None where unknown; frame order.
+        self.stamps: collections.deque = collections.deque(maxlen=4096)
+        self.first: dict | None = None  # the first frame as decoded: pix_fmt, width, height, colour
         self._first: dict | None = None  # (its frame line, until its colour line completes `first`)
         self._pts_seen = threading.Condition()
         self._thread = threading.Thread(target=self._drain, daemon=True)
@@ -350,28 +437,31 @@ class _Ffmpeg:
 
     def _drain(self) -> None:
         for raw in iter(self.proc.stderr.readline, b""):
-            line = raw.decode(errors="replace").rstrip()
-            m = _LEVELLED.match(line)
-            context, level, msg = (m.group(1) or "", m.group(2), m.group(3)) if m else ("", "", line)
-            if context.startswith("[Parsed_showinfo"):
-                is_frame, pts = _showinfo_pts(msg)
-                if is_frame:  # None (no timestamp) too: the frame is then stamped on arrival, without waiting
-                    g = _SHOWINFO_GEOMETRY.search(msg) if self.first is None else None
-                    with self._pts_seen:
-                        self.pts.append(pts)
-                        if g:
-                            self._first = {"pix_fmt": g.group(1), "width": g.group(2), "height": g.group(3)}
-                        self._pts_seen.notify()
-                elif self.first is None and self._first is not None:  # the first frame's colour line
-                    c = _SHOWINFO_COLOUR.search(msg)
-                    with self._pts_seen:
-                        self.first = {**self._first, **({"color_range": c.group(1), "color_space": c.group(2)}
-                                                        if c else {})}
-                        self._pts_seen.notify_all()
-            elif level not in ("info", "verbose", "debug", "trace"):  # problems, and lines without a level
-                self.stderr.append(context + msg)
+            self._line(raw.decode(errors="replace").rstrip())
         with self._pts_seen:
             self._pts_seen.notify_all()
+
+    def _line(self, line: str) -> None:
+        m = _LEVELLED.match(line)
+        context, level, msg = (m.group(1) or "", m.group(2), m.group(3)) if m else ("", "", line)
+        if context.startswith("[Parsed_showinfo"):
+            is_frame, pts = _showinfo_pts(msg)
+            if is_frame:  # None (no timestamp) too: the frame is then stamped on arrival, without waiting
+                g = _SHOWINFO_GEOMETRY.search(msg) if self.first is None else None
+                with self._pts_seen:
+                    self.stamps.append((pts, None))
+                    if g:
+                        self._first = {"pix_fmt": g.group(1), "width": g.group(2), "height": g.group(3)}
+                    self._pts_seen.notify()
+            elif self.first is None and self._first is not None:  # the first frame's colour line
+                c = _SHOWINFO_COLOUR.search(msg)
+                with self._pts_seen:
+                    self.first = {**self._first, **({"color_range": c.group(1), "color_space": c.group(2)}
+                                                    if c else {})}
+                    self._pts_seen.notify_all()
+        elif level not in ("info", "verbose", "debug", "trace"):  # problems, and lines without a level
+            self.stderr.append(context + msg)
+
 
     def first_frame(self, deadline: float, stop) -> dict | str:
         """What showinfo said of the first frame (before its bytes leave ffmpeg); or "stopped", "timeout", or
@@ -388,13 +478,14 @@ class _Ffmpeg:
                 self._pts_seen.wait(min(left, POLL_S))
             return self.first
 
-    def next_pts(self, wait_s: float = PTS_WAIT_S) -> float | None:
-        """The pts (seconds) of the frame just read: showinfo logs it before the frame leaves ffmpeg, but the
-        two pipes are read by two threads, so it may take a moment to arrive. None if it does not."""
+    def next_stamp(self, wait_s: float = PTS_WAIT_S) -> tuple[float | None, int | None]:
+        """(pts in seconds, the sender's wall clock in ns) of the frame just read: its line is written before
+        the frame's bytes, but the two pipes are read by two threads, so it may take a moment to arrive.
+        (None, None) if it does not."""
         with self._pts_seen:
-            if not self.pts:
+            if not self.stamps:
                 self._pts_seen.wait(wait_s)
-            return self.pts.popleft() if self.pts else None  # an empty deque: no line came in time
+            return self.stamps.popleft() if self.stamps else (None, None)  # no line came in time
 
     def read_frame(self, view: memoryview, deadline: float, stop) -> str:
         """Fills `view`: "frame"; or "eof", "stopped", "timeout" (nothing for the deadline)."""
@@ -437,13 +528,41 @@ class _Ffmpeg:
         return code
 
 
+class _AvDecoder(_Ffmpeg):
+    """The PyAV decoder child (avdecode.py): the same stdout, and its own stderr lines (its docstring)."""
+    who = "the RTSP decoder (PyAV)"
+
+    def _line(self, line: str) -> None:
+        kind, _, rest = line.partition(" ")
+        if kind == "frame":
+            pts, _, wall = rest.partition(" ")
+            with self._pts_seen:
+                self.stamps.append((None if pts == "-" else float(pts), None if wall == "-" else int(wall)))
+                self._pts_seen.notify()
+        elif kind == "first" and self.first is None:
+            fmt, w, h, rng, space = rest.split(" ")
+            colour = {k: v for k, v in (("color_range", rng), ("color_space", space)) if v != "unknown"}
+            with self._pts_seen:
+                self.first = {"pix_fmt": fmt, "width": w, "height": h, **colour}
+                self._pts_seen.notify_all()
+        elif kind in ("error", "log"):
+            self.stderr.append(rest.partition(" ")[2] if kind == "log" else rest)
+        else:  # not ours (a Python error): kept as it is
+            self.stderr.append(line)
+
+
+def _say_to_stderr(msg: str) -> None:
+    print(f"edgeinferctl: {msg}", file=sys.stderr, flush=True)
+
+
 def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wait: float = 10.0,
-        stop=lambda: False, say=lambda msg: print(f"edgeinferctl: {msg}", file=sys.stderr, flush=True),
-        on_publish=lambda n: None) -> int:
+        stop=lambda: False, say=_say_to_stderr, note=_say_to_stderr, on_publish=lambda n: None) -> int:
     """Publishes the source's frames as `stream` until its end (a file), `frames`, or stop(); returns the count.
     Raises FeedError when the source fails and is not (or no longer) reconnected. say(line) hears each
-    reconnection; on_publish(count) each frame (a camera unit's READY and watchdog)."""
-    ffmpeg = find_ffmpeg()
+    reconnection; note(line) what stamps the frames (the sender's clock, or why not); on_publish(count) each frame
+    (a camera unit's READY and watchdog)."""
+    pyav = o.decoder == "pyav"
+    ffmpeg = None if pyav else find_ffmpeg()
     if o.hwaccel:
         check_hwaccel(ffmpeg, o.hwaccel)
     if o.kind == "file":
@@ -463,7 +582,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     frame_bytes = 0
     if out is not None:
         open_ring(out)
-    args = ffmpeg_args(ffmpeg, o)
+    args, decoder = (avdecode_args(o), _AvDecoder) if pyav else (ffmpeg_args(ffmpeg, o), _Ffmpeg)
     period = 1.0 / o.fps if o.fps else 0.0
     clock = StreamClock()
     published = decoded = reconnects = 0
@@ -471,7 +590,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     last_published = -1e9
     try:
         while True:
-            child = _Ffmpeg(args)
+            child = decoder(args)
             clock.reset()  # a new connection's timestamps start anew
             deadline = time.monotonic() + o.connect_timeout
             frames_this_time = 0
@@ -495,7 +614,11 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 got = child.read_frame(view, deadline, stop)
                 if got != "frame":
                     break
-                capture_ns, capture_real_ns = clock.stamp(child.next_pts(), ring.monotonic_ns(), time.time_ns())
+                pts, sender_ns = child.next_stamp()
+                capture_ns, capture_real_ns = clock.stamp(pts, ring.monotonic_ns(), time.time_ns(), sender_ns)
+                if clock.notice:
+                    note(f"stream {stream}: {clock.notice}")
+                    clock.notice = None
                 decoded += 1
                 frames_this_time += 1
                 now = time.monotonic()
@@ -522,9 +645,9 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 reason = f"no frame from {o.source}: waited {limit:g} s for {what} (a silent source)"
             elif got == "eof" and code == 0:
                 reason = f"{o.source}: the source ended" if frames_this_time else \
-                    f"{o.source}: {explain(list(child.stderr), code)}"
+                    f"{o.source}: {explain(list(child.stderr), code, child.who)}"
             else:
-                reason = f"{o.source}: {explain(list(child.stderr), code)}"
+                reason = f"{o.source}: {explain(list(child.stderr), code, child.who)}"
             if frames_this_time:
                 backoff = o.backoff_min  # it worked for a while: start the backoff again
             if not o.reconnects or (o.max_reconnects is not None and reconnects >= o.max_reconnects):

@@ -33,7 +33,7 @@ useradd -m -G edgeinfer reader
 useradd -m outsider
 # Two cameras as services (their users come from `camera add`, before the daemon resolves the config's names):
 # gate1 synthetic, door an RTSP server that accepts and never answers (started below).
-check camera_add bash -c 'edgeinferctl camera add gate1 --source synthetic --width 224 --height 224 --fps 10 > /dev/null && edgeinferctl camera add door --source rtsp://127.0.0.1:8554/door --connect-timeout 2 > /dev/null && id -nG edgeinfer-cam-gate1 | grep -qw edgeinfer && echo "cameras: $(edgeinferctl camera list | tr "\n" ";")"'
+check camera_add bash -c 'edgeinferctl camera add gate1 --source synthetic --width 224 --height 224 --fps 10 > /dev/null && edgeinferctl camera add door --source rtsp://127.0.0.1:8554/door --connect-timeout 2 > /dev/null && edgeinferctl camera add lobby --source rtsp://127.0.0.1:$(cat /test/rtsp-port)/cam --transport tcp --width 224 --height 224 > /dev/null && id -nG edgeinfer-cam-gate1 | grep -qw edgeinfer && echo "cameras: $(edgeinferctl camera list | tr "\n" ";")"'
 # A model bundle, its trust key, a config, and a test drop-in: short watchdog, fault hook on.
 mkdir -p /var/lib/edgeinfer/models /etc/edgeinfer/trust /etc/systemd/system/edgeinferd.service.d
 cp -r /test/v1 /test/v2 /var/lib/edgeinfer/models/
@@ -168,6 +168,19 @@ camera_stalled_source() {
 }
 check camera_stalled_source camera_stalled_source
 kill $silent 2>/dev/null; wait $silent 2>/dev/null
+# An RTSP camera (GStreamer's server, run by the test outside the container: nspawn shares the host's network),
+# decoded by PyAV under the unit's hardening: READY, results, and its frames stamped by the sender's clock.
+camera_rtsp_sender_clock() {
+    systemctl start edgeinfer-camera@lobby || return 1
+    local r i said="" dec
+    r=$(runuser -u reader -- edgeinferctl results lobby --count 3 --timeout 30 | wc -l)
+    for i in $(seq 1 40); do said=$(journalctl -t edgeinfer-camera@lobby --no-pager -o cat | grep -m1 "stamped by the sender's clock"); [ -n "$said" ] && break; sleep 0.5; done
+    dec=$(pgrep -u edgeinfer-cam-lobby -f edgeinfer.producers.avdecode | wc -l)
+    systemctl stop edgeinfer-camera@lobby
+    echo "results $r; PyAV decoders of the unit's user: $dec; journal: ${said:-nothing about the sender's clock}"
+    [ "$r" = 3 ] && [ -n "$said" ] && [ "$dec" = 1 ]
+}
+check camera_rtsp_sender_clock camera_rtsp_sender_clock
 # Reliability row: the camera unit stopped and started 100 times; every start READY, the daemon serves on,
 # and neither the daemon's fds nor its memory grow with the cameras that came and went.
 daemon_fds() { local p n=0; for p in $(systemctl show -P MainPID edgeinferd) $(pgrep -x 'edgeinfer-lane[0-9]+'); do n=$((n + $(ls /proc/$p/fd | wc -l))); done; echo $n; }

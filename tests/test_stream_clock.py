@@ -1,0 +1,56 @@
+"""The producer's StreamClock on its own (the RTSP and file tests drive it end to end): which clock stamps a frame,
+and what a sender whose clock disagrees with ours can and cannot do to the stamps. Times are made up here (ns on
+our clocks), so every case is exact."""
+from __future__ import annotations
+
+from edgeinfer.producers.ffmpeg import MAX_LAG_NS, SENDER_AHEAD_NS, SENDER_BEHIND_NS, StreamClock
+
+MONO, REAL = 5_000_000_000_000, 1_795_000_000_000_000_000  # "now" on CLOCK_MONOTONIC and CLOCK_REALTIME
+MS = 1_000_000
+
+
+def test_a_sender_clock_in_bounds_stamps_the_frame_and_is_said_once():
+    clock = StreamClock()
+    assert clock.stamp(1.0, MONO, REAL, REAL - 80 * MS) == (MONO - 80 * MS, REAL - 80 * MS)
+    assert "sender's clock" in clock.notice and "80 ms old" in clock.notice
+    clock.notice = None
+    assert clock.stamp(1.04, MONO + 40 * MS, REAL + 40 * MS, REAL - 30 * MS) == (MONO - 30 * MS, REAL - 30 * MS)
+    assert clock.notice is None  # said once per connection
+    clock.reset()
+    clock.stamp(0.0, MONO, REAL, REAL - 10 * MS)
+    assert clock.notice  # a new connection says it again
+
+
+def test_a_sender_slightly_ahead_is_stamped_at_arrival_never_in_the_future():
+    clock = StreamClock()
+    assert clock.stamp(1.0, MONO, REAL, REAL + SENDER_AHEAD_NS) == (MONO, REAL)
+
+
+def test_a_sender_clock_out_of_bounds_is_refused_once_and_the_stream_clock_stamps():
+    for off in (SENDER_AHEAD_NS + 50 * MS, -SENDER_BEHIND_NS - 50 * MS, 3600 * 10**9, -(10**18)):  # past jitter
+        clock = StreamClock()
+        first = clock.stamp(10.0, MONO, REAL, REAL + off)
+        assert first == (MONO, REAL)  # anchored on this frame, as if there were no reports
+        assert "off ours" in clock.notice and "stream's own timestamps" in clock.notice
+        clock.notice = None
+        # 40 ms of stream later, arriving 5 ms late: stamped by its pts, not by the sender, and nothing said again
+        sender = REAL + off + 40 * MS  # (the sender's clock runs on as ours does)
+        assert clock.stamp(10.04, MONO + 45 * MS, REAL + 45 * MS, sender) == (MONO + 40 * MS, REAL + 40 * MS)
+        assert clock.notice is None
+
+
+def test_the_stream_clock_takes_over_afresh_when_the_reports_stop():
+    clock = StreamClock()
+    clock.stamp(1.0, MONO, REAL)  # anchored on the stream before the first report
+    clock.stamp(1.04, MONO + 40 * MS, REAL + 40 * MS, REAL - 500 * MS)  # the reports' clock
+    # no report any more, 10 s of stream later: anchored on this frame, not on the stale anchor 10 s back
+    later = MONO + 10_040 * MS
+    assert clock.stamp(11.04, later, REAL + 10_040 * MS) == (later, REAL + 10_040 * MS)
+
+
+def test_without_reports_frames_are_stamped_by_pts_within_the_lag_bound():
+    clock = StreamClock()
+    clock.stamp(0.0, MONO, REAL)
+    assert clock.stamp(0.04, MONO + 47 * MS, REAL + 47 * MS)[0] == MONO + 40 * MS  # decode jitter not in the stamp
+    far = MONO + 80 * MS + MAX_LAG_NS + 1 * MS  # a stall: this frame would be stamped too far back
+    assert clock.stamp(0.08, far, REAL)[0] == far
