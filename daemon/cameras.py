@@ -28,7 +28,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edgeinfer.vocabulary import FrameFormat, takes_source_colour
+from edgeinfer.vocabulary import FrameFormat, RtspClock, takes_source_colour
 from edgeinfer.yamlconf import load_yaml_file, load_yaml_model
 
 CAMERA_DIR = "/etc/edgeinfer/cameras"
@@ -58,7 +58,7 @@ class CameraConfig(BaseModel):
     transport: Optional[Literal["tcp", "udp"]] = None  # rtsp
     # rtsp: stamp frames by the sender's clock (RTCP sender reports; decoded by PyAV) or by the stream's own
     # timestamps (decoded by the ffmpeg program, e.g. for a hardware decoder only it has)
-    rtsp_clock: Literal["sender", "stream"] = "sender"
+    rtsp_clock: RtspClock = "sender"
     connect_timeout_s: float = Field(10.0, gt=0, le=300)
     read_timeout_s: float = Field(5.0, gt=0, le=300)
     reconnect: bool = True
@@ -76,6 +76,15 @@ class CameraConfig(BaseModel):
         """The ring's pixel format as configured (a synthetic source always publishes its own)."""
         from edgeinfer.producers import synthetic
         return synthetic.PIXEL_FORMAT if self.source == SYNTHETIC else self.pixel_format
+
+    def feed_options(self, **overrides):
+        """The ffmpeg producer's options for this camera (FfmpegOptions), with `overrides` (camera test's)."""
+        from edgeinfer.producers.ffmpeg import FfmpegOptions
+        return FfmpegOptions(**{**dict(source=self.source, width=self.width, height=self.height,
+                                       pixel_format=self.pixel_format, fps=self.fps,
+                                       connect_timeout=self.connect_timeout_s, read_timeout=self.read_timeout_s,
+                                       transport=self.transport, rtsp_clock=self.rtsp_clock, hwaccel=self.hwaccel,
+                                       reconnect=self.reconnect), **overrides})
 
     @property
     def live(self) -> bool:
@@ -134,10 +143,7 @@ def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.envir
     if cam.source == SYNTHETIC:
         return synthetic.run(stream, cam.width, cam.height, cam.fps, socket=cam.socket, wait=0, stop=stop,
                              on_publish=unit.published)
-    opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format, fps=cam.fps,
-                                connect_timeout=cam.connect_timeout_s, read_timeout=cam.read_timeout_s,
-                                transport=cam.transport, rtsp_clock=cam.rtsp_clock, hwaccel=cam.hwaccel,
-                                reconnect=cam.reconnect)
+    opts = cam.feed_options()
     return ffmpeg.run(opts, stream, socket=cam.socket, wait=0, stop=stop, say=unit.problem,
                       on_publish=unit.published)
 
@@ -225,11 +231,7 @@ def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) ->
             say(f"camera {name}: source synthetic, {geometry}")
             synthetic.run(f"{name}-test", cam.width, cam.height, 0, frames, socket=sock, wait=0, on_publish=seen)
         else:
-            opts = ffmpeg.FfmpegOptions(cam.source, cam.width, cam.height, cam.pixel_format,
-                                        fps=cam.fps if cam.live else 0,
-                                        frames=frames, connect_timeout=cam.connect_timeout_s,
-                                        read_timeout=cam.read_timeout_s, transport=cam.transport,
-                                        rtsp_clock=cam.rtsp_clock, hwaccel=cam.hwaccel, reconnect=False)
+            opts = cam.feed_options(fps=cam.fps if cam.live else 0, frames=frames, reconnect=False)
             try:
                 src = ffmpeg.probe(ffmpeg.find_ffmpeg(), opts)
                 out = ffmpeg.output_of(opts, src)

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from edgeinfer.vocabulary import MODEL_FORMATS
+from edgeinfer.vocabulary import MODEL_FORMATS, RTSP_CLOCKS as _RTSP_CLOCKS
 
 # Set by SIGTERM/SIGINT from the first moment of edgeinferd_main, before the
 # slow imports (numpy, ONNX Runtime), so a stop during start-up is orderly.
@@ -372,7 +372,7 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--read-timeout", type=float, default=5.0,
                    help="ffmpeg: seconds without a frame before the source counts as failed (default 5)")
     p.add_argument("--transport", choices=["tcp", "udp"], help="ffmpeg: RTSP transport")
-    p.add_argument("--rtsp-clock", choices=["sender", "stream"], default="sender",
+    p.add_argument("--rtsp-clock", choices=_RTSP_CLOCKS, default=_RTSP_CLOCKS[0],
                    help="ffmpeg: stamp an RTSP source's frames by the sender's clock (its RTCP sender reports, read "
                         "by decoding with PyAV; the default) or by the stream's own timestamps (decoded by the ffmpeg "
                         "program)")
@@ -399,7 +399,7 @@ def edgeinferctl_main(argv=None) -> int:
     c.add_argument("--pixel-format", help="i420 (default), nv12, yuyv (optionally :bt709 …), bgr24, rgb24")
     c.add_argument("--fps", type=float, help="at most this many frames a second (default: the source's rate)")
     c.add_argument("--transport", choices=["tcp", "udp"])
-    c.add_argument("--rtsp-clock", choices=["sender", "stream"], help="sender (default) or stream (see feed)")
+    c.add_argument("--rtsp-clock", choices=_RTSP_CLOCKS, help="sender (default) or stream (see feed)")
     c.add_argument("--connect-timeout", type=float, dest="connect_timeout_s")
     c.add_argument("--read-timeout", type=float, dest="read_timeout_s")
     c.add_argument("--no-reconnect", dest="reconnect", action="store_false", default=None)

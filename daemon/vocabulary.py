@@ -21,6 +21,11 @@ def yuv_format_name(base: str, colorimetry: str) -> str:
     return base if colorimetry == COLORIMETRIES[0] else f"{base}:{colorimetry}"
 
 
+# How an RTSP camera's frames are stamped: by the sender's clock (its RTCP sender reports; the PyAV decoder) or by
+# the stream's own timestamps (the ffmpeg program). The first is the default.
+RtspClock = Literal["sender", "stream"]
+RTSP_CLOCKS: tuple[str, ...] = get_args(RtspClock)
+
 YUV_FORMATS: tuple[str, ...] = tuple(yuv_format_name(b, c) for b in YUV_BASES for c in COLORIMETRIES)
 FRAME_FORMATS: tuple[str, ...] = ("gray8", "rgb24", "bgr24", "rgba32", "bgra32", *YUV_FORMATS)
 FrameFormat = Literal[FRAME_FORMATS]                                  # what a camera may write

@@ -119,20 +119,20 @@ def _stamps(url: str, tmp_path, children, stream: str, frames: int) -> tuple[lis
 
 
 def test_frames_are_stamped_by_the_senders_clock(tmp_path, children, stream):
-    """The issue: "For RTSP, use the RTCP wall clock where present". The server's clock is 3 s behind ours, so
-    by its sender reports every frame was captured 3 s before it reached us: once the first report is in, the
-    frames' capture times are 3 s (plus the encode and transfer) before their arrival, on CLOCK_MONOTONIC, with
-    the sender's wall clock beside it. Before the first report they are anchored on the stream (under 2 s)."""
-    server = RtspServer(clock_offset_s=-3)
+    """The issue: "For RTSP, use the RTCP wall clock where present". The server's clock is 1.5 s behind ours, so
+    by its sender reports every frame was captured 1.5 s before it reached us: once the first report is in, the
+    frames' capture times are 1.5 s (plus the encode and transfer) before their arrival, on CLOCK_MONOTONIC,
+    with the sender's wall clock beside it. Before the first report they are anchored on the stream."""
+    server = RtspServer(clock_offset_s=-1.5)
     try:
         seen, err = _stamps(server.url, tmp_path, children, stream, 200)  # 8 s: reports come every few s
     finally:
         server.close()
     assert "frames are stamped by the sender's clock (RTCP sender reports)" in err, err
     ages = [(read - mono) / 1e9 for mono, _, read in seen]
-    sender = [a for a in ages if a > 2.5]
-    assert sender and ages[-1] > 2.5, ages  # the reports' clock, to the last frame
-    assert all(a < 3 + 2.0 for a in sender), ages  # 3 s, and not more than transfer and scheduling on top
+    sender = [a for a in ages if a > 1.2]
+    assert sender and ages[-1] > 1.2, ages  # the reports' clock, to the last frame
+    assert all(a < 2.0 + 0.5 for a in sender), ages  # never stamped more than 2 s back (plus reading it here)
     assert ages.index(sender[0]) == len(ages) - len(sender), ages  # once it is in, every frame
     offset = time.time_ns() - time.monotonic_ns()  # CLOCK_REALTIME beside it: the same instant on our clocks
     assert all(abs(real - mono - offset) < 50_000_000 for mono, real, _ in seen), seen

@@ -3,7 +3,8 @@ and what a sender whose clock disagrees with ours can and cannot do to the stamp
 our clocks), so every case is exact."""
 from __future__ import annotations
 
-from edgeinfer.producers.ffmpeg import MAX_LAG_NS, SENDER_AHEAD_NS, SENDER_BEHIND_NS, StreamClock
+from edgeinfer.producers.ffmpeg import (MAX_LAG_NS, NOTICE_INTERVAL_NS, SENDER_AHEAD_NS, SENDER_BEHIND_NS,
+                                         SENDER_SWITCH_FRAMES, StreamClock)
 
 MONO, REAL = 5_000_000_000_000, 1_795_000_000_000_000_000  # "now" on CLOCK_MONOTONIC and CLOCK_REALTIME
 MS = 1_000_000
@@ -54,3 +55,34 @@ def test_without_reports_frames_are_stamped_by_pts_within_the_lag_bound():
     assert clock.stamp(0.04, MONO + 47 * MS, REAL + 47 * MS)[0] == MONO + 40 * MS  # decode jitter not in the stamp
     far = MONO + 80 * MS + MAX_LAG_NS + 1 * MS  # a stall: this frame would be stamped too far back
     assert clock.stamp(0.08, far, REAL)[0] == far
+
+
+def test_a_clock_at_a_bound_does_not_flip_the_stamps_and_switches_are_said_once_a_minute():
+    """A camera whose clock wanders across a bound: the choice holds until SENDER_SWITCH_FRAMES frames in a row
+    say otherwise (meanwhile the trusted clock's outliers are clamped into the bounds), and a switch back within
+    NOTICE_INTERVAL_NS of the last notice is counted, not said."""
+    clock = StreamClock()
+    now, real = MONO, REAL
+    clock.stamp(0.0, now, real, real - 80 * MS)
+    assert clock.sender_trusted and clock.notice
+    clock.notice = None
+    ahead = 3600 * 10**9
+    for k in range(1, SENDER_SWITCH_FRAMES):  # an hour ahead, but not yet for long enough: clamped to arrival
+        now, real = now + 40 * MS, real + 40 * MS
+        assert clock.stamp(k * 0.04, now, real, real + ahead) == (now, real)
+        assert clock.sender_trusted and clock.notice is None
+    now, real = now + 40 * MS, real + 40 * MS
+    clock.stamp(1.0, now, real, real + ahead)
+    assert clock.sender_trusted is False and clock.notice is None  # switched; said 1 s after the last: not said
+    for k in range(SENDER_SWITCH_FRAMES):  # back in bounds, 61 s later
+        now, real = now + NOTICE_INTERVAL_NS // SENDER_SWITCH_FRAMES + MS, real + 61 * 10**9 // SENDER_SWITCH_FRAMES
+        clock.stamp(2.0 + k, now, real, real - 50 * MS)
+    assert clock.sender_trusted and "stamped by the sender's clock" in clock.notice
+    assert "1 earlier switch(es) of clocks not said" in clock.notice
+
+
+def test_a_trusted_clock_never_stamps_before_monotonic_zero():
+    """Just after boot CLOCK_MONOTONIC is small: a frame 1.5 s old by the sender's clock at 0.5 s of uptime is
+    stamped at 0, not at a negative time (the ring's capture time is unsigned)."""
+    clock = StreamClock()
+    assert clock.stamp(0.0, 500 * MS, REAL, REAL - 1500 * MS) == (0, REAL - 500 * MS)

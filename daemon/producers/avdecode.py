@@ -35,8 +35,9 @@ import av
 import av.filter
 import av.logging
 
-# Bytes per row of each plane as a multiple of the width (None: half the width, rounded up), by format.
-_ROW_BYTES = {"yuv420p": (1, None, None), "nv12": (1, 1), "yuyv422": (2,),
+# Bytes per row of each plane as a multiple of the width (None: half the width rounded up; "uv": twice that,
+# nv12's interleaved chroma), by format.
+_ROW_BYTES = {"yuv420p": (1, None, None), "nv12": (1, "uv"), "yuyv422": (2,),
               "bgr24": (3,), "rgb24": (3,), "gray": (1,), "rgba": (4,), "bgra": (4,)}
 # FFmpeg's AVColorRange and AVColorSpace codes, by ffprobe's names.
 _RANGE = {1: "tv", 2: "pc"}
@@ -68,7 +69,7 @@ def _write_packed(out, frame) -> None:
     """The frame's planes, rows without their padding, in one go when a plane has none."""
     w = frame.width
     for plane, per_pixel in zip(frame.planes, _ROW_BYTES[frame.format.name]):
-        row = w * per_pixel if per_pixel else (w + 1) // 2
+        row = (w + 1) // 2 * (2 if per_pixel == "uv" else 1) if per_pixel in (None, "uv") else w * per_pixel
         data = memoryview(plane)
         if plane.line_size == row:
             out.write(data[:row * plane.height])
@@ -78,37 +79,55 @@ def _write_packed(out, frame) -> None:
 
 
 class _Convert:
-    """Size, pixel format and range as asked, by FFmpeg's scale filter (a filter graph, as the ffmpeg program
-    runs it, so both decoders give the same bytes); a frame already as asked passes untouched."""
+    """Each frame at the asked size, pixel format and range, by FFmpeg's scale filter (a filter graph, as the
+    ffmpeg program runs it, so both decoders give the same bytes); a frame already so passes untouched. What the
+    first frame delivered (its size, its range) is then kept: a source that changes mid-stream is scaled back to
+    it, as the program does (-autoscale), since the ring's frames are all one size."""
 
-    def __init__(self, stream, pix_fmt: str, size: tuple[int, int] | None, out_range: str | None):
-        self.stream, self.pix_fmt, self.size, self.out_range = stream, pix_fmt, size, out_range
+    _YUV = ("yuv420p", "nv12", "yuyv422")
+
+    def __init__(self, pix_fmt: str, size: tuple[int, int] | None, out_range: str | None):
+        self.pix_fmt, self.size, self.out_range = pix_fmt, size, out_range
         self.graph = None
+        self.source = None  # (width, height, format, range, matrix) of the frames the graph is set up for
+
+    def _passes(self, frame) -> bool:
+        if frame.format.name != self.pix_fmt or self.size != (frame.width, frame.height):
+            return False
+        full = frame.color_range == 2  # (unspecified: limited, as players assume)
+        return self.out_range is None or (self.out_range == "full") == full
+
+    def _build(self, frame):
+        graph = av.filter.Graph()
+        # The source described by this frame, range and matrix included (a frame that differs from its buffer's
+        # description makes FFmpeg warn on every frame).
+        tb = frame.time_base
+        src = [f"video_size={frame.width}x{frame.height}", f"pix_fmt={frame.format.name}",
+               f"time_base={tb.numerator}/{tb.denominator}" if tb else "time_base=1/90000", "pixel_aspect=1/1"]
+        src += [f"range={_RANGE[frame.color_range]}"] if frame.color_range in _RANGE else []
+        src += [f"colorspace={_SPACE[frame.colorspace]}"] if frame.colorspace in _SPACE else []
+        scale = [f"w={self.size[0]}", f"h={self.size[1]}"] if self.size != (frame.width, frame.height) else []
+        scale += [f"out_range={self.out_range}"] if self.out_range else []
+        chain = [graph.add("buffer", ":".join(src)), *([graph.add("scale", ":".join(scale))] if scale else []),
+                 graph.add("format", self.pix_fmt), graph.add("buffersink")]
+        for a, b in zip(chain, chain[1:]):
+            a.link_to(b)
+        graph.configure()
+        return graph
 
     def __call__(self, frame):
-        if self.graph is None:
-            if self.size in (None, (frame.width, frame.height)) and self.out_range is None and \
-                    frame.format.name == self.pix_fmt:
-                return frame
-            self.graph = av.filter.Graph()
-            # The source described by its first frame, range and matrix included (the stream's parameters may
-            # not say them, and a frame that differs from its buffer's description makes FFmpeg warn per frame).
-            tb = frame.time_base or self.stream.time_base
-            src = [f"video_size={frame.width}x{frame.height}", f"pix_fmt={frame.format.name}",
-                   f"time_base={tb.numerator}/{tb.denominator}", "pixel_aspect=1/1"]
-            src += [f"range={_RANGE[frame.color_range]}"] if frame.color_range in _RANGE else []
-            src += [f"colorspace={_SPACE[frame.colorspace]}"] if frame.colorspace in _SPACE else []
-            chain = [self.graph.add("buffer", ":".join(src))]
-            scale = ([f"w={self.size[0]}", f"h={self.size[1]}"] if self.size else []) + \
-                ([f"out_range={self.out_range}"] if self.out_range else [])
-            if scale:
-                chain.append(self.graph.add("scale", ":".join(scale)))
-            chain += [self.graph.add("format", self.pix_fmt), self.graph.add("buffersink")]
-            for a, b in zip(chain, chain[1:]):
-                a.link_to(b)
-            self.graph.configure()
-        self.graph.push(frame)
-        return self.graph.pull()
+        source = (frame.width, frame.height, frame.format.name, frame.color_range, frame.colorspace)
+        if source != self.source:
+            if self.size is None:
+                self.size = (frame.width, frame.height)
+            self.source = source
+            self.graph = None if self._passes(frame) else self._build(frame)
+        if self.graph is not None:
+            self.graph.push(frame)
+            frame = self.graph.pull()
+        if self.out_range is None and self.pix_fmt in self._YUV:  # the first frame's range is the ring's
+            self.out_range = "full" if frame.color_range == 2 else "limited"
+        return frame
 
 
 def decode(source: str, options: dict[str, str], pix_fmt: str, size: tuple[int, int] | None,
@@ -122,7 +141,7 @@ def decode(source: str, options: dict[str, str], pix_fmt: str, size: tuple[int, 
         if stream is None:
             raise LookupError(f"{source}: no video stream in the source")
         stream.thread_type = "AUTO"  # frame and slice threads, as the ffmpeg program decodes
-        convert = _Convert(stream, pix_fmt, size, out_range)
+        convert = _Convert(pix_fmt, size, out_range)
         wall_of: dict[int, int] = {}
         first = True
         for packet in container.demux(stream):
@@ -133,7 +152,7 @@ def decode(source: str, options: dict[str, str], pix_fmt: str, size: tuple[int, 
                     del wall_of[next(iter(wall_of))]
             try:
                 decoded = packet.decode()
-            except av.InvalidDataError as e:  # a damaged packet: said, and the stream goes on (as the program does)
+            except av.FFmpegError as e:  # a damaged packet: said, and the stream goes on (as the program does)
                 _say("log", "warning", f"decoder: {e}")
                 continue
             for frame in decoded:
@@ -169,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                sys.stdout.buffer)
     except BrokenPipeError:
         return 0  # the producer stopped reading: it stops us
-    except (av.FFmpegError, LookupError, ValueError, NotImplementedError) as e:
+    except (av.FFmpegError, LookupError) as e:  # FFmpeg's words (the producer matches them to its reasons)
         _say("error", e)
+        return 1
+    except Exception as e:  # anything else still ends in one line, not a traceback
+        _say("error", f"{type(e).__name__}: {e}")
         return 1
     return 0
 

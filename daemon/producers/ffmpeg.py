@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import os
 import re
 import select
@@ -43,14 +44,16 @@ import time
 
 from edgeinfer import ring
 from edgeinfer.producers.connection import ConnectionReporter
-from edgeinfer.vocabulary import YUV_BASES, takes_source_colour
+from edgeinfer.vocabulary import RTSP_CLOCKS, YUV_BASES, takes_source_colour
 
 POLL_S = 0.1  # the longest stop() waits for us
 EXIT_WAIT_S = 2.0  # for ffmpeg to exit (and say why) once its output ended
 PTS_WAIT_S = 0.2   # for the frame's pts line (stderr) once its bytes (stdout) are in
 MAX_LAG_NS = 2_000_000_000  # a frame stamped this far behind its arrival re-anchors the stream clock
 SENDER_AHEAD_NS = 100_000_000  # a sender's clock ahead of ours by up to this is clock error: stamped at arrival
-SENDER_BEHIND_NS = 10_000_000_000  # a frame older than this by the sender's clock: the clock is wrong, not the frame
+SENDER_BEHIND_NS = MAX_LAG_NS  # older by the sender's clock: the clock is wrong (no stamp goes further back)
+SENDER_SWITCH_FRAMES = 25  # frames in a row on the other side of those bounds before the clock is switched
+NOTICE_INTERVAL_NS = 60_000_000_000  # a switch of clocks is said at most this often (the others counted)
 
 
 # "[ctx @ 0x55…] [level] message" or "[level] message" (-loglevel level+info)
@@ -81,9 +84,13 @@ class StreamClock:
 
     The sender's clock (an RTSP source's RTCP sender reports, read by the PyAV decoder): the frame was captured
     when the sender's clock says, mapped onto CLOCK_MONOTONIC through our CLOCK_REALTIME; so the camera's encode,
-    the network and the decode are all inside the e2e latency. Trusted only from SENDER_AHEAD_NS ahead of ours
-    (clock error; stamped at arrival) to SENDER_BEHIND_NS behind: beyond, the clocks disagree (a camera without
-    NTP), and the frame is stamped as if there were no reports, which `notice` says once.
+    the network and the decode are all inside the e2e latency (and a stream's max_age_ms counts from there). It is
+    trusted when it puts the frame from SENDER_AHEAD_NS in the future (clock error: stamped at arrival) to
+    SENDER_BEHIND_NS in the past; beyond, the clocks disagree (a camera without NTP) and the stream's timestamps
+    stamp the frames. The first report of a connection decides; after that the choice changes only when
+    SENDER_SWITCH_FRAMES frames in a row say otherwise (meanwhile a trusted clock's outliers are clamped into
+    the bounds), so a clock near a bound cannot make the stamps flip frame by frame. `notice` says each choice,
+    at most once per NOTICE_INTERVAL_NS.
 
     The stream's timestamps: frame k is stamped anchor + (pts(k) - pts(anchor)), where the anchor is the frame
     that arrived earliest relative to its pts (a frame that would be stamped after its arrival moves the anchor
@@ -95,29 +102,47 @@ class StreamClock:
     def __init__(self):
         self.anchor_pts = self.last_pts = None
         self.anchor_mono = self.real_offset = 0
-        self.notice: str | None = None  # something to say once (the caller takes it and clears it)
-        self._said_sender = self._said_refused = False
+        self.notice: str | None = None  # something to say (the caller takes it and clears it)
+        self.reset()
 
     def reset(self) -> None:
-        """A new connection: its timestamps start anew, and what the sender's clock does is said again."""
+        """A new connection: its timestamps start anew, and its first sender report decides again."""
         self.anchor_pts = None
-        self._said_sender = self._said_refused = False
+        self.sender_trusted: bool | None = None  # None: no report yet
+        self._against = 0  # frames in a row whose report disagrees with sender_trusted
+        self._said_at: int | None = None  # CLOCK_MONOTONIC of the last notice
+        self._unsaid = 0  # switches since, not said
+
+    def _choose(self, trusted: bool, age: int, now_mono: int) -> None:
+        self.sender_trusted, self._against = trusted, 0
+        if self._said_at is not None and now_mono - self._said_at < NOTICE_INTERVAL_NS:
+            self._unsaid += 1
+            return
+        if trusted:
+            text = (f"frames are stamped by the sender's clock (RTCP sender reports): this one was "
+                    f"{max(age, 0) / 1e6:.0f} ms old at its arrival (a stream's max_age_ms counts from this clock)")
+        else:
+            text = (f"the sender's clock (RTCP sender reports) is {-age / 1e9:+.3f} s off ours: frames are stamped "
+                    "from the stream's own timestamps instead (set the camera's clock by NTP)")
+        self.notice = text + (f"; {self._unsaid} earlier switch(es) of clocks not said" if self._unsaid else "")
+        self._said_at, self._unsaid = now_mono, 0
 
     def stamp(self, pts: float | None, now_mono: int, now_real: int, sender_real: int | None = None) -> tuple[int, int]:
         if sender_real is not None:
             age = now_real - sender_real
-            if -SENDER_AHEAD_NS <= age <= SENDER_BEHIND_NS:
-                age = max(age, 0)
+            fits = -SENDER_AHEAD_NS <= age <= SENDER_BEHIND_NS
+            if self.sender_trusted is None:
+                self._choose(fits, age, now_mono)
+            elif fits == self.sender_trusted:
+                self._against = 0
+            else:
+                self._against += 1
+                if self._against >= SENDER_SWITCH_FRAMES:
+                    self._choose(fits, age, now_mono)
+            if self.sender_trusted:
+                age = min(max(age, 0), SENDER_BEHIND_NS, now_mono)  # (and never before CLOCK_MONOTONIC's zero)
                 self.anchor_pts = None  # should the reports stop, the stream's timestamps are anchored afresh
-                if not self._said_sender:
-                    self._said_sender = True
-                    self.notice = (f"frames are stamped by the sender's clock (RTCP sender reports): this one "
-                                   f"was {age / 1e6:.0f} ms old at its arrival")
                 return now_mono - age, now_real - age
-            if not self._said_refused:
-                self._said_refused = True
-                self.notice = (f"the sender's clock (RTCP sender reports) is {-age / 1e9:+.3f} s off ours: frames "
-                               "are stamped from the stream's own timestamps instead (set the camera's clock by NTP)")
         if pts is None:
             return now_mono, now_real
         if self.anchor_pts is None or pts < self.last_pts:
@@ -142,11 +167,6 @@ FFMPEG_PIX = {"i420": "yuv420p", "nv12": "nv12", "yuyv": "yuyv422", "bgr24": "bg
               "gray8": "gray", "rgba32": "rgba", "bgra32": "bgra"}
 # ffprobe's color_space → the ring's matrix (SMPTE 170M and BT.470BG are BT.601's).
 _MATRIX_OF = {"bt709": "bt709", "smpte170m": "bt601", "bt470bg": "bt601", "fcc": "bt601"}
-
-
-# How an RTSP source's frames are stamped: by the sender's clock (the RTCP sender reports, which only PyAV's
-# FFmpeg hands over) or by the stream's own timestamps (what the ffmpeg program can do; StreamClock says both).
-RTSP_CLOCKS = ("sender", "stream")
 
 
 def source_kind(source: str) -> str:
@@ -210,11 +230,19 @@ class FfmpegOptions:
         return self.kind != "file" if self.reconnect is None else self.reconnect
 
     @property
+    def rtsp(self) -> bool:
+        return self.source.startswith(("rtsp://", "rtsps://"))
+
+    @property
+    def ffmpeg_pix_fmt(self) -> str:
+        """The output's pixel format as FFmpeg names it."""
+        return FFMPEG_PIX[self.pixel_format.partition(":")[0]]
+
+    @property
     def decoder(self) -> str:
         """"pyav" (avdecode.py, which reads the RTCP sender reports) for RTSP with the sender's clock, else
         "ffmpeg" (the program)."""
-        rtsp = self.source.startswith(("rtsp://", "rtsps://"))
-        return "pyav" if rtsp and self.rtsp_clock == "sender" else "ffmpeg"
+        return "pyav" if self.rtsp and self.rtsp_clock == "sender" else "ffmpeg"
 
 
 def find_ffmpeg() -> str:
@@ -249,7 +277,7 @@ def _input_options(o: FfmpegOptions, timeout_s: float) -> list[str]:
     """ffmpeg's and ffprobe's options for reading the source: a network source's socket I/O timeout (our own
     watchdog stands behind it) and RTSP transport."""
     us = str(int(timeout_s * 1e6))
-    if o.source.startswith(("rtsp://", "rtsps://")):
+    if o.rtsp:
         return ["-timeout", us, *(["-rtsp_transport", o.transport] if o.transport else [])]
     return ["-rw_timeout", us] if o.kind == "network" else []
 
@@ -356,7 +384,7 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
     args += ["-i", o.source, "-map", "0:v:0",  # the first video stream, or an error if there is none
              "-vf", f"showinfo=checksum=0{scale}",
              "-fps_mode", "passthrough",  # never duplicate a frame
-             "-f", "rawvideo", "-pix_fmt", FFMPEG_PIX[o.pixel_format.partition(":")[0]], "-"]
+             "-f", "rawvideo", "-pix_fmt", o.ffmpeg_pix_fmt, "-"]
     return args
 
 
@@ -368,11 +396,12 @@ def avdecode_args(o: FfmpegOptions) -> list[str]:
         args += ["--option", f"{key.lstrip('-')}={value}"]
     if o.width is not None:
         args += ["--size", f"{o.width}x{o.height}"]
-    if asked_range(o):
-        args += ["--range", asked_range(o)]  # (FFmpeg 8.1 keeps a JPEG range through the conversion otherwise)
+    out_range = asked_range(o)
+    if out_range:
+        args += ["--range", out_range]  # (FFmpeg 8.1 keeps a JPEG range through the conversion otherwise)
     if o.hwaccel:
         args += ["--hwaccel", o.hwaccel]
-    return [*args, FFMPEG_PIX[o.pixel_format.partition(":")[0]], o.source]
+    return [*args, o.ffmpeg_pix_fmt, o.source]
 
 
 # ffmpeg's words → the one line a supervisor reads (first match wins).
@@ -448,11 +477,9 @@ class _Ffmpeg:
             is_frame, pts = _showinfo_pts(msg)
             if is_frame:  # None (no timestamp) too: the frame is then stamped on arrival, without waiting
                 g = _SHOWINFO_GEOMETRY.search(msg) if self.first is None else None
-                with self._pts_seen:
-                    self.stamps.append((pts, None))
-                    if g:
-                        self._first = {"pix_fmt": g.group(1), "width": g.group(2), "height": g.group(3)}
-                    self._pts_seen.notify()
+                if g:
+                    self._first = {"pix_fmt": g.group(1), "width": g.group(2), "height": g.group(3)}
+                self._stamp(pts, None)
             elif self.first is None and self._first is not None:  # the first frame's colour line
                 c = _SHOWINFO_COLOUR.search(msg)
                 with self._pts_seen:
@@ -462,6 +489,11 @@ class _Ffmpeg:
         elif level not in ("info", "verbose", "debug", "trace"):  # problems, and lines without a level
             self.stderr.append(context + msg)
 
+
+    def _stamp(self, pts: float | None, wall_ns: int | None) -> None:
+        with self._pts_seen:
+            self.stamps.append((pts, wall_ns))
+            self._pts_seen.notify()
 
     def first_frame(self, deadline: float, stop) -> dict | str:
         """What showinfo said of the first frame (before its bytes leave ffmpeg); or "stopped", "timeout", or
@@ -534,20 +566,25 @@ class _AvDecoder(_Ffmpeg):
 
     def _line(self, line: str) -> None:
         kind, _, rest = line.partition(" ")
-        if kind == "frame":
-            pts, _, wall = rest.partition(" ")
-            with self._pts_seen:
-                self.stamps.append((None if pts == "-" else float(pts), None if wall == "-" else int(wall)))
-                self._pts_seen.notify()
-        elif kind == "first" and self.first is None:
-            fmt, w, h, rng, space = rest.split(" ")
-            colour = {k: v for k, v in (("color_range", rng), ("color_space", space)) if v != "unknown"}
-            with self._pts_seen:
-                self.first = {"pix_fmt": fmt, "width": w, "height": h, **colour}
-                self._pts_seen.notify_all()
-        elif kind in ("error", "log"):
+        try:
+            if kind == "frame":
+                pts, wall = rest.split(" ")
+                pts = None if pts == "-" else float(pts)
+                self._stamp(pts if pts is not None and math.isfinite(pts) else None, None if wall == "-" else int(wall))
+                return
+            if kind == "first":
+                fmt, w, h, rng, space = rest.split(" ")
+                geometry = {"pix_fmt": fmt, "width": str(int(w)), "height": str(int(h)),
+                            **{k: v for k, v in (("color_range", rng), ("color_space", space)) if v != "unknown"}}
+                with self._pts_seen:
+                    self.first = self.first or geometry
+                    self._pts_seen.notify_all()
+                return
+        except ValueError:
+            pass  # not a line of ours after all: kept below, as it is
+        if kind in ("error", "log"):
             self.stderr.append(rest.partition(" ")[2] if kind == "log" else rest)
-        else:  # not ours (a Python error): kept as it is
+        else:  # not ours (a Python error, a malformed line): kept as it is
             self.stderr.append(line)
 
 
@@ -588,6 +625,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     published = decoded = reconnects = 0
     backoff = o.backoff_min
     last_published = -1e9
+    child = None
     try:
         while True:
             child = decoder(args)
@@ -602,7 +640,6 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                     if writer is None:
                         open_ring(now_out)
                     elif now_out != out:  # (a ring's geometry is sealed: systemd restarts the camera anew)
-                        child.finish(ended=False)
                         raise FeedError(f"{o.source}: the source came back as {now_out.width}x{now_out.height} "
                                         f"{now_out.pixel_format}, its ring holds {out.width}x{out.height} "
                                         f"{out.pixel_format}: restart the feed")
@@ -661,5 +698,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                 time.sleep(min(POLL_S, max(end - time.monotonic(), 0)))
             backoff = min(backoff * 2, o.backoff_max)
     finally:
+        if child is not None and child.proc.poll() is None:  # an error on the way: the decoder goes with us
+            child.finish(ended=False)
         if writer is not None:
             writer.close()
