@@ -57,6 +57,11 @@ def videos(tmp_path_factory):
          str(d / "long.mkv")])
     run(["ffmpeg", "-loglevel", "error", "-i", str(d / "short.mkv"), "-c:v", "mpeg2video", str(d / "short.ts")])
     run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "sine=duration=1", str(d / "audio.wav")])
+    # a stream whose size changes midway (two MPEG-TS files, one after the other)
+    for size in ("64x48", "128x96"):
+        run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", f"testsrc=size={size}:rate=25", "-frames:v", "5",
+             "-c:v", "libx264", "-f", "mpegts", str(d / f"part-{size}.ts")])
+    (d / "changing.ts").write_bytes((d / "part-64x48.ts").read_bytes() + (d / "part-128x96.ts").read_bytes())
     # MJPEG decodes to yuvj420p: JPEG (full) range, what many USB cameras send
     run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=25", "-frames:v", "10",
          "-c:v", "mjpeg", "-pix_fmt", "yuvj420p", str(d / "full.avi")])
@@ -331,3 +336,36 @@ def test_the_pyav_decoder_keeps_or_converts_the_range_and_says_which(videos, ext
     out = output_of(FfmpegOptions("rtsp://camera/x"), {"pix_fmt": fmt, "width": w, "height": h,
                                                       "color_range": rng, "color_space": space})
     assert out.pixel_format == ("i420:bt601-full" if full else "i420")
+
+
+@pytest.mark.parametrize("source, pix_fmt, size", [
+    ("short.mkv", "yuv420p", None), ("short.mkv", "yuv420p", "64x48"), ("short.mkv", "nv12", "32x24"),
+    ("short.mkv", "bgr24", None), ("short.mkv", "yuyv422", "64x48"),
+    ("changing.ts", "yuv420p", None), ("changing.ts", "bgr24", None), ("changing.ts", "nv12", None)])
+def test_the_pyav_decoder_gives_the_programs_bytes(videos, source, pix_fmt, size):
+    """RTSP's decoder (PyAV) and the ffmpeg program give the same frames, byte for byte: the same scale filter,
+    and a source that changes size midway is scaled back to its first size by both (the ring's frames are one
+    size; the program's -autoscale). (With a size asked and a change midway, the program's rebuilt scaler
+    rounds differently by a level here and there: sizes still agree, the next test.)"""
+    extra = ["--size", size] if size else []
+    mine = subprocess.run([sys.executable, "-m", "edgeinfer.producers.avdecode", *extra, pix_fmt,
+                           str(videos / source)], capture_output=True, timeout=60)
+    assert mine.returncode == 0, mine.stderr
+    scale = ["-vf", f"scale={size.replace('x', ':')}"] if size else []
+    theirs = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(videos / source), *scale, "-f", "rawvideo",
+                             "-pix_fmt", pix_fmt, "-"], capture_output=True, timeout=60, check=True)
+    assert len(mine.stdout) == len(theirs.stdout) and mine.stdout == theirs.stdout
+    frames = [x for x in mine.stderr.decode().splitlines() if x.startswith("frame ")]
+    assert len(frames) == (50 if source == "short.mkv" else 10)
+
+
+def test_a_source_that_changes_size_keeps_the_asked_size(videos):
+    """The ring's frames are one size: every frame of a stream that changes from 64x48 to 128x96 midway comes
+    out at the asked 32x24 (a frame of another size would shift every later frame's bytes), within a level of
+    what the program gives."""
+    mine = subprocess.run([sys.executable, "-m", "edgeinfer.producers.avdecode", "--size", "32x24", "yuv420p",
+                           str(videos / "changing.ts")], capture_output=True, timeout=60)
+    theirs = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(videos / "changing.ts"), "-vf", "scale=32:24",
+                             "-f", "rawvideo", "-pix_fmt", "yuv420p", "-"], capture_output=True, timeout=60, check=True)
+    assert mine.returncode == 0 and len(mine.stdout) == len(theirs.stdout) == 10 * 32 * 24 * 3 // 2, mine.stderr
+    assert max(abs(a - b) for a, b in zip(mine.stdout, theirs.stdout)) <= 3
