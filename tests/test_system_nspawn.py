@@ -210,3 +210,10 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
         ok &= matrix.record(request, area, fault, n, expected, line.split(" ", 2)[-1][:300] or "-",
                             line.startswith("PASS"))
     assert ok
+
+
+def test_the_container_script_parses():
+    """inside.sh runs only in the booted container, minutes in: a quoting slip there ends every later check at once
+    (bash reads the script as it goes), so it is parsed here first."""
+    r = subprocess.run(["bash", "-n", str(ROOT / "tests/system/inside.sh")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr

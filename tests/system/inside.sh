@@ -174,10 +174,10 @@ camera_rtsp_sender_clock() {
     systemctl start edgeinfer-camera@lobby || return 1
     local r i said="" dec
     r=$(runuser -u reader -- edgeinferctl results lobby --count 3 --timeout 30 | wc -l)
-    for i in $(seq 1 40); do said=$(journalctl -t edgeinfer-camera@lobby --no-pager -o cat | grep -m1 "stamped by the sender's clock"); [ -n "$said" ] && break; sleep 0.5; done
+    for i in $(seq 1 40); do said=$(journalctl -t edgeinfer-camera@lobby --no-pager -o cat | grep -m1 'stamped by the sender.s clock'); [ -n "$said" ] && break; sleep 0.5; done
     dec=$(pgrep -u edgeinfer-cam-lobby -f edgeinfer.producers.avdecode | wc -l)
     systemctl stop edgeinfer-camera@lobby
-    echo "results $r; PyAV decoders of the unit's user: $dec; journal: ${said:-nothing about the sender's clock}"
+    echo "results $r; PyAV decoders of the unit's user: $dec; journal: ${said:-nothing said of the sender clock}"
     [ "$r" = 3 ] && [ -n "$said" ] && [ "$dec" = 1 ]
 }
 check camera_rtsp_sender_clock camera_rtsp_sender_clock
