@@ -240,9 +240,10 @@ def test(name: str, directory: str = CAMERA_DIR, frames: int = 50, say=print) ->
             say(f"camera {name}: source {cam.source}: {src.get('codec_name')} {src.get('width')}x{src.get('height')}"
                 f" at {src.get('avg_frame_rate')} fps ({src.get('pix_fmt')}, colour space "
                 f"{src.get('color_space', 'unknown')}, range {src.get('color_range', 'unknown')})")
-            geometry = f"{out.width}x{out.height} {out.pixel_format}"
-            ffmpeg.run(opts, f"{name}-test", socket=sock, wait=0, on_publish=seen,
+            rings = [out]  # ffprobe's view; then the ring the feed makes, from what its decoder delivers
+            ffmpeg.run(opts, f"{name}-test", socket=sock, wait=0, on_publish=seen, on_ring=rings.append,
                        note=lambda line: say(f"camera {name}: {line}"))
+            geometry = f"{rings[-1].width}x{rings[-1].height} {rings[-1].pixel_format}"
     if not times:
         raise OSError(f"camera {name}: no frame")
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0

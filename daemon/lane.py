@@ -23,6 +23,7 @@ import fcntl
 import mmap
 import os
 import pickle
+import re
 import select
 import socket
 import sys
@@ -36,6 +37,7 @@ from edgeinfer.model import SessionSet, ThreadPlan
 MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
 F_SEAL_FUTURE_WRITE = 0x10  # linux/fcntl.h (Linux >= 5.1); Python's fcntl module lacks it
 MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stream
+EVENT_LOG_S = 60.0        # the loop's same event (its numbers aside) is logged at most this often
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIM_DELAY_S = 3.0       # after a model swap, when to return the old version's freed memory to the kernel
@@ -91,6 +93,26 @@ def from_memfd(fd: int):
         return pickle.loads(m)
 
 
+
+class LogLimiter:
+    """A recurring line said at most once per `interval_s` per key, the rest counted: a camera that keeps at
+    something, or an error on every frame, is a line a minute in the journal, not one a frame."""
+
+    def __init__(self, interval_s: float, max_keys: int = 256):
+        self.interval_s, self.max_keys = interval_s, max_keys
+        self.seen: dict = {}  # key → (when last said, times since)
+
+    def hit(self, key, now: float) -> int | None:
+        """None: not to be said now (counted); else how many times it came since it was last said."""
+        last, count = self.seen.get(key, (None, 0))
+        if last is not None and now - last < self.interval_s:
+            self.seen[key] = (last, count + 1)
+            return None
+        if key not in self.seen and len(self.seen) >= self.max_keys:
+            del self.seen[next(iter(self.seen))]  # the oldest key (a bound, not a policy: keys are few)
+        self.seen[key] = (now, 0)
+        return count
+
 class Lane:
     def __init__(self, lane: int, plans, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket):
         plan = plans[lane]
@@ -118,7 +140,8 @@ class Lane:
         self.staged: dict[str, SessionSet] = {}
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
         self.trim_at: float | None = None  # when to give a replaced model's freed memory back to the kernel
-        self.mutes_logged: dict[str, tuple[float | None, int]] = {}  # stream → (last logged, mutes since)
+        self.mutes_logged = LogLimiter(MUTE_LOG_S)  # by stream
+        self.events_logged = LogLimiter(EVENT_LOG_S)  # by (level, message with its numbers as #)
 
     def thread_plan(self, name: str) -> ThreadPlan:
         threads = self.entries[name].ort_threads
@@ -233,7 +256,9 @@ class Lane:
         e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)  # counted by the loop when the run returns
         while e.events:
             level, message = e.events.pop(0)
-            self.log(level, message)
+            since = self.events_logged.hit((level, re.sub(r"\d+", "#", message)), time.monotonic())
+            if since is not None:  # (an error on every frame is a line a minute, not one a frame)
+                self.log(level, message + (f" (and {since} more like it since the last such line)" if since else ""))
         while e.muted:
             self.report_muted(e.muted.pop(0))
         while e.dropped:
@@ -247,15 +272,11 @@ class Lane:
     def report_muted(self, stream: str) -> None:
         """A camera rang its doorbell without frames: said once per MUTE_LOG_S per stream (the loop may
         mute it ten times a second for as long as the camera keeps at it)."""
-        now = time.monotonic()
-        last, count = self.mutes_logged.get(stream, (None, 0))
-        count += 1
-        if last is None or now - last >= MUTE_LOG_S:
+        since = self.mutes_logged.hit(stream, time.monotonic())
+        if since is not None:
             self.log("warning", f"stream {stream}: its camera rang the ring's doorbell over 32 times in 10 ms "
-                                f"without a frame ({count} times muted by this lane); its ring is polled every "
+                                f"without a frame ({since + 1} times muted by this lane); its ring is polled every "
                                 f"1 ms instead, for 100 ms at a time (its frames only may be up to 1 ms late)")
-            last, count = now, 0
-        self.mutes_logged[stream] = (last, count)
 
     def run(self) -> int:
         self.engine.start()

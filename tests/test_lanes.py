@@ -370,3 +370,15 @@ def test_a_frame_id_beyond_int64_is_served_and_counters_saturate(bundles, childr
     for _ in range(4):
         st.overload += 2**62
     assert st.overload == 2**63 - 1
+
+
+def test_a_recurring_line_is_said_once_a_minute_with_the_rest_counted():
+    """The lane's log limiter: an error on every frame, or a camera that keeps ringing, is a journal line a
+    minute per kind, and the line after says how many were not said."""
+    from edgeinfer.lane import LogLimiter
+    limit = LogLimiter(60.0, max_keys=2)
+    assert limit.hit("a", 0.0) == 0  # said
+    assert [limit.hit("a", t) for t in (1.0, 30.0, 59.9)] == [None, None, None]  # counted
+    assert limit.hit("b", 2.0) == 0  # another kind is said on its own
+    assert limit.hit("a", 60.0) == 3  # said again, with the three not said
+    assert limit.hit("c", 61.0) == 0 and len(limit.seen) == 2  # bounded: the oldest key made room

@@ -172,6 +172,14 @@ def test_a_frame_whose_output_does_not_fit_is_an_error_not_a_short_record(model,
         assert reader.read(0.5) is None  # no record at all, rather than a short one
         wait_for(lambda: "output 'positive' has 6 values, more than the 2 a record holds" in log.read_text(), 20,
                  "the error logged with its reason")
+        # Every frame so: counted each time, logged once a minute by each lane that met it (a line a frame would
+        # flood the journal); the daemon here runs two lanes
+        for k in range(3, 13):
+            writer.begin()[:] = 255
+            writer.publish(frame_id=k)
+            wait_for(lambda: read_stats(stats).get("streams", {}).get(stream, {}).get("error", 0) >= k - 1, 20,
+                     f"frame {k} counted as an error")
+        assert 1 <= log.read_text().count("has 6 values, more than the 2 a record holds") <= 2, log.read_text()
     reader.close()
     assert stop_daemon(proc) == 0
 

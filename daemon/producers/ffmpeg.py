@@ -593,11 +593,12 @@ def _say_to_stderr(msg: str) -> None:
 
 
 def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wait: float = 10.0,
-        stop=lambda: False, say=_say_to_stderr, note=_say_to_stderr, on_publish=lambda n: None) -> int:
+        stop=lambda: False, say=_say_to_stderr, note=_say_to_stderr, on_publish=lambda n: None,
+        on_ring=lambda out: None) -> int:
     """Publishes the source's frames as `stream` until its end (a file), `frames`, or stop(); returns the count.
     Raises FeedError when the source fails and is not (or no longer) reconnected. say(line) hears each
     reconnection; note(line) what stamps the frames (the sender's clock, or why not); on_publish(count) each frame
-    (a camera unit's READY and watchdog)."""
+    (a camera unit's READY and watchdog); on_ring(Output) the ring's geometry when it is made."""
     pyav = o.decoder == "pyav"
     ffmpeg = None if pyav else find_ffmpeg()
     if o.hwaccel:
@@ -614,6 +615,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
         nonlocal writer, report, frame_bytes
         writer = ring.FrameWriter.connect(stream, first.width, first.height, first.pixel_format, socket=socket,
                                           wait=wait)
+        on_ring(first)
         report = ConnectionReporter(writer)
         frame_bytes = writer.layout["frame_bytes"]
     frame_bytes = 0
