@@ -2,6 +2,7 @@
 served, and a server that is killed and comes back is reconnected with backoff and frames resume."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ SERVER = Path(__file__).parent / "rtsp" / "rtsp_server.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
+@functools.cache  # one probe per test session, however many modules ask
 def _gst_rtsp_missing() -> str | None:
     if shutil.which("ffmpeg") is None:
         return "ffmpeg is not installed (make test installs it)"
@@ -87,8 +89,10 @@ def test_the_stream_is_served(rtsp, tmp_path, children, clock):
     """By either decoder: PyAV's (the sender's clock, the default) and the ffmpeg program (--rtsp-clock stream)."""
     proc = children.spawn(feed_args(rtsp.url, tmp_path, "--frames", "25", "--rtsp-clock", clock))
     deadline = time.monotonic() + 30
-    decoders = []
-    while not decoders and proc.poll() is None and time.monotonic() < deadline:
+    decoders = ""
+    # (a child seen between fork and exec still shows the feed's own command line: wait for the decoder's)
+    while not any(d in decoders for d in ("avdecode", "ffmpeg -nostdin")) and proc.poll() is None \
+            and time.monotonic() < deadline:
         decoders = subprocess.run(["pgrep", "-a", "-P", str(proc.pid)], capture_output=True, text=True).stdout
         time.sleep(0.05)
     assert proc.wait(60) == 0

@@ -35,10 +35,10 @@ import av
 import av.filter
 import av.logging
 
-# Bytes per row of each plane as a multiple of the width (None: half the width rounded up; "uv": twice that,
-# nv12's interleaved chroma), by format.
-_ROW_BYTES = {"yuv420p": (1, None, None), "nv12": (1, "uv"), "yuyv422": (2,),
-              "bgr24": (3,), "rgb24": (3,), "gray": (1,), "rgba": (4,), "bgra": (4,)}
+# Bytes per sample of each plane (a plane's width is in its own samples: nv12's chroma plane is half the width
+# of U,V pairs), by format.
+_SAMPLE_BYTES = {"yuv420p": (1, 1, 1), "nv12": (1, 2), "yuyv422": (2,), "bgr24": (3,), "rgb24": (3,), "gray": (1,),
+                 "rgba": (4,), "bgra": (4,)}
 # FFmpeg's AVColorRange and AVColorSpace codes, by ffprobe's names.
 _RANGE = {1: "tv", 2: "pc"}
 _SPACE = {1: "bt709", 5: "bt470bg", 6: "smpte170m", 7: "smpte240m", 9: "bt2020nc", 10: "bt2020c"}
@@ -67,9 +67,8 @@ def _wall_ns(packet) -> int | None:
 
 def _write_packed(out, frame) -> None:
     """The frame's planes, rows without their padding, in one go when a plane has none."""
-    w = frame.width
-    for plane, per_pixel in zip(frame.planes, _ROW_BYTES[frame.format.name]):
-        row = (w + 1) // 2 * (2 if per_pixel == "uv" else 1) if per_pixel in (None, "uv") else w * per_pixel
+    for plane, sample_bytes in zip(frame.planes, _SAMPLE_BYTES[frame.format.name]):
+        row = plane.width * sample_bytes
         data = memoryview(plane)
         if plane.line_size == row:
             out.write(data[:row * plane.height])
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", metavar="WxH")
     p.add_argument("--range", choices=["limited", "full"], help="convert to this range (default: keep the source's)")
     p.add_argument("--hwaccel")
-    p.add_argument("pix_fmt", choices=sorted(_ROW_BYTES))
+    p.add_argument("pix_fmt", choices=sorted(_SAMPLE_BYTES))
     p.add_argument("source")
     a = p.parse_args(argv)
     log = logging.getLogger("libav")

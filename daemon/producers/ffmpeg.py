@@ -239,10 +239,10 @@ class FfmpegOptions:
         return FFMPEG_PIX[self.pixel_format.partition(":")[0]]
 
     @property
-    def decoder(self) -> str:
-        """"pyav" (avdecode.py, which reads the RTCP sender reports) for RTSP with the sender's clock, else
-        "ffmpeg" (the program)."""
-        return "pyav" if self.rtsp and self.rtsp_clock == "sender" else "ffmpeg"
+    def pyav(self) -> bool:
+        """Decoded by avdecode.py (PyAV, which reads the RTCP sender reports): RTSP with the sender's clock; else
+        by the ffmpeg program."""
+        return self.rtsp and self.rtsp_clock == "sender"
 
 
 def find_ffmpeg() -> str:
@@ -273,13 +273,17 @@ _NOT_VIDEO_DEMUXERS = {"tty": "a text file", "bin": "binary data", "xbin": "bina
                        "idf": "binary data"}
 
 
-def _input_options(o: FfmpegOptions, timeout_s: float) -> list[str]:
-    """ffmpeg's and ffprobe's options for reading the source: a network source's socket I/O timeout (our own
-    watchdog stands behind it) and RTSP transport."""
+def _input_options(o: FfmpegOptions, timeout_s: float) -> dict[str, str]:
+    """FFmpeg's input options for the source (the program's, ffprobe's and the PyAV decoder's): a network
+    source's socket I/O timeout (our own watchdog stands behind it) and RTSP transport."""
     us = str(int(timeout_s * 1e6))
     if o.rtsp:
-        return ["-timeout", us, *(["-rtsp_transport", o.transport] if o.transport else [])]
-    return ["-rw_timeout", us] if o.kind == "network" else []
+        return {"timeout": us, **({"rtsp_transport": o.transport} if o.transport else {})}
+    return {"rw_timeout": us} if o.kind == "network" else {}
+
+
+def _as_flags(options: dict[str, str]) -> list[str]:
+    return [x for key, value in options.items() for x in (f"-{key}", value)]
 
 
 def _ffprobe(ffmpeg: str, args: list[str], source: str, timeout_s: float) -> str | None:
@@ -318,7 +322,7 @@ class Output:
 def probe(ffmpeg: str, o: FfmpegOptions) -> dict:
     """The source's first video stream as ffprobe sees it (width, height, color_space, color_range, pix_fmt);
     bounded by the connect timeout. Raises FeedError with ffprobe's reason."""
-    out = _ffprobe(ffmpeg, [*_input_options(o, o.connect_timeout), "-select_streams", "v:0", "-show_entries",
+    out = _ffprobe(ffmpeg, [*_as_flags(_input_options(o, o.connect_timeout)), "-select_streams", "v:0", "-show_entries",
                             "stream=codec_name,width,height,avg_frame_rate,color_space,color_range,pix_fmt",
                             "-of", "json"], o.source, o.connect_timeout)
     if out is None:
@@ -373,7 +377,7 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
         if o.loop:
             args += ["-stream_loop", "-1"]
     else:
-        args += _input_options(o, o.read_timeout)
+        args += _as_flags(_input_options(o, o.read_timeout))
     # showinfo first: each decoded frame's pts, size, format and colour, in order. Scaled only when a size was
     # asked for (a frame already in the output's format then passes through without swscale). A full range asked
     # is made so (ffmpeg 5.1 would squeeze a JPEG-range frame into limited range); a limited one is what its
@@ -390,10 +394,9 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
 
 def avdecode_args(o: FfmpegOptions) -> list[str]:
     """The PyAV decoder (avdecode.py) with the same input options and output as ffmpeg_args gives the program."""
-    opts = _input_options(o, o.read_timeout)
     args = [sys.executable, "-m", "edgeinfer.producers.avdecode"]
-    for key, value in zip(opts[::2], opts[1::2]):
-        args += ["--option", f"{key.lstrip('-')}={value}"]
+    for key, value in _input_options(o, o.read_timeout).items():
+        args += ["--option", f"{key}={value}"]
     if o.width is not None:
         args += ["--size", f"{o.width}x{o.height}"]
     out_range = asked_range(o)
@@ -599,7 +602,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     Raises FeedError when the source fails and is not (or no longer) reconnected. say(line) hears each
     reconnection; note(line) what stamps the frames (the sender's clock, or why not); on_publish(count) each frame
     (a camera unit's READY and watchdog); on_ring(Output) the ring's geometry when it is made."""
-    pyav = o.decoder == "pyav"
+    pyav = o.pyav
     ffmpeg = None if pyav else find_ffmpeg()
     if o.hwaccel:
         check_hwaccel(ffmpeg, o.hwaccel)
