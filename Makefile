@@ -22,7 +22,7 @@ TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt
 NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py
 EXT_STAMP := daemon/.native-built
 
-.PHONY: all system-packages venv native models test reliability bench demo deb clean distclean
+.PHONY: all system-packages venv native models system-cache test reliability bench demo deb clean distclean
 
 all: native
 
@@ -61,10 +61,15 @@ $(MODELS_STAMP): scripts/fetch-models $(EXT_STAMP)
 
 models: $(MODELS_STAMP)
 
+# What the booted-systemd tests need besides the new .deb, built once into ~/.cache/edgeinfer ($EDGEINFER_CACHE):
+# the container's rootfs and 0.1.0's package (a first run: ~2 + ~4-7 min, each with a line of progress).
+system-cache: .test-packages.stamp
+	tests/system/prepare >/dev/null
+
 # The whole suite, including the system tests that install build/deb/*.deb in a
 # booted systemd container: so the package is built first.
 # The short reliability profile (tests/reliability) is part of it; its table goes to build/reliability.md.
-test: .test-packages.stamp native models deb
+test: .test-packages.stamp native models deb system-cache
 	EDGEINFER_RELIABILITY_REPORT=build/reliability.md EDGEINFER_RELIABILITY_COMMAND="make test" \
 		$(PY) -m pytest -q tests
 
@@ -72,7 +77,7 @@ test: .test-packages.stamp native models deb
 # in tests/reliability plus the container's fault checks (so the .deb first).
 # PROFILE=short (~12 min, what make test runs) or PROFILE=long (~95 min, 1 h soak).
 PROFILE ?= short
-reliability: .test-packages.stamp native models deb
+reliability: .test-packages.stamp native models deb system-cache
 	EDGEINFER_RELIABILITY_PROFILE=$(PROFILE) EDGEINFER_RELIABILITY_REPORT=docs/reliability.md \
 		$(PY) -m pytest -q tests/reliability tests/test_system_nspawn.py
 
@@ -86,7 +91,7 @@ demo: native models
 
 # The Debian package: dpkg-buildpackage in a copy of the tree with packaging/debian as debian/.
 DEB_PACKAGES := debhelper dh-virtualenv dpkg-dev fakeroot lintian python3-dev python3-venv
-DEB_BUILD := build/deb
+DEB_BUILD ?= build/deb
 deb:
 	scripts/ensure-system-packages $(DEB_PACKAGES)
 	rm -rf $(DEB_BUILD) && mkdir -p $(DEB_BUILD)/src

@@ -6,9 +6,10 @@ socket unit, real users refused or served, restarts and kills with the fd store
 (the gap a reader sees, in ms), an upgrade to a newer build with a camera
 running, and an upgrade from 0.1.0 built from its commit.
 
-The rootfs and the 0.1.0 package are cached outside the clone
-($EDGEINFER_ROOTFS_CACHE or ~/.cache/edgeinfer), so reruns skip the ~60 s
-debootstrap and the ~4 min package build.
+The rootfs and the 0.1.0 package are built once into a cache outside the clone
+($EDGEINFER_CACHE, default ~/.cache/edgeinfer) by tests/system/prepare, which
+`make test` runs before pytest: a first run's ~2 min debootstrap and ~4-7 min
+package build are not inside any test's timeout.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from conftest import ROOT, require_tool
 from daemon_helpers import sign_copy
 from test_rtsp import RtspServer, _gst_rtsp_missing
 
-CACHE = os.environ.get("EDGEINFER_ROOTFS_CACHE", os.path.expanduser("~/.cache/edgeinfer"))
-ROOTFS_TAR = os.path.join(CACHE, "bookworm-rootfs-v3.tar")
-# man-db: `systemd-analyze verify` checks the unit's Documentation=man: pages.
-# ffmpeg: the camera units decode with it (the package Recommends it).
-DEBOOTSTRAP_INCLUDE = "systemd,systemd-sysv,dbus,python3,python3-venv,procps,util-linux,ca-certificates,man-db,ffmpeg"
+# The cache of what the container needs besides the new .deb (tests/system/prepare, run by `make test` before pytest).
+CACHE = os.environ.get("EDGEINFER_CACHE",
+                       os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "edgeinfer"))
+# The .deb under test: `make deb` builds it into build/deb (EDGEINFER_DEB_DIR: another build of it).
+DEB_DIR = os.environ.get("EDGEINFER_DEB_DIR", str(ROOT / "build/deb"))
 
 CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
@@ -36,23 +37,17 @@ CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop
           "socket_activation", "camera_add", "camera_unit", "camera_stalled_source",
           "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "upgrade_keeps_cameras", "stop", "purge",
           "upgrade_from_0_1"]
-# The last commit of 0.1.0 (ABI 1): the upgrade test builds its package and installs the new one over it.
-RELEASE_0_1 = ("f68a388", "0.1.0")
 
 
-def rootfs_tarball() -> str:
-    if os.path.exists(ROOTFS_TAR):
-        return ROOTFS_TAR
-    debootstrap = require_tool("debootstrap")
-    os.makedirs(CACHE, exist_ok=True)
-    tmp = os.path.join(CACHE, "rootfs-build")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run([debootstrap, "--variant=minbase", f"--include={DEBOOTSTRAP_INCLUDE}", "bookworm", tmp,
-                    "http://deb.debian.org/debian"], check=True, capture_output=True, timeout=900)
-    subprocess.run(["tar", "-C", tmp, "-cf", ROOTFS_TAR + ".part", "."], check=True, timeout=300)
-    os.replace(ROOTFS_TAR + ".part", ROOTFS_TAR)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return ROOTFS_TAR
+def prepared() -> dict[str, str]:
+    """The rootfs and 0.1.0's package from the cache (tests/system/prepare: `make test` builds them before pytest;
+    here it is a no-op, or the first build when this file is run alone)."""
+    require_tool("debootstrap")
+    r = subprocess.run([str(ROOT / "tests/system/prepare")], capture_output=True, text=True, timeout=2400,
+                       env={**os.environ, "EDGEINFER_CACHE": CACHE})
+    if r.returncode != 0:
+        pytest.fail(f"tests/system/prepare failed: {r.stderr[-1500:]}")
+    return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
 
 
 def next_version(deb: str, out) -> str:
@@ -69,15 +64,9 @@ def next_version(deb: str, out) -> str:
     return str(out)
 
 
-def release_deb(commit: str, version: str) -> str | None:
-    """0.1.0's package, built from its commit once (cached). None, with the reason printed, if it cannot be
-    built here (a shallow clone without that commit)."""
-    r = subprocess.run([str(ROOT / "tests/system/release-deb"), commit, version, CACHE], capture_output=True,
-                       text=True, timeout=1800, cwd=ROOT)
-    if r.returncode != 0:
-        print(f"cannot build {version} from {commit}: {r.stderr[-1500:]}")
-        return None
-    return r.stdout.strip()
+# The fixture's boot runs inside its first test's timeout: minutes of checks (and, when this file runs alone on a
+# machine that never ran it, the first build of the cache).
+pytestmark = pytest.mark.timeout(3600)
 
 
 @pytest.fixture(scope="module")
@@ -85,17 +74,18 @@ def system_run(tmp_path_factory, signing_key):
     if os.geteuid() != 0:
         pytest.skip("system tests boot a container: they need root")
     nspawn = require_tool("systemd-nspawn")
-    debs = sorted(glob.glob(str(ROOT / "build/deb/edgeinfer_*.deb")))
+    debs = sorted(glob.glob(os.path.join(DEB_DIR, "edgeinfer_*.deb")))
     if not debs:
-        pytest.fail("no build/deb/edgeinfer_*.deb: `make test` builds it first (`make deb`)")
+        pytest.fail(f"no {DEB_DIR}/edgeinfer_*.deb: `make test` builds it first (`make deb`)")
     work = tmp_path_factory.mktemp("nspawn")
     root, test, out = work / "root", work / "test", work / "out"
     for d in (root, test, out):
         d.mkdir()
-    subprocess.run(["tar", "-C", str(root), "-xf", rootfs_tarball()], check=True, timeout=300)
+    built = prepared()
+    subprocess.run(["tar", "-C", str(root), "-xf", built["rootfs"]], check=True, timeout=300)
     shutil.copy(debs[-1], test / "edgeinfer.deb")
     next_version(debs[-1], test / "edgeinfer-next.deb")
-    old = release_deb(*RELEASE_0_1)
+    old = built.get("release_0_1")
     if old:
         shutil.copy(old, test / "edgeinfer-0.1.0.deb")
     for f in ("inside.sh", "gap.py"):
