@@ -66,7 +66,8 @@ class Admission:
         s = self.streams.get(name)
         if s is None:
             shown = ", ".join(sorted(self.streams)[:8]) + (" …" if len(self.streams) > 8 else "")
-            raise Refusal("arg", "unknown_stream", f"no stream {name!r} is configured here (streams: {shown})")
+            raise Refusal("arg", "unknown_stream", f"no stream {name!r} is configured here (a stream added to the configuration "
+                          f"is served after `systemctl restart edgeinferd`; streams: {shown})")
         return s
 
     def geometries_in_use(self, model: str) -> set:

@@ -32,14 +32,26 @@ from edgeinfer.vocabulary import FrameFormat, RtspClock, takes_source_colour
 from edgeinfer.yamlconf import load_yaml_file, load_yaml_model
 
 CAMERA_DIR = "/etc/edgeinfer/cameras"
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,23}$"  # a systemd instance, a user name suffix, a stream name
+USER_PREFIX = "edgeinfer-cam-"
+# A camera's name is a systemd instance, a stream name and its user's suffix: useradd (Debian's shadow) takes a user
+# name of at most 32 characters, so at most 32 - len(USER_PREFIX) = 18 here.
+NAME_MAX = 32 - len(USER_PREFIX)
+NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_-]{{0,{NAME_MAX - 1}}}$"
 SYNTHETIC = "synthetic"  # the source that needs no camera: rotated text pages (tests, demos)
 STATUS_INTERVAL_S = 5.0
 
 
 def user_of(name: str) -> str:
     """The camera's user: its unit's User= and its stream's producer."""
-    return f"edgeinfer-cam-{name}"
+    return f"{USER_PREFIX}{name}"
+
+
+def check_name(name: str) -> str:
+    """The one check of a camera's name (and its message): what a unit instance, a stream and useradd accept."""
+    if not re.match(NAME_PATTERN, name):
+        raise ValueError(f"camera name {name!r}: letters, digits, '-' and '_', at most {NAME_MAX}, starting with a "
+                         f"letter or digit (its user {USER_PREFIX}NAME may have at most 32 characters)")
+    return name
 
 
 class CameraConfig(BaseModel):
@@ -94,10 +106,7 @@ class CameraConfig(BaseModel):
 
 
 def path_of(name: str, directory: str = CAMERA_DIR) -> str:
-    if not re.match(NAME_PATTERN, name):
-        raise ValueError(f"camera name {name!r}: letters, digits, '-' and '_', at most 24, starting with a letter "
-                         "or digit")
-    return os.path.join(directory, f"{name}.yaml")
+    return os.path.join(directory, f"{check_name(name)}.yaml")
 
 
 def load(name: str, directory: str = CAMERA_DIR) -> CameraConfig:

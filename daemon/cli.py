@@ -83,7 +83,7 @@ def edgeinferd_main(argv=None) -> int:
             print(f"edgeinferd: warning: {w}", file=sys.stderr)
         print(f"{args.config}: OK" + (f" ({len(cfg.warnings)} warnings)" if cfg.warnings else ""))
         return 0
-    daemon = Daemon(cfg)
+    daemon = Daemon(cfg, args.config)
     if args.verify_only:
         try:
             models = daemon.verify_only()
@@ -186,8 +186,11 @@ def _cmd_camera_add(args) -> int:
     path, entry = cameras.add(args.name, {k: getattr(args, k) for k in _CAMERA_KEYS}, args.dir,
                               create_user=not args.no_user)
     print(f"wrote {path}; the camera runs as user {cameras.user_of(args.name)}")
-    print(f"add its stream to /etc/edgeinfer/edgeinferd.yaml (and `systemctl reload edgeinferd`):\n{entry}"
-          f"then: systemctl enable --now edgeinfer-camera@{args.name}")
+    print(f"add its stream to /etc/edgeinfer/edgeinferd.yaml:\n{entry}"
+          "then restart the daemon (a reload does not add streams; cameras already running keep their rings and "
+          "connections across the restart):\n"
+          "  systemctl restart edgeinferd\n"
+          f"and start the camera:\n  systemctl enable --now edgeinfer-camera@{args.name}")
     return 0
 
 

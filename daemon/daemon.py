@@ -45,8 +45,9 @@ class Stopped(Exception):
 
 
 class Daemon:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, config_path: str | None = None):
         self.cfg = cfg
+        self.config_path = config_path  # the file cfg came from: a reload says what in it changed needs a restart
         self.models = Models(cfg)
         self.plans = cfg.lane_plan()
         self.streams: list[Stream] = []
@@ -227,11 +228,40 @@ class Daemon:
         only_moved: those whose path now resolves elsewhere). {model: accepted} of those tried."""
         self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={ring.monotonic_ns() // 1000}",
                            "STATUS=reloading model bundles")
+        if not only_moved:
+            self._say_config_changes()
         try:
             return {name: self._reload(name) for name in self.models.served
                     if not only_moved or self.models.changed(name)}
         finally:
             self.notifier.send("READY=1", "STATUS=" + self.status_line())
+
+    def _say_config_changes(self) -> None:
+        """A reload reloads model bundles only: the configuration (its streams above all) applies on restart. A
+        file that changed since the start is said, with what changed and what to do, so that a stream added for
+        a new camera is not silently left unserved."""
+        if not self.config_path:
+            return
+        from edgeinfer.config import ConfigError, load_config
+        try:
+            now = load_config(self.config_path)
+        except (ConfigError, OSError) as e:
+            log.error("reload: %s: a restart would fail, serving on with the configuration of the start: %s",
+                      self.config_path, e)
+            return
+        old_streams, new_streams = ({s.name: s for s in c.streams} for c in (self.cfg, now))
+        added = sorted(new_streams.keys() - old_streams.keys())
+        removed = sorted(old_streams.keys() - new_streams.keys())
+        changed = sorted(n for n in old_streams.keys() & new_streams.keys() if old_streams[n] != new_streams[n])
+        sections = [k for k in type(now).model_fields if k != "streams" and getattr(now, k) != getattr(self.cfg, k)]
+        if not (added or removed or changed or sections):
+            return
+        what = "; ".join(f"{label}: {', '.join(names)}" for label, names in (
+            ("streams added", added), ("streams removed", removed), ("streams changed", changed),
+            ("sections changed", sections)) if names)
+        log.warning("reload: %s changed since the start (%s): a reload reloads model bundles only; streams and the "
+                    "other settings change only on restart: systemctl restart edgeinferd (cameras keep their rings "
+                    "and connections across it)", self.config_path, what)
 
     def _reload(self, name: str) -> bool:
         """Verify → load in every lane holding it, next to the serving version → swap between two frames.

@@ -102,3 +102,58 @@ def test_test_shows_the_source_geometry_and_the_rate(tmp_path):
     assert add(tmp_path, "gone", "--source", str(tmp_path / "missing.mkv")).returncode == 0
     r = ctl("camera", "test", "gone", "--dir", str(tmp_path / "cameras"))
     assert r.returncode == 1 and "no such file" in r.stderr, r.stderr
+
+
+def test_camera_names_are_checked_as_useradd_checks_their_users():
+    """The name check is what useradd accepts for the camera's user edgeinfer-cam-NAME (at most 32 characters on
+    Debian): 18 characters pass, 19 are refused by the check itself (not later by useradd), with the limit said.
+    As root where group edgeinfer exists (the package makes it; the booted container's camera_add check does this
+    always), useradd is asked too: the longest name's user is made (and removed)."""
+    from edgeinfer import cameras
+    longest = "Gate_1-" + "x" * (cameras.NAME_MAX - 7)
+    assert cameras.check_name(longest) == longest and len(cameras.user_of(longest)) == 32
+    for bad in (longest + "y", "-gate", "../etc", "gate.1", ""):
+        with pytest.raises(ValueError, match=rf"camera name .*at most {cameras.NAME_MAX}, .*at most 32 characters"):
+            cameras.check_name(bad)
+    r = ctl("camera", "add", longest + "y", "--source", "synthetic", "--no-user", "--dir", "/nonexistent")
+    assert r.returncode == 1 and f"at most {cameras.NAME_MAX}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    import grp
+    if os.geteuid() == 0 and shutil.which("useradd") and "edgeinfer" in {g.gr_name for g in grp.getgrall()}:
+        user = cameras.user_of(longest)
+        try:
+            cameras.ensure_user(longest)
+            import pwd
+            assert pwd.getpwnam(user).pw_shell == "/usr/sbin/nologin"
+        finally:
+            subprocess.run(["userdel", user], capture_output=True, timeout=30)
+
+
+def test_a_camera_added_is_served_after_the_restart_camera_add_asks_for(bundles, children, tmp_path):
+    """`camera add` says: add the stream, restart the daemon. A reload (SIGHUP) adds no stream: it says so in the
+    log, naming the stream, and the camera is refused with the same advice; after the restart it is served."""
+    from daemon_helpers import poll, start_daemon, stop_daemon, write_config
+    config = write_config(tmp_path, bundles("cls-tiny"), [{"name": "cam0"}])
+    log = str(tmp_path / "daemon.log")
+    proc = start_daemon(children, config, log_file=log)
+    r = add(tmp_path, "gate", "--source", "synthetic", "--width", "96", "--height", "48")
+    assert r.returncode == 0, r.stderr
+    assert "systemctl restart edgeinferd" in r.stdout and "reload edgeinferd" not in r.stdout, r.stdout
+    assert r.stdout.index("systemctl restart edgeinferd") < r.stdout.index("systemctl enable --now "
+                                                                          "edgeinfer-camera@gate"), r.stdout
+    write_config(tmp_path, bundles("cls-tiny"), [{"name": "cam0"}, {"name": "gate"}])  # the operator's edit
+    proc.send_signal(signal.SIGHUP)
+    said = poll(lambda: [x for x in open(log).read().splitlines() if "streams added: gate" in x], 30)
+    assert said and "systemctl restart edgeinferd" in said[0] and config in said[0], open(log).read()[-2000:]
+    feed = [*CTL, "feed", "--synthetic", "--stream", "gate", "--width", "96", "--height", "48", "--fps", "20",
+            "--frames", "40", "--socket", proc.ingress, "--wait", "10"]
+    r = subprocess.run(feed, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no stream 'gate' is configured here" in r.stderr and \
+        "systemctl restart edgeinferd" in r.stderr, r.stderr
+    assert stop_daemon(proc) == 0
+    proc = start_daemon(children, config)  # the restart
+    r = subprocess.run(feed, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "published 40 frames" in r.stderr, r.stderr
+    got = ctl("results", "gate", "--from-oldest", "--count", "3", "--timeout", "30", "--socket", proc.results,
+              "--no-labels")
+    assert got.returncode == 0 and len(got.stdout.splitlines()) == 3, got.stderr
+    assert stop_daemon(proc) == 0
