@@ -338,13 +338,13 @@ def _cmd_keys_generate(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from edgeinfer.statusview import status
-    return status(args.url)
+    from edgeinfer.statusview import Endpoint, status
+    return status(Endpoint(args.url, args.config))
 
 
 def _cmd_top(args) -> int:
-    from edgeinfer.statusview import top
-    return top(args.url, args.iterations)
+    from edgeinfer.statusview import Endpoint, top
+    return top(Endpoint(args.url, args.config), args.iterations)
 
 
 def _cmd_demo(args) -> int:
@@ -536,11 +536,17 @@ def edgeinferctl_main(argv=None) -> int:
     k.add_argument("--curve", default="P-256", choices=["P-256", "P-384"])
     k.set_defaults(func=_cmd_keys_generate)
 
+    def _endpoint_args(p) -> None:
+        p.add_argument("--url", help="the daemon's /metrics, e.g. http://127.0.0.1:9464/metrics (default: from "
+                                     "--config's metrics.listen)")
+        p.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml",
+                       help="the daemon's configuration, whose metrics.listen says where /metrics is (default "
+                            "%(default)s)")
     p = sub.add_parser("status", help="one table of the daemon's streams (from its /metrics)")
-    p.add_argument("--url", default="http://127.0.0.1:9464/metrics")
+    _endpoint_args(p)
     p.set_defaults(func=_cmd_status)
     p = sub.add_parser("top", help="the same table, refreshed every second (Ctrl-C stops)")
-    p.add_argument("--url", default="http://127.0.0.1:9464/metrics")
+    _endpoint_args(p)
     p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes")
     p.set_defaults(func=_cmd_top)
 

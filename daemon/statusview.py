@@ -14,8 +14,62 @@ from edgeinfer.vocabulary import DROPS
 _SHORT = {"bad_timestamp": "bad_ts"}  # column headers: the outcome's name, shortened where it is long
 
 
+# The samples of a configured stream (edgeinfer_connections_refused_total, say, also has a stream label: it is not
+# a stream's row).
+_STREAM_SAMPLES = ("edgeinfer_frames_total", "edgeinfer_e2e_latency_recent_seconds", "edgeinfer_stream_connected")
+
+
 def _width(outcome: str) -> int:
     return max(6, len(_SHORT.get(outcome, outcome)) + 2)
+
+
+DEFAULT_CONFIG = "/etc/edgeinfer/edgeinferd.yaml"
+
+
+def metrics_url(config: str) -> str:
+    """The daemon's /metrics URL from its configuration's metrics.listen (a wildcard address is reached on
+    loopback). Raises ConfigError, OSError, or ValueError saying why there is none."""
+    from pydantic import BaseModel, ConfigDict
+    from edgeinfer.config import MetricsConfig
+    from edgeinfer.yamlconf import load_yaml_file
+
+    class MetricsOnly(BaseModel):  # the one section status needs: the rest (users, groups, bundles) is the daemon's
+        model_config = ConfigDict(extra="ignore")
+        metrics: MetricsConfig = MetricsConfig()
+    m = load_yaml_file(MetricsOnly, config).metrics
+    if not m.enabled:
+        raise ValueError(f"{config}: metrics.enabled is false: the daemon serves no /metrics")
+    host, _, port = m.listen.rpartition(":")
+    if port == "0":
+        raise ValueError(f"{config}: metrics.listen {m.listen} takes any free port: the daemon logs the one it got "
+                         "(\"metrics and health on http://…\"): give it as --url http://HOST:PORT/metrics")
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host.strip("[]"), host.strip("[]"))
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+
+class Endpoint:
+    """Where status and top read /metrics: --url as given, else from the configuration; every failure says the URL
+    tried, where it came from, and the options that choose another."""
+
+    def __init__(self, url: str | None, config: str = DEFAULT_CONFIG):
+        self.from_config = url is None
+        if url is None:
+            try:
+                url = metrics_url(config)
+            except (ValueError, OSError) as e:  # ConfigError is a ValueError
+                raise ValueError(f"cannot tell where edgeinferd's metrics are: {e} (give --url "
+                                 "http://HOST:PORT/metrics, or --config the daemon's configuration)") from None
+        self.url, self.config = url, config
+
+    def scrape(self) -> dict:
+        try:
+            return scrape(self.url)
+        except OSError as e:  # URLError, a refused or timed-out connection
+            why = getattr(e, "reason", None) or e.strerror or e
+            where = f"metrics.listen of {self.config}" if self.from_config else "--url"
+            other = "--url URL (or --config FILE)" if self.from_config else "another --url"
+            raise OSError(f"cannot read edgeinferd's metrics at {self.url} (from {where}): {why}; is edgeinferd "
+                          f"running? {other} reads another") from None
 
 
 def scrape(url: str, timeout: float = 3.0) -> dict:
@@ -25,7 +79,10 @@ def scrape(url: str, timeout: float = 3.0) -> dict:
     out = {"models": {}, "lanes": {}, "realtime": None, "ready": None, "streams": {}, "buckets": {}}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            stream, lane = s.labels.get("stream"), s.labels.get("lane")
+            # A row per configured stream: only the per-stream families make one (the refused connections'
+            # family labels names that are not configured "(unknown)": no stream of the table).
+            stream = s.labels.get("stream") if s.name in _STREAM_SAMPLES else None
+            lane = s.labels.get("lane")
             row = out["streams"].setdefault(stream, {}) if stream else None
             lrow = out["lanes"].setdefault(lane, {"models": []}) if lane else None
             if s.name == "edgeinfer_frames_total":
@@ -114,20 +171,20 @@ def render(now: dict, before: dict | None, dt: float) -> str:
     return "\n".join(lines)
 
 
-def status(url: str, interval: float = 0.5) -> int:
-    before = scrape(url)
+def status(endpoint: Endpoint, interval: float = 0.5) -> int:
+    before = endpoint.scrape()
     time.sleep(interval)
-    print(render(scrape(url), before, interval))
+    print(render(endpoint.scrape(), before, interval))
     return 0
 
 
-def top(url: str, iterations: int = 0, interval: float = 1.0) -> int:
-    before, t0 = scrape(url), time.monotonic()
+def top(endpoint: Endpoint, iterations: int = 0, interval: float = 1.0) -> int:
+    before, t0 = endpoint.scrape(), time.monotonic()
     n = 0
     try:
         while not iterations or n < iterations:
             time.sleep(interval)
-            now, t1 = scrape(url), time.monotonic()
+            now, t1 = endpoint.scrape(), time.monotonic()
             sys.stdout.write("\x1b[H\x1b[2J" if sys.stdout.isatty() else "")
             print(render(now, before, t1 - t0), flush=True)
             before, t0 = now, t1

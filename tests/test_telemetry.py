@@ -213,6 +213,46 @@ def test_status_and_top(children, tmp_path, stream, bundles):
     assert stop_daemon(proc) == 0
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_status_finds_the_daemon_from_its_config_and_says_where_it_looked(children, tmp_path, stream, bundles):
+    """status and top read metrics.listen of --config (the operator's daemon on a port of its own), list only the
+    configured streams (a refused camera's "(unknown)" stream label is no row), and a wrong endpoint says the URL
+    it tried and --url."""
+    port = _free_port()
+    cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream}], metrics={"listen": f"0.0.0.0:{port}"})
+    proc = start_daemon(children, cfg)
+    assert proc.metrics_url.endswith(f":{port}")
+    # A camera of a stream that is not configured: refused, counted under the stream label "(unknown)".
+    r = subprocess.run([*CTL, "feed", "--synthetic", "--stream", "nosuch", "--frames", "1", "--socket",
+                        proc.ingress, "--wait", "10"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no stream 'nosuch'" in r.stderr, r.stderr
+    assert b'stream="(unknown)"' in get(proc.metrics_url + "/metrics")[1]
+    for cmd in (["status"], ["top", "--iterations", "1"]):
+        s = subprocess.run([*CTL, *cmd, "--config", cfg], capture_output=True, text=True, timeout=60)
+        assert s.returncode == 0, s.stderr
+        rows = s.stdout.split("producer\n", 1)[1].splitlines()
+        assert [x.split()[0] for x in rows] == [stream], s.stdout  # the one configured stream, no "(unknown)"
+    stop_daemon(proc)
+    # Nothing listens there now: the URL tried, where it came from, and the options that choose another.
+    s = subprocess.run([*CTL, "status", "--config", cfg], capture_output=True, text=True, timeout=60)
+    assert s.returncode == 1 and "Traceback" not in s.stderr and len(s.stderr.splitlines()) == 1, s.stderr
+    assert f"http://127.0.0.1:{port}/metrics (from metrics.listen of {cfg})" in s.stderr and "--url" in s.stderr, \
+        s.stderr
+    # A config the daemon gives any free port: no URL to guess, and it says so.
+    any_port = write_config(tmp_path / "any", bundles("cls-tiny"), [{"name": stream}]) \
+        if (tmp_path / "any").mkdir() is None else None
+    s = subprocess.run([*CTL, "status", "--config", any_port], capture_output=True, text=True, timeout=60)
+    assert s.returncode == 1 and "127.0.0.1:0 takes any free port" in s.stderr and "--url" in s.stderr, s.stderr
+    s = subprocess.run([*CTL, "status", "--config", str(tmp_path / "absent.yaml")], capture_output=True, text=True,
+                       timeout=60)
+    assert s.returncode == 1 and "absent.yaml" in s.stderr and "--url" in s.stderr, s.stderr
+
+
 def test_logs_are_one_line_per_event_with_journald_priorities(tmp_path, bundles):
     bad = write_config(tmp_path, str(tmp_path / "nowhere"), [{"name": "x"}])
     env = {**__import__("os").environ, "JOURNAL_STREAM": "8:1234"}
