@@ -4,10 +4,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from conftest import read_line
 from daemon_helpers import (camera, edgeinferd_args, results, sign_copy, read_stats, start_daemon,
@@ -15,6 +17,7 @@ from daemon_helpers import (camera, edgeinferd_args, results, sign_copy, read_st
 from edgeinfer.bundle import load_unverified_bundle as load_bundle
 from edgeinfer.decoders import make_decoder
 from edgeinfer.producers.synthetic import make_frames
+from edgeinfer.vocabulary import OUTCOMES
 
 
 def reference(bundle_path: str):
@@ -137,6 +140,55 @@ def test_stream_absent_at_start_then_producer_killed_and_restarted(bundles, chil
     reader.close()
 
 
+@pytest.mark.parametrize("restarts", [1, 2])
+def test_every_frame_has_one_outcome_across_daemon_restarts(bundles, children, tmp_path, stream, c_producer,
+                                                            restarts):
+    """A C producer publishes at a steady 50 fps while the daemon is stopped (SIGTERM) and started again
+    `restarts` times; each time the producer reconnects and hands over the same ring. Each daemon counts from
+    where the previous one stopped (the ring's `consumed`): frames an earlier daemon accounted for are not
+    counted again, and the ones published while no daemon ran are counted once, by the next. So the outcomes
+    of all the daemons together are exactly the frames published, and each daemon's are exactly the frames
+    between where the previous one stopped and where it stopped."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "reliability"))
+    from rel_helpers import consumed, open_ring_of, published, stop
+
+    cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream, "max_age_ms": 60000}])
+    stats = [str(tmp_path / f"stats{k}.json") for k in range(restarts + 1)]
+    proc = start_daemon(children, cfg, stats_file=stats[0])
+    prod = children.spawn([c_producer, stream, "96", "48", "--fps", "50", "--socket", proc.ingress])
+    assert read_line(prod, 20) == "CONNECTED accepted=1"
+    ring_fd = open_ring_of(prod.pid, stream)  # our own fd of the producer's ring: its header's counters
+    marks, counts = [0], []  # the ring's `consumed` after each daemon stopped; each daemon's final counts
+    try:
+        for k in range(restarts + 1):
+            reader = results(proc, stream)
+            try:
+                assert reader.read(30.0) is not None, f"no result from daemon {k + 1}"
+            finally:
+                reader.close()
+            time.sleep(1.0)  # served a while
+            if k == restarts:  # no more frames (the connection stays): the last daemon takes the last one
+                assert stop(prod), "the producer did not stop"
+                total = published(ring_fd)
+                wait_for(lambda: consumed(ring_fd) == total, 20, "the last daemon to take the last frame")
+            assert stop_daemon(proc) == 0
+            marks.append(consumed(ring_fd))
+            counts.append(read_stats(stats[k])["streams"][stream])  # written after its lanes stopped
+            if k < restarts:
+                proc = start_daemon(children, cfg, stats_file=stats[k + 1])
+                assert read_line(prod, 20).startswith("DISCONNECTED")
+                assert read_line(prod, 30) == f"CONNECTED accepted={k + 2}"  # the same ring, handed over again
+    finally:
+        os.close(ring_fd)
+    print(f"published {total}; per daemon: " + "; ".join(
+        f"{c['offered']} ({', '.join(f'{o} {c[o]}' for o in OUTCOMES if c[o])})" for c in counts))
+    assert sum(c["offered"] for c in counts) == total == marks[-1]
+    for k, c in enumerate(counts):
+        assert c["offered"] == marks[k + 1] - marks[k], (k, c, marks)
+        assert sum(c[o] for o in OUTCOMES) == c["offered"] and c["processed"] > 0, (k, c)
+        assert c["torn"] == c["short"] == c["error"] == c["bad_timestamp"] == 0, (k, c)
+
+
 def test_bad_config_missing_model_and_misfit_model_exit_nonzero(bundles, signing_key, children, tmp_path, stream):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {bundle: /x}\nstreams: [{name: a, max_age_ms: fast}]\n")
@@ -157,8 +209,9 @@ def test_bad_config_missing_model_and_misfit_model_exit_nonzero(bundles, signing
 
 
 def test_drop_accounting_when_the_producer_outruns_the_model(bundles, children, tmp_path, stream):
-    """Every frame offered is processed or dropped with a reason, exactly; latency
-    does not grow over the run (no queue anywhere)."""
+    """Every frame offered is processed or dropped with a reason, exactly; no queue anywhere: the excess is shed
+    as overload and results come newest-first, never an older frame after a newer one. (Whether latency grows
+    over the run is a timing claim, printed here, not asserted: bench/e2e.py measures it.)"""
     stats = str(tmp_path / "stats.json")
     cfg = write_config(tmp_path, bundles("orientation"),
                        [{"name": stream, "width": 224, "height": 224, "max_age_ms": 1000}])
@@ -166,23 +219,26 @@ def test_drop_accounting_when_the_producer_outruns_the_model(bundles, children, 
     frames = 1500
     reader = results(proc, stream)
     pool = [f for f, _ in make_frames(224, 224, pages=2)]
-    lat = []
+    lat, ids = [], []
     with camera(proc, stream, 224, 224) as writer:
         for i in range(frames):  # ~2 kHz against a model that takes several ms
             np.copyto(writer.begin(), pool[i % len(pool)])
             writer.publish(frame_id=i)
             while (rec := reader.read(0.0)) is not None:
                 lat.append(rec.done_ns - rec.capture_ns)
+                ids.append(rec.frame_id)
             time.sleep(0.0005)
         s = wait_for(lambda: (st := read_stats(stats).get("streams", {}).get(stream)) and st["offered"] == frames
                      and st, 15, "the daemon to account for every frame")
     while (rec := reader.read(0.5)) is not None:
         lat.append(rec.done_ns - rec.capture_ns)
+        ids.append(rec.frame_id)
     assert s["processed"] + s["stale"] + s["overload"] + s["torn"] + s["short"] + s["error"] == frames
     assert s["overload"] > 0 and s["processed"] > 0 and s["torn"] == 0 and s["error"] == 0 and s["short"] == 0
     assert len(lat) == s["processed"]
+    assert all(a < b for a, b in zip(ids, ids[1:])), "an older frame served after a newer one"
     half = len(lat) // 2
-    first, second = np.percentile(lat[:half], 99), np.percentile(lat[half:], 99)
-    assert second <= 3 * first + 20e6, f"p99 grew from {first / 1e6:.1f} ms to {second / 1e6:.1f} ms"
+    print(f"e2e p99 {np.percentile(lat[:half], 99) / 1e6:.1f} ms in the first half, "
+          f"{np.percentile(lat[half:], 99) / 1e6:.1f} ms in the second")
     assert stop_daemon(proc) == 0
     reader.close()

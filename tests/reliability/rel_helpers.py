@@ -13,12 +13,13 @@ from pathlib import Path
 
 import fault_models
 import numpy as np
-from daemon_helpers import read_stats, start_daemon, write_config
+from daemon_helpers import poll, read_stats, start_daemon, write_config
 
 from edgeinfer import ring
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED_OFFSET = 152  # ring.h: offsetof(ei_frame_ring_header, published)
+CONSUMED_OFFSET = 224  # ring.h: offsetof(ei_frame_ring_header, consumed)
 
 
 def fault_daemon(children, tmp_path, signing_key, stream, kind="checksum", w=64, h=48, runtime=None,
@@ -115,6 +116,11 @@ def published(fd: int) -> int:
     return struct.unpack("<Q", os.pread(fd, 8, PUBLISHED_OFFSET))[0]
 
 
+def consumed(fd: int) -> int:
+    """The seq of the last frame a consumer (a daemon) took or refused: what it accounted for so far."""
+    return struct.unpack("<Q", os.pread(fd, 8, CONSUMED_OFFSET))[0]
+
+
 def latest_seq(fd: int) -> int:
     """The seq of the newest frame a consumer can take (`latest` >> 8; `published` runs ahead of it for the
     moment between the two stores of a publish)."""
@@ -131,6 +137,26 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
                 return True
         time.sleep(0.001)
     return False
+
+
+def stop_and_count(prods, names, stats, offered_before, timeout=20.0) -> list[int]:
+    """Stops the producers (SIGSTOP: their connections stay open, so the daemon keeps their rings and
+    takes their last frames), reads how many frames each published from its ring, waits until the daemon
+    has accounted for every one of them, then kills the producers. Returns the counts."""
+    fds = [open_ring_of(p.pid, n) for p, n in zip(prods, names)]
+    try:
+        if not all(stop(p) for p in prods):
+            raise AssertionError("a producer did not stop")
+        counts = [latest_seq(fd) for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    poll(lambda: all(read_stats(stats).get("streams", {}).get(n, {}).get("offered", 0) - base >= c
+                     for n, c, base in zip(names, counts, offered_before)), timeout, 0.1)
+    for p in prods:
+        p.kill()
+        p.wait(10)
+    return counts
 
 
 # ------------------------------------------------------------------ child processes

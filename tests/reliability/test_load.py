@@ -11,8 +11,8 @@ import os
 import time
 
 from conftest import read_line
-from daemon_helpers import poll, read_stats, start_daemon, stop_daemon, write_config
-from rel_helpers import latest_seq, open_ring_of, stop
+from daemon_helpers import read_stats, start_daemon, stop_daemon, write_config
+from rel_helpers import stop_and_count
 from reliability_matrix import COUNTS
 
 FPS = 30
@@ -22,26 +22,6 @@ MAX_STREAMS = 40
 
 def _streams(stats: str) -> dict:
     return read_stats(stats).get("streams", {})
-
-
-def _stop_and_count(prods, names, stats, offered_before, timeout=20.0) -> list[int]:
-    """Stops the producers (SIGSTOP: their connections stay open, so the daemon keeps their rings and
-    takes their last frames), reads how many frames each published from its ring, waits until the daemon
-    has accounted for every one of them, then kills the producers. Returns the counts."""
-    fds = [open_ring_of(p.pid, n) for p, n in zip(prods, names)]
-    try:
-        if not all(stop(p) for p in prods):
-            raise AssertionError("a producer did not stop")
-        counts = [latest_seq(fd) for fd in fds]
-    finally:
-        for fd in fds:
-            os.close(fd)
-    poll(lambda: all(_streams(stats).get(n, {}).get("offered", 0) - base >= c
-                     for n, c, base in zip(names, counts, offered_before)), timeout, 0.1)
-    for p in prods:
-        p.kill()
-        p.wait(10)
-    return counts
 
 
 def test_load_at_half_full_and_one_and_a_half_capacity(request, matrix, tmp_path, stream, children, c_producer,
@@ -66,7 +46,7 @@ def test_load_at_half_full_and_one_and_a_half_capacity(request, matrix, tmp_path
     p0 = sum(_streams(stats)[names[i]]["processed"] for i in range(k))
     time.sleep(3.0)
     capacity = (sum(_streams(stats)[names[i]]["processed"] for i in range(k)) - p0) / 3.0
-    _stop_and_count(cals, names[:k], stats, [0] * k)
+    stop_and_count(cals, names[:k], stats, [0] * k)
 
     seconds = COUNTS["load_seconds"]
     rows, ok = [], True
@@ -79,7 +59,7 @@ def test_load_at_half_full_and_one_and_a_half_capacity(request, matrix, tmp_path
             read_line(p)  # CONNECTED accepted=1
         time.sleep(seconds)
         # every frame published is accounted for before the producers go
-        published_ = _stop_and_count(prods, names[:n], stats, [before[names[i]]["offered"] for i in range(n)])
+        published_ = stop_and_count(prods, names[:n], stats, [before[names[i]]["offered"] for i in range(n)])
         now = _streams(stats)
         delta = [{k: now[names[i]][k] - before[names[i]][k]
                   for k in ("offered", "processed", "stale", "overload", "torn", "short", "error", "bad_timestamp")}
