@@ -98,8 +98,9 @@ class Admission:
         except ring.RingError as e:
             status = next((k for k, v in ring.STATUS.items() if v == e.code), "refused")
             raise Refusal(status, "bad_ring", f"{client.peer}: {e}") from None
-        except OSError as e:  # ours, not the ring's (ENOMEM mapping it, EMFILE): passes by itself, so "sys"
-            raise Refusal("sys", "bad_ring", f"{client.peer}: {e.strerror or e}") from None
+        except OSError as e:  # ours, not the ring's (ENOMEM mapping it, EMFILE): passes by itself, so "again"
+            # (a client cannot see our errno: to it EI_ERR_SYS in a reply is permanent, ring.h ei_error_transient)
+            raise Refusal("again", "bad_ring", f"{client.peer}: {e.strerror or e}") from None
         lay = reader.layout
         geometry = Geometry(ring.format_name(lay), lay["height"], lay["width"])
         try:

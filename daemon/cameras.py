@@ -5,8 +5,8 @@ A camera file says where the frames come from and how they are handed to edgeinf
 synthetic one) under systemd:
 - READY=1 once the first frame is published (Type=notify): "started" means frames flow.
 - WATCHDOG=1 only while frames flow. A source that stalls is reconnected in-process with
-  bounded exponential backoff (0.5 s doubling to 10 s: short outages keep the ring and the
-  daemon's attachment); an outage longer than WatchdogSec stops the pings and systemd
+  bounded exponential backoff (0.5 s doubling to 10 s, at most 1 s for a source whose last frame is under a
+  minute old: short outages keep the ring and the daemon's attachment); an outage longer than WatchdogSec stops the pings and systemd
   restarts the unit (Restart=always): a long outage is visible as restarts, and nothing
   waits forever. docs/operations.md, "Cameras as services".
 - STATUS= says how many frames were published and the last reconnection's reason.
@@ -74,6 +74,7 @@ class CameraConfig(BaseModel):
     connect_timeout_s: float = Field(10.0, gt=0, le=300)
     read_timeout_s: float = Field(5.0, gt=0, le=300)
     reconnect: bool = True
+    loop: bool = False  # a file: play it again at its end (else the unit ends at the file's end, and Restart=)
     hwaccel: Optional[str] = Field(None, pattern=r"^[a-z0-9_]{1,32}$")
     socket: str = "/run/edgeinfer/ingress.sock"
 
@@ -81,6 +82,8 @@ class CameraConfig(BaseModel):
     def _size(self):
         if (self.width is None) != (self.height is None):
             raise ValueError("width and height: give both (a scaled size) or neither (the source's size)")
+        if self.loop and (self.source == SYNTHETIC or self.live):
+            raise ValueError(f"loop: only a file source is played again at its end (source: {self.source})")
         return self
 
     @property
@@ -96,7 +99,7 @@ class CameraConfig(BaseModel):
                                        pixel_format=self.pixel_format, fps=self.fps,
                                        connect_timeout=self.connect_timeout_s, read_timeout=self.read_timeout_s,
                                        transport=self.transport, rtsp_clock=self.rtsp_clock, hwaccel=self.hwaccel,
-                                       reconnect=self.reconnect), **overrides})
+                                       reconnect=self.reconnect, loop=self.loop), **overrides})
 
     @property
     def live(self) -> bool:

@@ -178,7 +178,7 @@ def _cmd_feed(args) -> int:
 
 
 _CAMERA_KEYS = ("source", "stream", "width", "height", "pixel_format", "fps", "transport", "rtsp_clock",
-                "connect_timeout_s", "read_timeout_s", "reconnect", "hwaccel", "socket")
+                "connect_timeout_s", "read_timeout_s", "reconnect", "loop", "hwaccel", "socket")
 
 
 def _cmd_camera_add(args) -> int:
@@ -423,6 +423,9 @@ def edgeinferctl_main(argv=None) -> int:
     c.add_argument("--connect-timeout", type=float, dest="connect_timeout_s")
     c.add_argument("--read-timeout", type=float, dest="read_timeout_s")
     c.add_argument("--no-reconnect", dest="reconnect", action="store_false", default=None)
+    c.add_argument("--loop", action="store_true", default=None,
+                   help="a file: play it again at its end (without it the camera's unit ends with the file and "
+                        "systemd starts it again RestartSec later)")
     c.add_argument("--hwaccel")
     c.add_argument("--socket", help="edgeinferd's ingress socket")
     c.add_argument("--no-user", action="store_true", help="do not create the user edgeinfer-cam-NAME")

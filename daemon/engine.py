@@ -47,6 +47,7 @@ from edgeinfer.stats import StreamStats
 from edgeinfer.vocabulary import RESULT_OK
 
 _POLICIES = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "other": os.SCHED_OTHER}
+SHORTS_PENDING_MAX = 64  # short frames waiting for the control thread to say why (more are counted, not said)
 
 
 class Stream:
@@ -106,6 +107,9 @@ class Engine:
         self.events: list[tuple[str, str]] = []  # (level, message) for the control thread to log
         self.dropped: list[tuple[Stream, ring.FrameReader, str]] = []  # rings the loop gave up on
         self.muted: list[str] = []  # streams whose doorbell the loop stopped sleeping on, for the control thread
+        # Frames counted short, for the control thread to say why (once a minute per stream, lane.py):
+        # (stream, seq, payload_len received, frame bytes expected, geometry). Bounded: counted in stats anyway.
+        self.shorts: list[tuple] = []
         self.realtime_active = False
         self.native_tid = 0
         self._stop = False
@@ -355,7 +359,11 @@ class Engine:
             status = reader.status
             if status == ring.TAKE_SHORT:
                 st.short += 1
-                st.overload += reader.native.skipped
+                native = reader.native
+                st.overload += native.skipped
+                if len(self.shorts) < SHORTS_PENDING_MAX:
+                    self.shorts.append((s.name, native.last_seq, native.short_len, native.frame_bytes,
+                                        reader.geometry_key))
             elif status == ring.TAKE_CORRUPT:
                 st.torn += 1
             else:

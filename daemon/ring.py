@@ -70,9 +70,10 @@ recv_hello, send_reply, peer_cred, sock_alive = _ring.recv_hello, _ring.send_rep
 
 def transient(error: BaseException) -> bool:
     """A failure that passes by itself (no daemon yet, the stream's previous producer not gone yet, a
-    busy daemon): retry. Anything else needs someone to change the configuration or the client."""
+    busy daemon, a system call short of memory or fds for a moment): retry. Anything else needs someone to
+    change the configuration or the client (ring.h's ei_error_transient: the same rule)."""
     return isinstance(error, (DaemonUnavailable, StreamBusy, TryAgain, ConnectionClosed, HandshakeTimeout)) or \
-        type(error) is OSError
+        (type(error) is OSError and error.errno is not None and _ring.errno_transient(error.errno))
 
 
 def parse_pixel_format(pixel_format: str | int) -> tuple[int, int]:
@@ -86,6 +87,17 @@ def parse_pixel_format(pixel_format: str | int) -> tuple[int, int]:
         raise ValueError(f"pixel format {pixel_format!r}: only {', '.join(YUV_BASES)} take a colorimetry, one of "
                          f"{', '.join(COLORIMETRIES)} (e.g. nv12:bt709)")
     return PIXEL_FORMATS[base], COLORIMETRIES.get(colour, 0)
+
+
+def frame_bytes(pixel_format: str | int, width: int, height: int, row_stride: int = 0) -> int:
+    """The bytes of one whole frame, which is what a slot's payload_len must say: ring.h's
+    ei_frame_payload_len, the one definition (nv12/i420: width × height × 3/2; yuyv: × 2; gray8/rgb/bgr:
+    row_stride × height, packed rows when row_stride is 0)."""
+    code, _colour = parse_pixel_format(pixel_format)
+    n = _ring.frame_payload_len(code, width, height, row_stride)
+    if not n:
+        raise ValueError(f"unknown pixel format {pixel_format!r}")
+    return n
 
 
 def format_name(layout: dict) -> str:
@@ -180,7 +192,8 @@ class FrameWriter:
                 realtime_ns: int | None = None, length: int | None = None) -> int:
         """Publishes the slot from begin(); returns the frame's sequence number.
         capture_ns is CLOCK_MONOTONIC (default: now); frame_id defaults to a counter;
-        length (bytes written) defaults to the whole frame: less is refused as short."""
+        length (bytes written) defaults to the whole frame (frame_bytes); any other is refused here
+        (BadArgument, nothing published: the daemon would count it `short` and serve nothing of it)."""
         if frame_id is None:
             self._frame_id += 1
             frame_id = self._frame_id

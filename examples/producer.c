@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
      * will not pass by itself (not this stream's producer, a bad ring) ends the program; no daemon yet
      * does not: publish anyway, the connection comes when the daemon does. */
     if (wait_s > 0 && ei_ingress_wait(&conn, (uint64_t)(wait_s * 1e9), &err) != EI_OK) {
-        if (!ei_status_transient(err.code)) {
+        if (!ei_error_transient(&err)) {
             fprintf(stderr, "producer: %s\n", err.msg);
             ei_ingress_close(&conn);
             ei_frame_producer_close(&p);
@@ -126,6 +126,8 @@ int main(int argc, char **argv) {
     if (state == EI_INGRESS_CONNECTED) printf("CONNECTED accepted=%u\n", conn.accepted);
     fflush(stdout);
 
+    /* The whole frame, which is what payload_len must say (nv12/i420: height * 3 / 2 rows of width bytes):
+     * ei_frame_payload_len(format, width, height, row_stride), here of the ring's own geometry. */
     const uint64_t frame_bytes = ei_frame_bytes(&p.layout);
     const uint64_t period_ns = fps > 0 ? (uint64_t)(1e9 / fps) : 0;
     uint64_t next_ns = ei_now_ns(CLOCK_MONOTONIC);
@@ -134,7 +136,12 @@ int main(int argc, char **argv) {
         uint8_t *payload = ei_frame_producer_begin(&p); /* never blocks */
         uint64_t seq = p.next_seq;                      /* the seq publish() will assign */
         fill_pattern(payload, &p.layout, seq, row_delay_us);
-        ei_frame_producer_publish(&p, ei_now_ns(CLOCK_MONOTONIC), ei_now_ns(CLOCK_REALTIME), seq, frame_bytes);
+        int64_t got = ei_frame_producer_publish(&p, ei_now_ns(CLOCK_MONOTONIC), ei_now_ns(CLOCK_REALTIME), seq,
+                                                frame_bytes);
+        if (got < 0) { /* a wrong payload_len or no begin(): a bug here, said rather than published */
+            fprintf(stderr, "producer: publish refused (status %lld)\n", (long long)got);
+            break;
+        }
         n++;
         /* Connection upkeep: a comparison unless a check or a reconnection is due; never blocks. */
         int now_state = ei_ingress_step(&conn, ei_now_ns(CLOCK_MONOTONIC));

@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
         ei_error err;
         int rc = ei_results_connect(socket_path, stream, 10000000000ull, &sock, &ring_fd, &err);
         if (rc != EI_OK) {
-            if (!ei_status_transient(rc)) { /* a refusal: this reader may not read this stream */
+            if (!ei_error_transient(&err)) { /* a refusal: this reader may not read this stream */
                 fprintf(stderr, "reader: %s\n", err.msg);
                 return 1;
             }
@@ -115,6 +115,11 @@ int main(int argc, char **argv) {
                 ei_result_record_header h;
                 uint64_t missed;
                 int got = ei_result_reader_next(&rd, &h, payload, sizeof payload, &missed);
+                if (got == EI_ERR_BUFFER) { /* said, never cut silently; the next record is read on */
+                    fprintf(stderr, "reader: %s: record n=%llu has %u payload bytes, more than this reader's %zu: "
+                            "skipped\n", stream, (unsigned long long)(rd.next - 1), h.payload_len, sizeof payload);
+                    continue;
+                }
                 if (got < 0) {
                     fprintf(stderr, "reader: %s: result ring head is corrupt; reconnecting\n", stream);
                     break;

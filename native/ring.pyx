@@ -172,6 +172,18 @@ def monotonic_ns():
     return ei_now_ns(1)
 
 
+def frame_payload_len(uint32_t pixel_format, uint32_t width, uint32_t height, uint32_t row_stride=0):
+    """ring.h's ei_frame_payload_len: the bytes of one whole frame (a slot's payload_len); row_stride 0 = packed.
+    0 for an unknown pixel format."""
+    return ei_frame_payload_len(pixel_format, width, height, row_stride)
+
+
+def errno_transient(int e):
+    """ring.h's ei_errno_transient: a failed system call's errno that passes by itself (EINTR, EAGAIN, ENOMEM,
+    ENOBUFS, EMFILE, ENFILE)."""
+    return ei_errno_transient(e) != 0
+
+
 # ---------------------------------------------------------------- memory
 
 cdef class _Mapping:
@@ -333,13 +345,24 @@ cdef class FrameProducer:
         return self.p.writing
 
     def publish(self, uint64_t capture_mono_ns, uint64_t capture_real_ns, uint64_t frame_id,
-                uint64_t payload_len):
+                uint64_t payload_len, bint checked=True):
         """Publishes the reserved slot; returns the frame's seq. Then advances the
-        connection to the daemon by whatever is due (never blocks)."""
+        connection to the daemon by whatever is due (never blocks). A payload_len
+        that is not the frame's length is refused (BadArgument; the slot stays
+        reserved). checked=False publishes it anyway: only for tests that play a
+        broken producer against the daemon's own check."""
         if self.closed or self.p.writing == EI_NO_SLOT:
             raise RingStateError(f"{self.label}: publish() without begin()")
-        cdef uint64_t seq = ei_frame_producer_publish(&self.p, capture_mono_ns, capture_real_ns, frame_id,
-                                                      payload_len)
+        cdef int64_t seq
+        if checked:
+            seq = ei_frame_producer_publish(&self.p, capture_mono_ns, capture_real_ns, frame_id, payload_len)
+        else:
+            seq = ei__frame_producer_commit(&self.p, capture_mono_ns, capture_real_ns, frame_id, payload_len)
+        if seq == EI_ERR_ARG:
+            raise BadArgument(f"{self.label}: payload_len {payload_len} is not the frame's length, "
+                              f"{ei_frame_bytes(&self.p.layout)} bytes (ei_frame_payload_len): nothing published")
+        if seq < 0:
+            raise error_for(<int>seq, f"{self.label}: publish refused (status {seq})")
         if self.connecting:
             ei_ingress_step(&self.inc, ei_now_ns(1))
         return seq
@@ -475,6 +498,7 @@ cdef class FrameConsumer:
     cdef Frame frame            # the one Frame object handed out for every acquire
     cdef _Mapping mapping       # owns the memory and our duplicate of the fd
     cdef readonly int status    # outcome of the last take() that returned None: 0, TAKE_SHORT, TAKE_CORRUPT
+    cdef readonly uint64_t frame_bytes  # a whole frame's length (ei_frame_bytes): what payload_len must say
     cdef readonly int64_t skipped  # frames skipped before the last frame taken (or refused as short)
     cdef readonly tuple images  # read-only (H, W, C) view per slot
     cdef readonly tuple batches # read-only (1, H, W, C) view per slot
@@ -516,6 +540,7 @@ cdef class FrameConsumer:
         if rc != EI_OK:
             _raise(&err)
         self.images, self.batches, self.flats = _slot_views(self.mapping, &self.c.layout, True)
+        self.frame_bytes = ei_frame_bytes(&self.c.layout)
         self.frame = Frame.__new__(Frame)
         self.frame.owner = self
 
@@ -544,6 +569,11 @@ cdef class FrameConsumer:
     @property
     def last_seq(self):
         return self.c.last_seq
+
+    @property
+    def short_len(self):
+        """The payload_len of the last frame refused as short (status TAKE_SHORT); against frame_bytes."""
+        return self.info.payload_len
 
     @property
     def pending_since_ns(self):
@@ -926,6 +956,9 @@ cdef class ResultConsumer:
         cdef uint64_t missed = 0
         cdef uint8_t *buf = <uint8_t *><char *>self.scratch
         cdef int got = ei_result_reader_next(&self.r, &self.rec, buf, <uint64_t>len(self.scratch), &missed)
+        if got == EI_ERR_BUFFER:  # cannot happen: the scratch is the ring's capacity; said, never cut silently
+            raise RingError(f"{self.name}: record {self.r.next - 1} has {self.rec.payload_len} payload bytes, more "
+                            f"than the ring's capacity {self.r.layout.payload_capacity}")
         if got < 0:
             raise CorruptRing(f"{self.name}: result ring head {self.r.hdr.head} is corrupt (went backwards from "
                               f"{self.r.next - 1}, or beyond {EI_MAX_RECORD_NUMBER})")

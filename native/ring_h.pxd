@@ -3,7 +3,7 @@
 # this file only names what the extension calls. Fields that are _Atomic in C
 # are declared with their plain type here: Cython emits a plain C access,
 # which C11 compiles as a seq_cst atomic load.
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
 
 cdef extern from "edgeinfer/ring.h" nogil:
     enum:
@@ -72,6 +72,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
         EI_ERR_TIMEOUT
         EI_ERR_REFUSED
         EI_ERR_WOULDBLOCK
+        EI_ERR_BUFFER
 
     ctypedef struct ei_error:
         int code          # an ei_status
@@ -203,8 +204,10 @@ cdef extern from "edgeinfer/ring.h" nogil:
         uint32_t accepted         # handshakes accepted so far
         uint32_t attempts         # connection attempts so far
         char last_msg[320]        # why the last attempt failed
+        int last_errno            # errno of the last failure when last_status is EI_ERR_SYS
 
     uint32_t ei_pixel_channels(uint32_t fmt)
+    uint64_t ei_frame_payload_len(uint32_t fmt, uint32_t width, uint32_t height, uint32_t row_stride)
     uint64_t ei_now_ns(int clock)
     int ei_stream_name_ok(const char *name, size_t len)
     ei_frame_slot_header *ei_frame_slot(uint8_t *base, const ei_frame_layout *l, uint32_t slot)
@@ -218,8 +221,12 @@ cdef extern from "edgeinfer/ring.h" nogil:
     int ei_frame_producer_create(ei_frame_producer *p, const char *label, const ei_frame_geometry *g, ei_error *err)
     uint8_t *ei_frame_producer_begin(ei_frame_producer *p)
     void ei_frame_producer_retire(ei_frame_producer *p)
-    uint64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t capture_mono_ns,
-                                       uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len)
+    # seq (> 0), or EI_ERR_ARG (payload_len is not the frame's length) / EI_ERR_STATE (nothing reserved)
+    int64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t capture_mono_ns,
+                                      uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len)
+    # the same without the length check: for tests that play a broken producer only
+    int64_t ei__frame_producer_commit(ei_frame_producer *p, uint64_t capture_mono_ns,
+                                      uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len)
 
     int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
     int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
@@ -242,7 +249,8 @@ cdef extern from "edgeinfer/ring.h" nogil:
                               int from_oldest, ei_error *err)
     int ei_result_reader_ready(const ei_result_reader *rd)
     ei_waitable ei_result_waitable(ei_result_reader *rd)
-    # 1: a record copied; 0: none yet (call again); -1: head corrupt (beyond EI_MAX_RECORD_NUMBER or backwards)
+    # 1: a record copied; 0: none yet (call again); -1: head corrupt (beyond EI_MAX_RECORD_NUMBER or backwards);
+    # EI_ERR_BUFFER: consumed, but its payload (hdr_out.payload_len) is larger than payload_cap
     int ei_result_reader_next(ei_result_reader *rd, ei_result_record_header *hdr_out, uint8_t *payload_out,
                               uint64_t payload_cap, uint64_t *missed_out)
     uint64_t EI_MAX_RECORD_NUMBER  # record numbers above it are corrupt (the seqlock word holds n << 1)
@@ -258,6 +266,8 @@ cdef extern from "edgeinfer/ring.h" nogil:
     int ei_ingress_wait(ei_ingress *inc, uint64_t timeout_ns, ei_error *err)
     void ei_ingress_close(ei_ingress *inc)
     int ei_status_transient(int status)
+    int ei_errno_transient(int e)
+    int ei_error_transient(const ei_error *e)
 
     int ei_results_connect(const char *path, const char *stream, uint64_t timeout_ns, int *sock_out,
                            int *ring_fd_out, ei_error *err)

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -157,3 +158,54 @@ def test_a_camera_added_is_served_after_the_restart_camera_add_asks_for(bundles,
               "--no-labels")
     assert got.returncode == 0 and len(got.stdout.splitlines()) == 3, got.stderr
     assert stop_daemon(proc) == 0
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed (make test installs it)")
+def test_a_file_camera_with_loop_plays_its_file_again_and_never_exits(tmp_path, children):
+    """`loop: true` (camera add --loop): a 20-frame file gives frame 61 and more (its frames are numbered as the
+    source sent them), and the camera is still running; without it the camera ends at the file's end (exit 0,
+    systemd's Restart= would start it again). loop is refused for a source that is not a file."""
+    from ring_helpers import MiniIngress
+    video = tmp_path / "short.mkv"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=25",
+                    "-frames:v", "20", str(video)], check=True, timeout=60)
+    ingress = MiniIngress(str(tmp_path / "ingress.sock"))
+    try:
+        for name, loop in (("looped", ["--loop"]), ("once", [])):
+            assert add(tmp_path, name, "--source", str(video), "--fps", "0", "--socket", ingress.path,
+                       *loop).returncode == 0
+            assert ("loop: true" in (tmp_path / "cameras" / f"{name}.yaml").read_text()) == bool(loop)
+        proc = children.spawn([*CTL, "camera", "run", "looped", "--dir", str(tmp_path / "cameras")])
+        reader, stream, _ = ingress.accept(30)
+        newest = 0
+        with reader:
+            deadline = time.monotonic() + 60
+            while newest <= 60 and time.monotonic() < deadline:
+                f = reader.next_frame(5.0)
+                if f is not None:
+                    with f:
+                        newest = max(newest, f.frame_id)
+        assert stream == "looped" and newest > 60, newest  # three times the file, and more
+        assert proc.poll() is None, proc.stderr.read()  # still playing
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        once = subprocess.run([*CTL, "camera", "run", "once", "--dir", str(tmp_path / "cameras")],
+                              capture_output=True, text=True, timeout=60)
+        assert once.returncode == 0 and "camera once: published 20 frames" in once.stderr, once.stderr
+    finally:
+        ingress.close()
+    r = add(tmp_path, "live", "--source", "rtsp://127.0.0.1:1/x", "--loop")
+    assert r.returncode == 1 and "loop: only a file source is played again at its end" in r.stderr, r.stderr
+
+
+def test_the_retry_delay_is_capped_at_a_second_for_a_source_that_was_up_recently():
+    """The schedule the feed computes (the decision itself; its effect is asserted against a real RTSP server in
+    test_rtsp.py): a source whose last frame is recent is retried at least every RETRY_UP_S; one that never sent a
+    frame, or not for UP_RECENTLY_S, backs off 0.5, 1, 2, 4, 8, 10 s (bounded)."""
+    from edgeinfer.producers.ffmpeg import RETRY_UP_S, UP_RECENTLY_S, retry_delay
+    backoffs = [0.5, 1, 2, 4, 8, 10, 10]
+    assert RETRY_UP_S == 1.0
+    assert [retry_delay(b, None) for b in backoffs] == backoffs
+    assert [retry_delay(b, 3.0) for b in backoffs] == [0.5, 1, 1, 1, 1, 1, 1]
+    assert retry_delay(10, UP_RECENTLY_S - 0.1) == 1 and retry_delay(10, UP_RECENTLY_S) == 10
+

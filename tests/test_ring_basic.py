@@ -100,16 +100,33 @@ def test_acquire_while_holding_is_an_error():
 
 
 def test_short_payload_is_its_own_outcome_and_the_next_frame_is_served():
-    """A producer that says it wrote less than the frame gets no result for it (counted), and nothing
-    stalls: the next whole frame is served."""
+    """A producer that says it wrote less than the frame (past the helper's check: a producer of its own) gets
+    no result for it (counted, with its length), and nothing stalls: the next whole frame is served."""
     w, r = pair(64, 48)
     with w, r:
         w.begin()
-        w.publish(length=100)
+        w._p.publish(ring.monotonic_ns(), 0, 1, 100, checked=False)
         assert r.take() is None and r.status == ring.TAKE_SHORT
+        assert (r.native.short_len, r.native.frame_bytes) == (100, 64 * 48 * 3)
         publish_pattern(w, 2)
         with r.take() as f:
             assert f.seq == 2 and f.skipped == 0
+
+
+@pytest.mark.parametrize("fmt, length", [("nv12", 64 * 48), ("nv12", 64 * 48 * 3 // 2 + 1), ("bgr24", 100)])
+def test_the_producer_refuses_a_payload_len_that_is_not_the_frame(fmt, length):
+    """ring.h's publish checks payload_len against the frame's length (ei_frame_payload_len): a wrong one is
+    refused where the producer sees it, names both lengths, publishes nothing, and keeps the slot reserved."""
+    w, r = pair(64, 48, fmt)
+    with w, r:
+        w.begin()
+        with pytest.raises(ring.BadArgument, match=f"payload_len {length} is not the frame's length, "
+                                                    f"{ring.frame_bytes(fmt, 64, 48)} bytes"):
+            w.publish(length=length)
+        assert r.take() is None and r.status == 0 and r.counters["published"] == 0
+        assert w.publish(length=ring.frame_bytes(fmt, 64, 48)) == 1  # the same slot, now with the right length
+        with r.take() as f:
+            assert f.seq == 1 and f.payload_len == w.layout["frame_bytes"]
 
 
 def test_views_are_gone_after_release():

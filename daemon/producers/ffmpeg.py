@@ -19,7 +19,8 @@ What a supervisor (systemd, an operator) can rely on:
 - A source that sends nothing for `read_timeout` seconds (`connect_timeout` for the first frame)
   is a failure, whatever ffmpeg itself would wait.
 - A live source (a URL, a device) that fails or ends is reconnected with bounded exponential
-  backoff, each attempt counted and said; a file is not.
+  backoff, each attempt counted and said; a file is not. A source that delivered frames within the last
+  minute is tried at least every second (retry_delay), so frames resume within about a second of its return.
 - stop() (SIGTERM, SIGINT) is seen within 0.1 s at any moment, a stalled source included: ffmpeg
   is stopped and the ring closed.
 - Frames are the source's: a file plays at its own rate (fps None), as fast as it decodes
@@ -54,6 +55,19 @@ SENDER_AHEAD_NS = 100_000_000  # a sender's clock ahead of ours by up to this is
 SENDER_BEHIND_NS = MAX_LAG_NS  # older by the sender's clock: the clock is wrong (no stamp goes further back)
 SENDER_SWITCH_FRAMES = 25  # frames in a row on the other side of those bounds before the clock is switched
 NOTICE_INTERVAL_NS = 60_000_000_000  # a switch of clocks is said at most this often (the others counted)
+# A source that delivered frames within UP_RECENTLY_S (a camera rebooting, a server restarted) is tried again at
+# least every RETRY_UP_S, so its frames resume within about a second of its return; one that never delivered a
+# frame (or not for longer) backs off exponentially up to backoff_max.
+RETRY_UP_S = 1.0
+UP_RECENTLY_S = 60.0
+
+
+def retry_delay(backoff: float, since_frame: float | None) -> float:
+    """The wait before the next attempt: the exponential `backoff`, capped at RETRY_UP_S when the source's last frame
+    came `since_frame` seconds ago with that under UP_RECENTLY_S (None: no frame yet)."""
+    if since_frame is not None and since_frame < UP_RECENTLY_S:
+        return min(backoff, RETRY_UP_S)
+    return backoff
 
 
 # "[ctx @ 0x55…] [level] message" or "[level] message" (-loglevel level+info)
@@ -630,6 +644,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     published = decoded = reconnects = 0
     backoff = o.backoff_min
     last_published = -1e9
+    last_frame: float | None = None  # monotonic time of the source's last frame (None: none yet)
     child = None
     try:
         while True:
@@ -663,7 +678,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
                     clock.notice = None
                 decoded += 1
                 frames_this_time += 1
-                now = time.monotonic()
+                now = last_frame = time.monotonic()
                 deadline = now + o.read_timeout
                 if period and now - last_published < period * 0.98:
                     continue  # over the fps limit: dropped (the slot is written again)
@@ -695,8 +710,9 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
             if not o.reconnects or (o.max_reconnects is not None and reconnects >= o.max_reconnects):
                 raise FeedError(reason + (f" (after {reconnects} reconnections)" if reconnects else ""))
             reconnects += 1
-            say(f"stream {stream}: {reason}; reconnecting in {backoff:g} s (reconnection {reconnects})")
-            end = time.monotonic() + backoff
+            delay = retry_delay(backoff, None if last_frame is None else time.monotonic() - last_frame)
+            say(f"stream {stream}: {reason}; reconnecting in {delay:g} s (reconnection {reconnects})")
+            end = time.monotonic() + delay
             while time.monotonic() < end:
                 if stop():
                     return published

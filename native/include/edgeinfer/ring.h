@@ -177,6 +177,7 @@ enum ei_status {
     EI_ERR_TIMEOUT = -18,      /* no answer in time */
     EI_ERR_REFUSED = -19,      /* the daemon refused for a reason of its own (e.g. cannot serve the geometry) */
     EI_ERR_WOULDBLOCK = -20,   /* a non-blocking receive found no message yet (never sent in a reply) */
+    EI_ERR_BUFFER = -21,       /* the caller's buffer is smaller than the data (ei_result_reader_next; never sent) */
 };
 
 typedef struct ei_error {
@@ -200,7 +201,7 @@ typedef struct ei_frame_ring_header {
     uint32_t slot_count;        /* EI_MIN_SLOTS..EI_MAX_SLOTS */
     uint32_t slot_header_size;  /* EI_SLOT_HEADER_SIZE: payload offset inside a slot */
     uint64_t slot_stride;       /* bytes from one slot to the next, multiple of EI_ALIGN */
-    uint64_t payload_capacity;  /* >= row_stride * height; payload bytes available per slot */
+    uint64_t payload_capacity;  /* >= ei_frame_payload_len(...); payload bytes available per slot */
     uint32_t width;             /* pixels */
     uint32_t height;            /* pixels */
     uint32_t channels;          /* bytes per pixel, implied by pixel_format */
@@ -213,7 +214,7 @@ typedef struct ei_frame_ring_header {
     _Atomic uint32_t doorbell;         /* futex word: +1 on every publish and flag change */
     _Atomic uint32_t flags;            /* enum ei_ring_flags */
     _Atomic uint32_t producer_pid;     /* informational: the producer's pid (in its namespace) */
-    _Atomic uint32_t generation;       /* informational: the producer's count of rings it created */
+    _Atomic uint32_t generation;       /* informational: the producer's count of rings it created (1, 2, ...) */
     _Atomic uint64_t published;        /* seq of the newest frame published, stored BEFORE `latest` */
     _Atomic uint64_t producer_backoffs;/* slot picks abandoned because the consumer claimed it */
     uint8_t reserved1[24];
@@ -233,7 +234,7 @@ typedef struct ei_frame_slot_header {
     uint64_t capture_mono_ns; /* CLOCK_MONOTONIC at capture (staleness and latency only, never priority) */
     uint64_t capture_real_ns; /* CLOCK_REALTIME at capture */
     uint64_t frame_id;        /* the producer's own frame number */
-    uint64_t payload_len;     /* bytes of payload written: row_stride * height (less is an error) */
+    uint64_t payload_len;     /* bytes of the frame: exactly ei_frame_payload_len (nv12/i420: rows * 3 / 2) */
     uint8_t reserved[24];
 } ei_frame_slot_header;
 
@@ -374,6 +375,21 @@ static inline uint64_t ei_frame_rows(uint32_t fmt, uint32_t height) {
     return (fmt == EI_PIX_NV12 || fmt == EI_PIX_I420) ? (uint64_t)height * 3 / 2 : height;
 }
 
+/* THE frame-length rule: the bytes one whole frame takes, which is what a slot's payload_len must say.
+ * row_stride 0 means packed rows (width * ei_pixel_channels(fmt)). Per format:
+ *   gray8: row_stride * height (packed: width * height)
+ *   rgb24, bgr24: row_stride * height (packed: width * height * 3); rgba32, bgra32: (packed: width * height * 4)
+ *   nv12, i420: width * height * 3 / 2 (the Y rows, then height / 2 rows of chroma: 4:2:0)
+ *   yuyv: width * height * 2
+ * 0 for an unknown pixel format. The daemon counts a frame whose payload_len is below this as `short` and
+ * serves nothing of it; ei_frame_producer_publish refuses any other payload_len. */
+static inline uint64_t ei_frame_payload_len(uint32_t fmt, uint32_t width, uint32_t height, uint32_t row_stride) {
+    uint32_t ch = ei_pixel_channels(fmt);
+    if (!ch) return 0;
+    uint64_t row = row_stride ? (uint64_t)row_stride : (uint64_t)width * ch;
+    return row * ei_frame_rows(fmt, height);
+}
+
 static inline int ei_fail(ei_error *err, int code, int sys_errno, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
@@ -406,12 +422,19 @@ static inline int ei_futex_wake(_Atomic uint32_t *addr) {
     return (int)syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Sleeps while *addr == expected, at most timeout_ns. 0 on wake/mismatch, ETIMEDOUT, or EINTR.
+/* Sleeps while *addr == expected, at most timeout_ns. Returns, like every helper, an ei_status: EI_OK
+ * when woken or when the word no longer held `expected`, EI_ERR_TIMEOUT when timeout_ns passed,
+ * EI_ERR_AGAIN when a signal interrupted the sleep, EI_ERR_SYS (errno says which) for any other failure.
  * Works on a read-only shared mapping (a result ring's reader): FUTEX_WAIT only reads the word. */
 static inline int ei_futex_wait(const _Atomic uint32_t *addr, uint32_t expected, uint64_t timeout_ns) {
     struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
-    if (syscall(SYS_futex, (const uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0) == 0) return 0;
-    return errno == EAGAIN ? 0 : errno;
+    if (syscall(SYS_futex, (const uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0) == 0) return EI_OK;
+    switch (errno) {
+    case EAGAIN: return EI_OK; /* the word had already moved on */
+    case ETIMEDOUT: return EI_ERR_TIMEOUT;
+    case EINTR: return EI_ERR_AGAIN;
+    default: return EI_ERR_SYS;
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -533,6 +556,11 @@ typedef struct ei_frame_layout {
     uint32_t colorimetry;  /* enum ei_colorimetry for YUV formats, else 0 */
 } ei_frame_layout;
 
+/* Bytes of one whole frame of a ring (ei_frame_payload_len of its geometry): the payload_len to publish. */
+static inline uint64_t ei_frame_bytes(const ei_frame_layout *l) {
+    return ei_frame_payload_len(l->pixel_format, l->width, l->height, l->row_stride);
+}
+
 static inline int ei_frame_layout_from_geometry(const ei_frame_geometry *g, ei_frame_layout *out, const char *name,
                                                 ei_error *err) {
     uint32_t ch = ei_pixel_channels(g->pixel_format);
@@ -568,7 +596,7 @@ static inline int ei_frame_layout_from_geometry(const ei_frame_geometry *g, ei_f
     out->rows = (uint32_t)ei_frame_rows(g->pixel_format, g->height);
     out->colorimetry = g->colorimetry;
     out->slot_count = g->slot_count;
-    out->payload_capacity = ei_align_up(row * out->rows);
+    out->payload_capacity = ei_align_up(ei_frame_payload_len(g->pixel_format, g->width, g->height, (uint32_t)row));
     out->slot_stride = ei_align_up(EI_SLOT_HEADER_SIZE + out->payload_capacity);
     out->total_size = EI_HEADER_SIZE + (uint64_t)g->slot_count * out->slot_stride;
     return EI_OK;
@@ -605,7 +633,7 @@ static inline int ei_frame_ring_check(const void *base, uint64_t ring_size, cons
     if (h.channels != out->channels)
         return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: %u channels does not match pixel format %u", name, h.channels,
                        h.pixel_format);
-    if (h.payload_capacity < (uint64_t)out->row_stride * out->rows || h.payload_capacity > EI_MAX_PAYLOAD ||
+    if (h.payload_capacity < ei_frame_bytes(out) || h.payload_capacity > EI_MAX_PAYLOAD ||
         h.slot_stride < EI_SLOT_HEADER_SIZE + h.payload_capacity || h.slot_stride % EI_ALIGN ||
         h.slot_stride > EI_SLOT_HEADER_SIZE + EI_MAX_PAYLOAD)
         return ei_fail(err, EI_ERR_GEOMETRY, 0, "%s: slot stride %llu / payload capacity %llu do not hold a %ux%u frame",
@@ -634,9 +662,6 @@ static inline uint8_t *ei_frame_payload(uint8_t *base, const ei_frame_layout *l,
     return (uint8_t *)ei_frame_slot(base, l, slot) + EI_SLOT_HEADER_SIZE;
 }
 
-/* Bytes of one whole frame: a payload_len below this is a short (skipped) frame. */
-static inline uint64_t ei_frame_bytes(const ei_frame_layout *l) { return (uint64_t)l->row_stride * l->rows; }
-
 /* ------------------------------------------------------------------ */
 /* Frame ring: producer                                                */
 /* ------------------------------------------------------------------ */
@@ -651,6 +676,14 @@ typedef struct ei_frame_producer {
     uint32_t writing;          /* slot reserved by begin(), EI_NO_SLOT if none */
     uint32_t cursor;           /* where the next slot search starts (round robin) */
 } ei_frame_producer;
+
+/* Counts the frame rings this process created (per file that includes ring.h: it is header-only), for the
+ * header's `generation`: 1 for the first ring, 2 for the next (after a geometry change, say), ... A producer
+ * that counts otherwise (across its own restarts) stores its number in hdr->generation before handing over. */
+static inline uint32_t ei__rings_created(void) {
+    static _Atomic uint32_t created = 0;
+    return atomic_fetch_add(&created, 1) + 1;
+}
 
 /* Creates a frame ring as a sealed memfd (`label` names it in /proc/PID/fd).
  * Its size is sealed before anyone else sees it, so it can never shrink under
@@ -681,9 +714,11 @@ static inline int ei_frame_producer_create(ei_frame_producer *p, const char *lab
     h->pixel_format = l.pixel_format;
     h->row_stride = l.row_stride;
     h->colorimetry = l.colorimetry;
+    /* The consumer's line too is the producer's to initialise: `claimed` must say "no slot" (a zero would
+     * be a claim of slot 0) before anyone sees the ring. */
     atomic_store(&h->claimed, EI_NO_SLOT);
     atomic_store(&h->producer_pid, (uint32_t)getpid());
-    atomic_store(&h->generation, 1);
+    atomic_store(&h->generation, ei__rings_created());
     rc = ei__seal(fd, EI_FRAME_SEALS, label, err);
     if (rc) {
         munmap(base, l.total_size);
@@ -726,13 +761,12 @@ static inline uint8_t *ei_frame_producer_begin(ei_frame_producer *p) {
     }
 }
 
-/* Publishes the slot reserved by begin(). payload_len must be the whole frame
- * (ei_frame_bytes); less is counted as a short frame and never served.
- * Returns the frame's seq, 0 if nothing was reserved. */
-static inline uint64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t capture_mono_ns,
-                                                 uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len) {
+/* Publishes the slot reserved by begin() whatever its payload_len says: no check. Internal (and the tool of
+ * tests that play a broken producer); a camera calls ei_frame_producer_publish. */
+static inline int64_t ei__frame_producer_commit(ei_frame_producer *p, uint64_t capture_mono_ns,
+                                                uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len) {
     uint32_t s = p->writing;
-    if (s == EI_NO_SLOT) return 0;
+    if (s == EI_NO_SLOT) return EI_ERR_STATE;
     ei_frame_slot_header *sh = ei_frame_slot(p->base, &p->layout, s);
     uint64_t seq = p->next_seq++;
     sh->capture_mono_ns = capture_mono_ns;
@@ -749,7 +783,18 @@ static inline uint64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t 
     if (atomic_load(&p->hdr->waiters)) ei_futex_wake(&p->hdr->doorbell);
     p->latest_slot = s;
     p->writing = EI_NO_SLOT;
-    return seq;
+    return (int64_t)seq;
+}
+
+/* Publishes the slot reserved by begin(). payload_len must be the whole frame, ei_frame_bytes(&p->layout)
+ * (ei_frame_payload_len: nv12/i420 take height * 3 / 2 rows). Returns the frame's seq (> 0), or a negative
+ * ei_status and publishes nothing: EI_ERR_ARG when payload_len is not the frame's length (the slot stays
+ * reserved: fill the frame and publish again with the right length), EI_ERR_STATE when nothing was reserved. */
+static inline int64_t ei_frame_producer_publish(ei_frame_producer *p, uint64_t capture_mono_ns,
+                                                uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len) {
+    if (p->writing == EI_NO_SLOT) return EI_ERR_STATE;
+    if (payload_len != ei_frame_bytes(&p->layout)) return EI_ERR_ARG;
+    return ei__frame_producer_commit(p, capture_mono_ns, capture_real_ns, frame_id, payload_len);
 }
 
 /* Marks the ring closed: its consumer sees it at once. Keeps the mapping. */
@@ -1244,9 +1289,13 @@ static inline ei_waitable ei_result_waitable(ei_result_reader *rd) {
  * and payload_out (payload_cap bytes). Returns 1 when a record was copied, 0
  * when none is available yet (or the writer overwrote every candidate while we
  * looked: call again), -1 when `head` is corrupt (beyond EI_MAX_RECORD_NUMBER,
- * or behind what was already read). *missed_out gets how many records were
- * overwritten before this one could be read (also added to rd->missed).
- * Bounded: a writer can make it return 0, never spin forever. */
+ * or behind what was already read), EI_ERR_BUFFER when the record's payload
+ * does not fit payload_cap: the record is read and consumed, hdr_out is whole
+ * (its payload_len says the record's real length) but only the first
+ * payload_cap bytes of the payload were copied. A buffer of
+ * rd->layout.payload_capacity bytes never gets EI_ERR_BUFFER. *missed_out gets
+ * how many records were overwritten before this one could be read (also added
+ * to rd->missed). Bounded: a writer can make it return 0, never spin forever. */
 static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_header *hdr_out, uint8_t *payload_out,
                                         uint64_t payload_cap, uint64_t *missed_out) {
     *missed_out = 0;
@@ -1274,15 +1323,15 @@ static inline int ei_result_reader_next(ei_result_reader *rd, ei_result_record_h
         }
         memcpy(hdr_out, r, sizeof *hdr_out);
         uint64_t len = hdr_out->payload_len;
+        /* The writer never commits more than the capacity; a mapping is never read past it either way. */
         if (len > rd->layout.payload_capacity) len = rd->layout.payload_capacity;
-        if (len > payload_cap) len = payload_cap;
-        memcpy(payload_out, (const uint8_t *)r + EI_RECORD_HEADER_SIZE, len);
+        memcpy(payload_out, (const uint8_t *)r + EI_RECORD_HEADER_SIZE, len > payload_cap ? payload_cap : len);
         atomic_thread_fence(memory_order_acquire); /* copies complete before the re-check */
         uint64_t s2 = atomic_load_explicit(&r->seqlock, memory_order_relaxed);
         if (s2 != s1) continue; /* overwritten while copying: retry, the lap check counts it */
         hdr_out->payload_len = (uint32_t)len;
         rd->next = n + 1;
-        return 1;
+        return len > payload_cap ? EI_ERR_BUFFER : 1;
     }
     return 0;
 }
@@ -1495,6 +1544,8 @@ enum ei_ingress_state {
 
 #define EI_BACKOFF_MIN_NS 50000000ull      /* first retry after 50 ms */
 #define EI_BACKOFF_MAX_NS 5000000000ull    /* then doubling up to 5 s */
+#define EI_BUSY_QUICK_NS 2000000000ull     /* BUSY (the stream's previous producer not gone yet: a camera restarting)
+                                              is retried every EI_BACKOFF_MIN_NS for this long, then with the backoff */
 #define EI_HANDSHAKE_TIMEOUT_NS 30000000000ull /* the daemon may build and warm a model session meanwhile */
 #define EI_ALIVE_CHECK_NS 100000000ull     /* liveness check every 100 ms while connected */
 
@@ -1512,6 +1563,8 @@ typedef struct ei_ingress {
     ei_hello hello;            /* what is sent on every (re)connection */
     char path[108];            /* the daemon's ingress socket */
     char last_msg[320];        /* why the last attempt failed (the daemon's words for a refusal) */
+    int last_errno;            /* errno of the last failure when last_status is EI_ERR_SYS, else 0 */
+    uint64_t busy_since_ns;    /* when the current run of BUSY refusals began, 0 if none */
 } ei_ingress;
 
 static inline int ei_ingress_init(ei_ingress *in, const char *path, const char *stream, int ring_fd, ei_error *err) {
@@ -1530,10 +1583,24 @@ static inline void ei__ingress_drop(ei_ingress *in, uint64_t now_ns, const ei_er
     if (in->sock >= 0) close(in->sock);
     in->sock = -1;
     in->state = EI_INGRESS_DISCONNECTED;
+    if (why && why->code == EI_ERR_BUSY) {
+        /* The previous producer of the stream (this camera before its restart) is about to go: look again
+         * soon, not after a backoff that doubled while it went. */
+        if (!in->busy_since_ns) in->busy_since_ns = now_ns;
+        if (now_ns - in->busy_since_ns < EI_BUSY_QUICK_NS) {
+            in->retry_at_ns = now_ns + EI_BACKOFF_MIN_NS;
+            in->backoff_ns = EI_BACKOFF_MIN_NS;
+            goto said;
+        }
+    } else {
+        in->busy_since_ns = 0;
+    }
     in->retry_at_ns = now_ns + in->backoff_ns;
     in->backoff_ns = in->backoff_ns * 2 > EI_BACKOFF_MAX_NS ? EI_BACKOFF_MAX_NS : in->backoff_ns * 2;
+said:
     if (why) {
         in->last_status = why->code;
+        in->last_errno = why->code == EI_ERR_SYS ? why->sys_errno : 0;
         snprintf(in->last_msg, sizeof in->last_msg, "%s", why->msg);
     }
 }
@@ -1572,6 +1639,8 @@ static inline int ei_ingress_step(ei_ingress *in, uint64_t now_ns) {
         if (rc != EI_OK) { ei__ingress_drop(in, now_ns, &e); return in->state; }
         in->state = EI_INGRESS_CONNECTED;
         in->accepted++;
+        in->busy_since_ns = 0;
+        in->last_errno = 0;
         in->last_status = EI_OK;
         in->last_msg[0] = 0;
         in->backoff_ns = EI_BACKOFF_MIN_NS;
@@ -1590,19 +1659,35 @@ static inline int ei_ingress_step(ei_ingress *in, uint64_t now_ns) {
     }
 }
 
-/* 1 for a failure that can pass by itself (no daemon yet, the stream's old
- * producer not yet gone, a saturated or restarting daemon): retry. 0 for a
- * refusal that stays until someone changes the configuration or the camera. */
+/* 1 for a failure that can pass by itself: retry. Transient are EI_ERR_NOT_FOUND (no daemon yet),
+ * EI_ERR_BUSY (the stream's previous producer not gone yet), EI_ERR_AGAIN (a saturated daemon, a stream
+ * cooling down after geometry churn, a full backlog), EI_ERR_CLOSED (the daemon went away, e.g. restarting)
+ * and EI_ERR_TIMEOUT (no reply in time). 0 for everything else: a refusal that stays until someone changes
+ * the configuration or the camera (DENIED, ARG, GEOMETRY, INSECURE, ABI, PROTOCOL, REFUSED, ...), and
+ * EI_ERR_SYS, whose errno decides: see ei_error_transient. */
 static inline int ei_status_transient(int status) {
     return status == EI_ERR_NOT_FOUND || status == EI_ERR_BUSY || status == EI_ERR_AGAIN || status == EI_ERR_CLOSED ||
-           status == EI_ERR_TIMEOUT || status == EI_ERR_SYS;
+           status == EI_ERR_TIMEOUT;
+}
+
+/* 1 for the errnos of a failed system call that pass by themselves: EINTR, EAGAIN, and a shortage of memory
+ * (ENOMEM, ENOBUFS) or of file descriptors (EMFILE, ENFILE). Any other errno (EINVAL, EBADF, ENOTSOCK,
+ * EPROTOTYPE, ENAMETOOLONG, ELOOP, ...) is a mistake that retrying repeats forever. */
+static inline int ei_errno_transient(int e) {
+    return e == EINTR || e == EAGAIN || e == ENOMEM || e == ENOBUFS || e == EMFILE || e == ENFILE;
+}
+
+/* ei_status_transient, and an EI_ERR_SYS by its errno (ei_errno_transient). */
+static inline int ei_error_transient(const ei_error *e) {
+    return ei_status_transient(e->code) || (e->code == EI_ERR_SYS && ei_errno_transient(e->sys_errno));
 }
 
 /* Blocks up to timeout_ns for the first acceptance (for a producer starting
  * up: nothing is being published yet). EI_OK once connected; else the last
  * failure: the daemon's refusal, EI_ERR_NOT_FOUND (no daemon) or EI_ERR_TIMEOUT.
  * A refusal that cannot pass by waiting (EI_ERR_DENIED, EI_ERR_ARG, geometry,
- * a ring the daemon rejects) returns at once. */
+ * a ring the daemon rejects) or a system call failure that will not pass
+ * (EI_ERR_SYS with an errno ei_errno_transient calls permanent) returns at once. */
 static inline int ei_ingress_wait(ei_ingress *in, uint64_t timeout_ns, ei_error *err) {
     uint64_t deadline = ei_now_ns(CLOCK_MONOTONIC) + timeout_ns;
     for (;;) {
@@ -1610,9 +1695,11 @@ static inline int ei_ingress_wait(ei_ingress *in, uint64_t timeout_ns, ei_error 
         int st = ei_ingress_step(in, now);
         if (st == EI_INGRESS_CONNECTED) return EI_OK;
         int s = in->last_status;
-        if (st == EI_INGRESS_DISCONNECTED && s && !ei_status_transient(s)) return ei_fail(err, s, 0, "%s", in->last_msg);
+        if (st == EI_INGRESS_DISCONNECTED && s && !ei_status_transient(s) &&
+            !(s == EI_ERR_SYS && ei_errno_transient(in->last_errno)))
+            return ei_fail(err, s, in->last_errno, "%s", in->last_msg);
         if (now >= deadline)
-            return ei_fail(err, s ? s : EI_ERR_TIMEOUT, 0, "%s", s ? in->last_msg : "no connection in time");
+            return ei_fail(err, s ? s : EI_ERR_TIMEOUT, in->last_errno, "%s", s ? in->last_msg : "no connection in time");
         if (st == EI_INGRESS_HANDSHAKE) {
             ei__wait_readable(in->sock, deadline - now < 100000000ull ? deadline - now : 100000000ull);
         } else {

@@ -1,0 +1,178 @@
+"""What the .deb ships for its reader: man pages that say what 0.2 is and name every command and option of
+the real CLI, the docs and examples that README and docs/operations.md promise, the units' Documentation=
+that resolve to installed files, a package description of memfd rings (not 0.1's POSIX shared memory).
+
+The package is the real one `make test` builds before pytest (conftest.built_deb; EDGEINFER_DEB_DIR for
+another build): its files are read from `dpkg-deb --fsys-tarfile`, nothing is installed."""
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from conftest import ROOT, built_deb, require_tool
+
+DOC = "usr/share/doc/edgeinfer"
+
+
+@pytest.fixture(scope="module")
+def deb() -> str:
+    require_tool("dpkg-deb")
+    return built_deb()
+
+
+@pytest.fixture(scope="module")
+def shipped(deb) -> dict[str, bytes | None]:
+    """Every path of the package outside the virtualenv: its bytes (None: a directory or a link)."""
+    files: dict[str, bytes | None] = {}
+    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", deb], stdout=subprocess.PIPE) as p:
+        try:
+            with tarfile.open(fileobj=p.stdout, mode="r|") as tar:
+                for m in tar:
+                    name = os.path.normpath(m.name).lstrip("./")
+                    if name.startswith("opt/"):
+                        continue
+                    files[name] = tar.extractfile(m).read() if m.isfile() else None
+        finally:
+            p.stdout.close()
+            assert p.wait(timeout=300) == 0, f"dpkg-deb --fsys-tarfile {deb} failed"
+    return files
+
+
+def text(shipped: dict, path: str) -> str:
+    data = shipped[path]
+    return (gzip.decompress(data) if path.endswith(".gz") else data).decode()
+
+
+def roff_text(roff: str) -> str:
+    """A man page's words as a reader sees them: no font escapes, `\\-` a hyphen."""
+    return re.sub(r"\\f[BIRP]", "", roff).replace("\\-", "-").replace("\\&", "")
+
+
+def test_man_pages_describe_0_2(shipped):
+    pages = [p for p in shipped if p.startswith("usr/share/man/") and p.endswith(".gz")]
+    assert sorted(pages) == ["usr/share/man/man1/edgeinferctl.1.gz", "usr/share/man/man8/edgeinferd.8.gz"]
+    for page in pages:
+        words = roff_text(text(shipped, page))
+        assert "/dev/shm" not in words and "0.1.0" not in words, f"{page} still describes 0.1"
+        assert '"edgeinfer 0.2.0"' in words.splitlines()[0], f"{page}: {words.splitlines()[0]}"
+        assert "/run/edgeinfer/ingress.sock" in words, f"{page} does not name the cameras' socket"
+    daemon = roff_text(text(shipped, "usr/share/man/man8/edgeinferd.8.gz"))
+    for what in ("memfd", "results.sock", "lanes", "fd store", "model.sig", "SIGHUP", "EXIT STATUS", "FILES"):
+        assert what in daemon, f"edgeinferd(8) says nothing of {what}"
+
+
+def test_docs_and_examples_are_shipped_and_their_links_resolve(shipped):
+    for name in ("README.md", "abi.md", "operations.md", "decoders.md", "reliability.md", "architecture.md",
+                 "performance.md"):
+        assert f"{DOC}/{name}" in shipped, f"{name} is not shipped (plain, as the units and the docs name it)"
+    examples = subprocess.run(["git", "-C", str(ROOT), "ls-files", "examples"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.split()
+    assert {"examples/producer.c", "examples/reader.c"} <= set(examples)
+    for e in examples:
+        assert f"{DOC}/{e}" in shipped, f"{e} is not shipped (README and docs/operations.md promise it)"
+    # The docs link each other by file name: in /usr/share/doc/edgeinfer each such link lands on a shipped file.
+    for md in [p for p in shipped if p.startswith(DOC) and p.endswith(".md")]:
+        for target in re.findall(r"\]\(([^)#\s]+)", text(shipped, md)):
+            if "://" in target or target.startswith(("../", "/", "mailto:")):
+                continue  # a URL, or the source tree's layout (README's docs/..., abi.md's ../native/...)
+            if md == f"{DOC}/README.md":
+                continue  # README's links are the source tree's (docs/abi.md)
+            assert f"{DOC}/{target}" in shipped, f"{md} links to {target}, which the package does not ship"
+
+
+def test_units_documentation_resolves_to_shipped_files(shipped):
+    units = [p for p in shipped if p.startswith("lib/systemd/system/") and shipped[p] is not None]
+    assert len(units) == 3, units
+    seen = 0
+    for unit in units:
+        for line in text(shipped, unit).splitlines():
+            if not line.startswith("Documentation="):
+                continue
+            for uri in line.split("=", 1)[1].split():
+                seen += 1
+                if uri.startswith("file://"):
+                    path = uri[len("file://"):].strip("/")
+                    assert path in shipped, f"{unit}: Documentation={uri} is not in the package"
+                else:
+                    m = re.fullmatch(r"man:([\w@.-]+)\((\d)\)", uri)
+                    assert m, f"{unit}: Documentation={uri}: neither file:// nor man:"
+                    page = f"usr/share/man/man{m[2]}/{m[1]}.{m[2]}.gz"
+                    assert page in shipped, f"{unit}: Documentation={uri}: no {page}"
+    assert seen >= 6
+
+
+def test_package_description_and_sysusers_say_memfd(deb, shipped):
+    description = subprocess.run(["dpkg-deb", "-f", deb, "Description"], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout
+    assert "POSIX shared memory" not in description and "memfd" in description, description
+    sysusers = text(shipped, "usr/lib/sysusers.d/edgeinfer.conf")
+    assert "shared-memory" not in sysusers and "ingress.sock" in sysusers, sysusers
+
+
+# ------------------------------------------------------------------ the man pages against the real CLI
+
+
+def _help(argv: list[str]) -> str:
+    r = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _options(helptext: str) -> set[str]:
+    """The long options of an argparse --help (its option lines are indented by exactly two spaces)."""
+    return {o for line in re.findall(r"^  (-\S.*)$", helptext, re.M)
+            for o in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line.split("  ")[0])} - {"--help"}
+
+
+def _commands(argv: list[str], prefix: list[str]):
+    """(command words, their long options) for every leaf command of the CLI, from its --help."""
+    helptext = _help(argv + prefix)
+    subs = re.search(r"^positional arguments:\n  \{([\w,-]+)\}", helptext, re.M)
+    if not subs:
+        yield prefix, _options(helptext)
+        return
+    for sub in subs[1].split(","):
+        yield from _commands(argv, prefix + [sub])
+
+
+def _mentioned(word: str, page: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", page) is not None
+
+
+def _entries(roff: str) -> list[tuple[str, str]]:
+    """A man page's tagged paragraphs (.TP): (the tag line, the tag and its text), as a reader sees them."""
+    entries = []
+    for chunk in re.split(r"^\.TP\n", roff, flags=re.M)[1:]:
+        chunk = re.split(r"^\.S[HS] ", chunk, flags=re.M)[0]
+        tag = chunk.split("\n", 1)[0]
+        entries.append((roff_text(tag), roff_text(chunk)))
+    return entries
+
+
+def test_edgeinferctl_man_page_names_every_command_and_option():
+    """Each command of the real `edgeinferctl` has its paragraph in edgeinferctl(1), naming every option."""
+    entries = _entries((ROOT / "packaging/man/edgeinferctl.1").read_text())
+    commands = list(_commands(["-m", "edgeinfer.cli"], []))
+    assert len(commands) >= 17 and ["model", "self-sign"] in [c for c, _ in commands]
+    missing = []
+    for words, options in commands:
+        command = " ".join(words)
+        about = " ".join(body for tag, body in entries if _mentioned(command, tag))
+        if not about:
+            missing.append(f"{command}: no paragraph")
+        missing += [f"{command}: {o}" for o in sorted(options) if not _mentioned(o, about)]
+    assert missing == [], f"edgeinferctl(1) lacks {missing}"
+
+
+def test_edgeinferd_man_page_names_every_option():
+    page = roff_text((ROOT / "packaging/man/edgeinferd.8").read_text())
+    options = _options(_help(["-c", "import sys; from edgeinfer.cli import edgeinferd_main as m; sys.exit(m())"]))
+    assert "--verify-only" in options
+    assert [o for o in sorted(options) if not _mentioned(o, page)] == []
