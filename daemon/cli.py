@@ -64,7 +64,8 @@ def edgeinferd_main(argv=None) -> int:
     ap.add_argument("--verify-only", action="store_true",
                     help="run the start-up checks (config, signature, anti-rollback, model) and exit")
     ap.add_argument("--status-interval", type=float, default=0.0, help="print per-stream status every N seconds")
-    ap.add_argument("--stats-file", help="write status as JSON here every --status-interval (default 1 s)")
+    ap.add_argument("--stats-file", help="write status as JSON here every --status-interval (default 1 s), and once "
+                    "more after the lanes stopped at exit (the final counts)")
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
     setup_logging(args.log_level)

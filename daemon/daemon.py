@@ -60,6 +60,7 @@ class Daemon:
         self.started_ns = ring.monotonic_ns()
         self.chore_errors = 0  # main-thread housekeeping failures (logged; serving goes on)
         self._last_chore_error, self._last_chore_log = None, 0.0
+        self.chores: Chores | None = None  # serve()'s; close() writes its stats file once more, the final counts
         self._trim_at: float | None = None  # monotonic time to release the swapped-out model's memory
         self.health = Health(self, cfg.metrics.health_deadline_s, cfg.metrics.ready_requires_stream)
         self.metrics: MetricsServer | None = None
@@ -309,7 +310,7 @@ class Daemon:
     def serve(self, status_interval: float = 0.0, stats_file: str | None = None, print_status=None) -> int:
         """Runs until a stop signal; returns the exit code."""
         self.notifier.send("READY=1", "STATUS=" + self.status_line())
-        chores = Chores(self, status_interval, stats_file, print_status)
+        chores = self.chores = Chores(self, status_interval, stats_file, print_status)
         while not self.stop_requested:
             try:
                 self.ingress.poll(0.05)  # sockets first: a camera waits for nothing but this
@@ -344,6 +345,8 @@ class Daemon:
         if self.lanes is not None:
             self.lanes.stop(5.0)
             self.lanes.poll()
+            if self.chores is not None and self.chores.stats_file:
+                self.chores.write_status()  # the lanes have stopped: these counts are this daemon's last
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None

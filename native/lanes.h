@@ -11,8 +11,9 @@
  *
  * `epoch` is the control plane's count of producers admitted for the stream:
  * a lane still holding the ring of an earlier producer never claims (its
- * detach is on its way), and the first lane to serve a new ring starts its
- * state from zero.
+ * detach is on its way), and the first lane to serve a newly admitted ring
+ * starts from the ring's `consumed` (ei_frame_consumer_resume): zero for a
+ * new ring, where the previous daemon stopped for one handed over again.
  */
 #ifndef EDGEINFER_LANES_H
 #define EDGEINFER_LANES_H
@@ -77,9 +78,11 @@ static inline int ei_lane_claim(ei_lane_view *v, ei_frame_consumer *c, uint32_t 
         atomic_store(&cur->owner, 0);
         return 0;
     }
-    if (epoch < v->epoch) { /* first lane on a new producer's ring: its state starts at zero */
-        atomic_store(&cur->seen_latest, 0);
-        atomic_store(&cur->last_seq, 0);
+    if (epoch < v->epoch) { /* first lane on a newly admitted ring: it starts where the ring's last consumer
+                             * stopped (a ring handed over again, or restored after a restart), else at zero */
+        ei_frame_consumer_resume(c);
+        atomic_store(&cur->seen_latest, c->seen_latest);
+        atomic_store(&cur->last_seq, c->last_seq);
         atomic_store(&cur->seen_flags, 0);
         atomic_store(&cur->epoch, v->epoch);
     }

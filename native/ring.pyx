@@ -623,7 +623,7 @@ cdef class FrameConsumer:
     def counters(self):
         h = self.c.hdr
         return dict(published=h.published, producer_backoffs=h.producer_backoffs, claims=h.claims,
-                    claim_retries=h.claim_retries)
+                    claim_retries=h.claim_retries, consumed=h.consumed)
 
     def acknowledge_flags(self):
         """Marks the current flags as seen, so ready() stops reporting them."""

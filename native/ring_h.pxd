@@ -89,6 +89,7 @@ cdef extern from "edgeinfer/ring.h" nogil:
         uint32_t claimed          # slot the consumer holds (atomic)
         uint64_t claims           # frames acquired (atomic)
         uint64_t claim_retries    # claims that lost a race (atomic)
+        uint64_t consumed         # seq of the last frame a consumer took or refused (atomic)
 
     ctypedef struct ei_frame_slot_header:
         uint64_t word             # seq << 8 | slot state (atomic)

@@ -74,6 +74,43 @@ def test_newest_frame_wins_and_skips_are_counted():
         assert r.frames_skipped == 9 and r.frames_acquired == 1
 
 
+def test_a_reader_that_adopts_a_ring_counts_on_from_where_the_last_one_stopped():
+    """A ring handed to a new consumer (a restarted daemon) keeps what the last one accounted for: the header's
+    `consumed`. Frames up to it are not counted again; frames nobody took are counted once, as skipped, by the
+    adopter; over both readers every published frame has exactly one outcome."""
+    consumed_at = 224  # ring.h: offsetof(ei_frame_ring_header, consumed)
+    w, first = pair(32, 16)
+    with w:
+        for i in range(1, 6):
+            publish_pattern(w, i)
+        with first.take() as f:
+            assert f.seq == 5 and f.skipped == 4
+        publish_pattern(w, 6)
+        with first.take() as f:
+            assert f.seq == 6 and f.skipped == 0
+        assert first.counters["consumed"] == 6
+        first.close()
+        for i in range(7, 10):  # published while no reader runs (a restart's gap)
+            publish_pattern(w, i)
+        with ring.FrameReader(w.fd, "adopter") as second:
+            with second.take() as f:
+                assert f.seq == 9 and f.skipped == 2  # 7 and 8, nobody's; not the 8 the first one accounted
+            outcomes = sum(r.frames_acquired + r.frames_skipped for r in (first, second))
+            assert outcomes == second.counters["published"] == 9
+        # An adopter of a ring whose newest frame was consumed sees nothing new, then counts on from it.
+        with ring.FrameReader(w.fd, "third") as third:
+            assert third.take() is None and third.status == 0
+            publish_pattern(w, 10)
+            with third.take() as f:
+                assert f.seq == 10 and f.skipped == 0
+        # A `consumed` beyond `published` is no consumer's: the adopter counts from the ring's start.
+        os.pwrite(w.fd, (10 ** 6).to_bytes(8, "little"), consumed_at)
+        publish_pattern(w, 11)
+        with ring.FrameReader(w.fd, "fooled") as fooled:
+            with fooled.take() as f:
+                assert f.seq == 11 and f.skipped == 10
+
+
 def test_producer_never_writes_into_the_held_slot():
     w, r = pair(32, 16, slots=3)
     with w, r:

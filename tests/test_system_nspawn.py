@@ -33,7 +33,7 @@ DEB_DIR = os.environ.get("EDGEINFER_DEB_DIR", str(ROOT / "build/deb"))
 CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
           "impersonation_refused", "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart",
-          "fdstore_kill", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
+          "fdstore_kill", "fdstore_accounting", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
           "socket_activation", "camera_add", "camera_unit", "camera_stalled_source",
           "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "upgrade_keeps_cameras", "stop", "purge",
           "upgrade_from_0_1"]

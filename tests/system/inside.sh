@@ -108,6 +108,42 @@ for kind in restart kill; do
         fail "fdstore_$kind" "connects=$connects lost=$lost restored=$restored alive=$(kill -0 $feeder && echo yes || echo no) reader: $out"
     fi
 done
+# Accounting across a restart: the new daemon counts on from where the old one stopped (the ring's `consumed`,
+# docs/abi.md), so cam0's counts do not jump to every frame the ring ever held; only the frames published while
+# no daemon ran are the new daemon's overload.
+cam0_counts() {  # cam0's ring header (published, consumed), then the daemon's offered, overload, processed
+    /opt/venvs/edgeinfer/bin/python - <<'PY'
+import glob, os, struct, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+text = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=10).read().decode()
+n = {s.labels["outcome"]: int(s.value) for f in text_string_to_metric_families(text) for s in f.samples
+     if s.name == "edgeinfer_frames_total" and s.labels.get("stream") == "cam0"}
+for link in glob.glob("/proc/[0-9]*/fd/*"):  # the metrics first, the ring after: consumed >= what was counted
+    try:
+        if os.readlink(link).startswith("/memfd:edgeinfer-frames:cam0"):
+            break
+    except OSError:
+        pass
+else:
+    raise SystemExit("nobody holds cam0's ring")
+fd = os.open(link, os.O_RDONLY)
+published, consumed = (struct.unpack("<Q", os.pread(fd, 8, at))[0] for at in (152, 224))
+print(published, consumed, sum(n.values()), n.get("overload", 0), n.get("processed", 0))
+PY
+}
+restart_accounting() {
+    local p0 c0 o0 v0 n0 p1 c1 o1 v1 n1 before
+    read -r p0 c0 o0 v0 n0 <<< "$(cam0_counts)" && [ -n "$n0" ] || return 1
+    before=$(invocation)
+    systemctl restart edgeinferd || return 1
+    for _ in $(seq 1 100); do [ "$(invocation)" != "$before" ] && wait_active && break; sleep 0.2; done
+    sleep 4
+    read -r p1 c1 o1 v1 n1 <<< "$(cam0_counts)" && [ -n "$n1" ] || return 1
+    echo "cam0: $p0 -> $p1 frames published across the restart; old daemon $o0 counted ($v0 overload), ring accounted to $c0; new daemon $o1 counted: $n1 processed, $v1 overload (the gap)"
+    # Everything the new daemon counted lies after what the ring had accounted for before the restart.
+    [ "$n1" -gt 0 ] && [ "$c0" -gt 0 ] && [ "$o1" -le $((c1 - c0)) ]
+}
+check fdstore_accounting restart_accounting
 # The reliability matrix's row for systemd's Restart= (named as before).
 if grep -q '^PASS fdstore_kill' $R; then pass daemon_sigkill_restart "kills=3, systemd restarted it 3 times, results resumed, camera untouched: $(grep '^PASS fdstore_kill' $R | cut -d' ' -f3-)"; else fail daemon_sigkill_restart "see fdstore_kill"; fi
 

@@ -225,7 +225,8 @@ typedef struct ei_frame_ring_header {
     uint32_t reserved2;
     _Atomic uint64_t claims;           /* frames the consumer acquired */
     _Atomic uint64_t claim_retries;    /* claims that lost a race and were retried */
-    uint8_t reserved3[32];
+    _Atomic uint64_t consumed;         /* seq of the last frame a consumer took or refused: accounted for */
+    uint8_t reserved3[24];
 } ei_frame_ring_header;
 
 /* Each slot starts with this; the payload follows at slot_header_size. */
@@ -329,6 +330,7 @@ _Static_assert(sizeof(ei_frame_ring_header) == 256, "frame header layout");
 _Static_assert(offsetof(ei_frame_ring_header, latest) == 128, "frame header layout");
 _Static_assert(offsetof(ei_frame_ring_header, published) == 152, "frame header layout");
 _Static_assert(offsetof(ei_frame_ring_header, claimed) == 192, "frame header layout");
+_Static_assert(offsetof(ei_frame_ring_header, consumed) == 224, "frame header layout");
 _Static_assert(sizeof(ei_frame_slot_header) == EI_SLOT_HEADER_SIZE, "slot header layout");
 _Static_assert(sizeof(ei_result_ring_header) == 256, "result header layout");
 _Static_assert(offsetof(ei_result_ring_header, head) == 128, "result header layout");
@@ -863,8 +865,24 @@ static inline int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, ui
     return EI_OK;
 }
 
+/* Where a consumer that adopts a ring (a restarted daemon, or a producer
+ * handing the same ring over again) starts counting: after `consumed`, the
+ * last frame an earlier consumer of this ring took or refused. Frames up to it
+ * were that consumer's to account for and are not counted again; the ones
+ * published after it, which nobody took, are counted once, as skipped, by the
+ * adopter when it takes its first frame. A `consumed` beyond `published` was
+ * not written by a consumer: ignored (counted from the ring's first frame). */
+static inline void ei_frame_consumer_resume(ei_frame_consumer *c) {
+    uint64_t consumed = atomic_load(&c->hdr->consumed);
+    uint64_t latest = atomic_load(&c->hdr->latest);
+    if (consumed > atomic_load(&c->hdr->published)) consumed = 0;
+    c->last_seq = consumed;
+    c->seen_latest = consumed != 0 && latest >> 8 == consumed ? latest : 0; /* already consumed: not news */
+}
+
 /* ei_frame_consumer_join, then drops whatever a previous consumer (a process
- * that died) left in the consumer's line: the one consumer of a ring. */
+ * that died) left in the consumer's line: the one consumer of a ring. Carries
+ * on counting from where it stopped (ei_frame_consumer_resume). */
 static inline int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name,
                                          ei_error *err) {
     int rc = ei_frame_consumer_join(c, base, size, name, err);
@@ -872,6 +890,7 @@ static inline int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, ui
     atomic_store(&c->hdr->claimed, EI_NO_SLOT);
     atomic_store(&c->hdr->waiters, 0);
     atomic_store(&c->hdr->consumer_pid, (uint32_t)getpid());
+    ei_frame_consumer_resume(c);
     return EI_OK;
 }
 
@@ -914,6 +933,7 @@ static inline int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info 
         if (seq <= c->last_seq) {
             /* Backwards: never honest. Resynchronise so that the frames after it are served. */
             c->last_seq = seq;
+            atomic_store_explicit(&h->consumed, seq, memory_order_relaxed);
             return EI_ERR_CORRUPT;
         }
         /* Dekker: announce the claim, then check the slot still holds `seq` (both seq_cst). */
@@ -929,6 +949,9 @@ static inline int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info 
             out->slot = slot;
             out->generation = atomic_load_explicit(&h->generation, memory_order_relaxed);
             c->last_seq = seq;
+            /* Accounted for from here on (taken, or refused below): a consumer adopting the ring after us
+             * starts after it (ei_frame_consumer_resume). Relaxed: that consumer comes after a syscall. */
+            atomic_store_explicit(&h->consumed, seq, memory_order_relaxed);
             if (len > c->layout.payload_capacity) {
                 atomic_store(&h->claimed, EI_NO_SLOT);
                 return EI_ERR_CORRUPT;
