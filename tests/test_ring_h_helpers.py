@@ -1,0 +1,28 @@
+"""ring.h's helpers as a vendor calls them (issue 22, defect 3): tests/native/ring_helpers_test.c, compiled
+against ring.h alone with the flags the examples get, run as a real process against real memfds, futexes
+and a Unix socket (the test plays the daemon's side of the handshake)."""
+from __future__ import annotations
+
+import subprocess
+
+from conftest import ROOT, require_tool
+
+CHECKS = ("frame_len", "publish", "buffer", "futex", "generation", "transient", "busy")
+
+
+def test_the_helpers_check_lengths_report_truncation_return_status_codes_and_retry_busy_quickly(tmp_path):
+    """Each line is one helper fix: publish refuses a payload_len that is not ei_frame_payload_len (nv12's
+    row_stride x height included) and keeps the slot; a reader buffer too small is EI_ERR_BUFFER with the
+    record's real length, not a silent cut; ei_futex_wait returns EI_OK / EI_ERR_TIMEOUT / EI_ERR_AGAIN /
+    EI_ERR_SYS; generation counts the rings a process made; EI_ERR_SYS is transient only by its errno (ENOTDIR
+    is tried once); BUSY is retried every 50 ms for 2 s, then with the doubling backoff (the program drives
+    ei_ingress_step with its own clock: no timing is measured)."""
+    cc = require_tool("cc")
+    exe = tmp_path / "ring_helpers_test"
+    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(ROOT / "native/include"),
+                    str(ROOT / "tests/native/ring_helpers_test.c"), "-o", str(exe)], check=True)
+    r = subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and [line.split()[1] for line in lines] == list(CHECKS) and \
+        all(line.startswith("ok ") for line in lines), (r.returncode, r.stdout, r.stderr)
+    assert lines[-1] == f"ok busy quick={2_000_000_000 // 50_000_000}", lines[-1]  # every 50 ms for 2 s
