@@ -15,7 +15,9 @@ Control plane → lane (pickled tuple, fds alongside):
   ("attach", stream, epoch, geometry) + [ring, memfd: fused graph]  serve a ring  → ("attached", stream, epoch, error)
   ("detach", stream, epoch)                     stop serving that producer's ring
   ("stall", seconds)                            fault injection (runtime.fault_injection only)
-Lane → control plane: the replies above, ("ready", pid), ("log", level, message), ("dropped", stream, epoch, why).
+Lane → control plane: the replies above, ("ready", pid), ("log", level, message), ("dropped", stream, epoch, why),
+  ("short", stream, seq, payload_len, frame bytes, geometry)  a frame counted short (said by the control plane,
+                                                              rate-limited per stream across its lanes)
 """
 from __future__ import annotations
 
@@ -142,7 +144,6 @@ class Lane:
         self.trim_at: float | None = None  # when to give a replaced model's freed memory back to the kernel
         self.mutes_logged = LogLimiter(MUTE_LOG_S)  # by stream
         self.events_logged = LogLimiter(EVENT_LOG_S)  # by (level, message with its numbers as #)
-        self.shorts_logged = LogLimiter(EVENT_LOG_S)  # by stream
 
     def thread_plan(self, name: str) -> ThreadPlan:
         threads = self.entries[name].ort_threads
@@ -262,8 +263,8 @@ class Lane:
                 self.log(level, message + (f" (and {since} more like it since the last such line)" if since else ""))
         while e.muted:
             self.report_muted(e.muted.pop(0))
-        while e.shorts:
-            self.report_short(*e.shorts.pop(0))
+        while e.shorts:  # said by the control plane: a stream's frames go to any of its lanes
+            send(self.sock, ("short", *e.shorts.pop(0)))
         while e.dropped:
             s, reader, why = e.dropped.pop(0)
             held = self.rings.get(s.index)
@@ -280,17 +281,6 @@ class Lane:
             self.log("warning", f"stream {stream}: its camera rang the ring's doorbell over 32 times in 10 ms "
                                 f"without a frame ({since + 1} times muted by this lane); its ring is polled every "
                                 f"1 ms instead, for 100 ms at a time (its frames only may be up to 1 ms late)")
-
-    def report_short(self, stream: str, seq: int, received: int, expected: int, geometry) -> None:
-        """A frame counted `short`: said once per EVENT_LOG_S per stream, with both lengths (a camera that gets
-        the frame length wrong sends every frame short, and without this line nothing says why)."""
-        since = self.shorts_logged.hit(stream, time.monotonic())
-        if since is not None:
-            shape = f"{geometry[2]}x{geometry[1]} {geometry[0]}" if geometry else "this ring's"
-            self.log("warning", f"stream {stream}: frame {seq} dropped as short: its payload_len is {received} bytes, "
-                                f"a whole {shape} frame is {expected} bytes (ei_frame_payload_len in ring.h; nv12 "
-                                f"and i420 take height x 3/2 rows)" +
-                     (f" ({since} more short frames since the last such line)" if since else ""))
 
     def run(self) -> int:
         self.engine.start()

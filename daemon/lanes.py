@@ -21,7 +21,7 @@ import time
 
 from edgeinfer import dispatch
 from edgeinfer.bundle import BundleError
-from edgeinfer.lane import REPLY_WAIT_S, receive, send, to_memfd
+from edgeinfer.lane import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter, receive, send, to_memfd
 
 log = logging.getLogger("edgeinferd")
 
@@ -59,6 +59,7 @@ class LaneSet:
         self.keepalive = keepalive        # called while waiting on lanes (feeds the watchdog while they progress)
         self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
         self.stopped = False              # stop() was called: nothing is restarted any more
+        self.shorts_logged = LogLimiter(EVENT_LOG_S)  # short frames, by stream (whichever lane took them)
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -183,11 +184,24 @@ class LaneSet:
             getattr(log, msg[1], log.error)("%s: %s", ln.name, msg[2])
         elif kind == "dropped":
             self.on_dropped(self.streams[msg[1]], msg[2], msg[3])
+        elif kind == "short":
+            self.report_short(*msg[1:])
         elif kind == "attached" and msg[3]:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
             log.error("%s: cannot serve stream %s: %s", ln.name, self.streams[msg[1]].name, msg[3])
             self.on_dropped(self.streams[msg[1]], msg[2], f"refused by {ln.name}: {msg[3]}")
+
+    def report_short(self, stream: str, seq: int, received: int, expected: int, geometry) -> None:
+        """A frame counted `short`: said once per EVENT_LOG_S per stream, with both lengths (a camera that gets
+        the frame length wrong sends every frame short, and without this line nothing says why)."""
+        since = self.shorts_logged.hit(stream, time.monotonic())
+        if since is not None:
+            shape = f"{geometry[2]}x{geometry[1]} {geometry[0]}" if geometry else "this ring's"
+            log.warning("stream %s: frame %d dropped as short: its payload_len is %d bytes, a whole %s frame is %d "
+                        "bytes (ei_frame_payload_len in ring.h; nv12 and i420 take height x 3/2 rows)%s", stream, seq,
+                        received, shape, expected,
+                        f" ({since} more short frames since the last such line)" if since else "")
 
     def refresh_progress(self) -> None:
         now = time.monotonic()
