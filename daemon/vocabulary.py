@@ -60,10 +60,12 @@ def channels(pixel_format: str) -> int:
 
 def frame_shape(pixel_format: str, height: int, width: int) -> tuple[int, int, int]:
     """(rows, width, bytes per pixel) of one frame in a ring slot, as the slot's view has it: a 4:2:0 frame
-    is its Y rows then half as many chroma rows, a yuyv frame two bytes a pixel."""
+    is its Y rows then half as many chroma rows, a yuyv frame two bytes a pixel. The rows come from ring.h's
+    frame-length rule (ei_frame_payload_len, through the native module): the one definition."""
+    from edgeinfer import _ring  # here, not at the top: ring.py (which imports the native module) imports us
     base = pixel_format.partition(":")[0]
-    rows = height * 3 // 2 if base in ("nv12", "i420") else height
-    return rows, width, _ROW_BYTES[base]
+    row = width * _ROW_BYTES[base]
+    return _ring.frame_payload_len(_ring.PIXEL_FORMATS[base], width, height) // row, width, _ROW_BYTES[base]
 
 
 def frame_height(pixel_format: str, rows: int) -> int:

@@ -26,3 +26,22 @@ def test_the_helpers_check_lengths_report_truncation_return_status_codes_and_ret
     assert r.returncode == 0 and [line.split()[1] for line in lines] == list(CHECKS) and \
         all(line.startswith("ok ") for line in lines), (r.returncode, r.stdout, r.stderr)
     assert lines[-1] == f"ok busy quick={2_000_000_000 // 50_000_000}", lines[-1]  # every 50 ms for 2 s
+
+
+# docs/abi.md, "Frame length": a 640 x 480 frame of each format, packed
+DOCUMENTED = {"gray8": 307_200, "rgb24": 921_600, "bgr24": 921_600, "rgba32": 1_228_800, "bgra32": 1_228_800,
+              "nv12": 460_800, "i420": 460_800, "yuyv": 614_400}
+
+
+def test_python_has_the_documented_frame_length_from_ring_h_alone():
+    """ring.frame_bytes (the vendor's helper), a ring's own layout and the slot view the daemon hands the model
+    (vocabulary.frame_shape) all give the documented length for every format: one rule, ring.h's."""
+    from edgeinfer import ring
+    from edgeinfer.vocabulary import FRAME_FORMATS, frame_height, frame_shape
+    for fmt in FRAME_FORMATS:
+        want = DOCUMENTED[fmt.partition(":")[0]]
+        rows, width, bpp = frame_shape(fmt, 480, 640)
+        with ring.FrameWriter.create(640, 480, fmt) as w:
+            got = (ring.frame_bytes(fmt, 640, 480), w.layout["frame_bytes"], rows * width * bpp, w.begin().nbytes)
+        assert got == (want,) * 4 and frame_height(fmt, rows) == 480, (fmt, got)
+    assert ring.frame_bytes("bgr24", 640, 480, row_stride=2048) == 2048 * 480  # padded rows count whole
