@@ -3,6 +3,7 @@ unprivileged users, and child processes that never outlive a test."""
 from __future__ import annotations
 
 import dataclasses
+import glob
 import grp
 import os
 import pwd
@@ -30,6 +31,16 @@ def require_tool(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def built_deb() -> str:
+    """The .deb under test: `make test` builds it into build/deb before pytest runs (`make deb`);
+    EDGEINFER_DEB_DIR names another build of it (`make deb DEB_BUILD=...`)."""
+    deb_dir = os.environ.get("EDGEINFER_DEB_DIR", str(ROOT / "build/deb"))
+    debs = sorted(glob.glob(os.path.join(deb_dir, "edgeinfer_*.deb")))
+    if not debs:
+        pytest.fail(f"no {deb_dir}/edgeinfer_*.deb: `make test` builds it first (`make deb`)")
+    return debs[-1]
 
 
 def require_root(why: str) -> None:

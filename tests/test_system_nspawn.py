@@ -13,24 +13,22 @@ package build are not inside any test's timeout.
 """
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import ROOT, require_tool
-from daemon_helpers import sign_copy
+from conftest import ROOT, built_deb, require_tool
+from daemon_helpers import bundle, sign_copy
 from test_rtsp import RtspServer, _gst_rtsp_missing
 
 # The cache of what the container needs besides the new .deb (tests/system/prepare, run by `make test` before pytest).
 CACHE = os.environ.get("EDGEINFER_CACHE",
                        os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "edgeinfer"))
-# The .deb under test: `make deb` builds it into build/deb (EDGEINFER_DEB_DIR: another build of it).
-DEB_DIR = os.environ.get("EDGEINFER_DEB_DIR", str(ROOT / "build/deb"))
 
-CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "verify_unit", "start", "sockets",
+CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "first_run_self_sign",
+          "verify_unit", "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
           "impersonation_refused", "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart",
           "fdstore_kill", "fdstore_accounting", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
@@ -74,17 +72,15 @@ def system_run(tmp_path_factory, signing_key):
     if os.geteuid() != 0:
         pytest.skip("system tests boot a container: they need root")
     nspawn = require_tool("systemd-nspawn")
-    debs = sorted(glob.glob(os.path.join(DEB_DIR, "edgeinfer_*.deb")))
-    if not debs:
-        pytest.fail(f"no {DEB_DIR}/edgeinfer_*.deb: `make test` builds it first (`make deb`)")
+    deb = built_deb()
     work = tmp_path_factory.mktemp("nspawn")
     root, test, out = work / "root", work / "test", work / "out"
     for d in (root, test, out):
         d.mkdir()
     built = prepared()
     subprocess.run(["tar", "-C", str(root), "-xf", built["rootfs"]], check=True, timeout=300)
-    shutil.copy(debs[-1], test / "edgeinfer.deb")
-    next_version(debs[-1], test / "edgeinfer-next.deb")
+    shutil.copy(deb, test / "edgeinfer.deb")
+    next_version(deb, test / "edgeinfer-next.deb")
     old = built.get("release_0_1")
     if old:
         shutil.copy(old, test / "edgeinfer-0.1.0.deb")
@@ -94,6 +90,7 @@ def system_run(tmp_path_factory, signing_key):
     (test / "trust").mkdir()
     shutil.copy(pub, test / "trust" / "release.pub")
     sign_copy("orientation", test / "v1", key)
+    shutil.copytree(bundle("orientation"), test / "unsigned")  # what `make models` fetched: `model self-sign` it
     sign_copy("orientation", test / "v2", key, lambda d: (d / "model.yaml").write_text(
         (d / "model.yaml").read_text().replace("version: 0.0.11", "version: 0.0.12")))
     # Users cam, cam2, reader, outsider are created inside before the daemon starts (names resolve at load).

