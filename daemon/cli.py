@@ -93,6 +93,12 @@ def edgeinferd_main(argv=None) -> int:
             return 1
         entries = cfg.model_entries()
         for name, m in models.items():
+            fallback = daemon.models.served[name].fallback
+            if fallback:  # the log line said why, on stderr
+                print(f"{entries[name].bundle}: REFUSED; the start falls back on the last known-good bundle "
+                      f"{fallback['bundle']}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
+                      f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
+                continue
             print(f"{entries[name].bundle}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
                   f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
         return 0

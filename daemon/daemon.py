@@ -16,7 +16,6 @@ import os
 import resource
 import signal
 import socket
-import tempfile
 import time
 
 from edgeinfer import ring, statusreport
@@ -31,6 +30,7 @@ from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import ModelRuntime
 from edgeinfer.vocabulary import Geometry
 from edgeinfer.reload import Models
+from edgeinfer.statefile import write_atomically
 from edgeinfer.systemd import Notifier, Watchdog, listen_fds
 from edgeinfer.telemetry import Health, MetricsServer
 from edgeinfer.zygote import Zygote
@@ -94,8 +94,10 @@ class Daemon:
     # ---------------------------------------------------------------- start
 
     def verify_only(self) -> dict[str, ModelRuntime]:
-        """Exactly the control plane's start-up checks of every model, without serving (ExecStartPre=)."""
-        return {name: self.models.load(name) for name in self.models.served}
+        """Exactly the control plane's start-up checks of every model, without serving (ExecStartPre=): a
+        refused configured bundle passes when the model's last known-good one does (models.served[name].fallback
+        says so), as the start would serve that one."""
+        return {name: self.models.choose(name) for name in self.models.served}
 
     def declared_geometries(self, model: str) -> list:
         return sorted({Geometry(s.pixel_format, s.height, s.width) for s in self.cfg.streams
@@ -116,8 +118,7 @@ class Daemon:
         try:
             for name, served in self.models.served.items():
                 log.info("loading model bundle %s (model %s)", served.entry.bundle, name)
-                model = self.models.load(name)
-                self.models.accept(name, model)
+                model = self.models.start(name)  # the configured bundle, or the last known-good one (said)
                 log.info("model %s: %s %s verified (sha256 %s…, signed by %s)", name, model.name, model.version,
                          model.bundle.sha256[:16], os.path.basename(model.signer.key_file))
                 self._check_stop()
@@ -153,6 +154,8 @@ class Daemon:
             self._check_stop()
             self._keep_off_lane_cpus()
             self.health.model_ready = True
+            self.models.serving = True  # the bundles served are known to be good from now on
+            self.models.record_accepted(force=True)
             self.watchdog = Watchdog(self.notifier, self.lanes, cfg.metrics.health_deadline_s)
         except BaseException:
             for fds in stored.values():
@@ -272,7 +275,7 @@ class Daemon:
         try:
             new = self.models.load(name)
             if new.bundle.sha256 == old.bundle.sha256 and new.bundle.meta == old.bundle.meta:
-                served.target = new.target
+                self.models.unchanged(name, new)
                 return True  # unchanged: nothing to do
             need = new.decoder.payload_capacity
             small = {s.name: s.writer.payload_capacity for s in self.streams
@@ -449,14 +452,5 @@ def _close_quietly(fd: int) -> None:
 
 
 def write_json_atomically(path: str, data: dict) -> None:
-    """temp file + rename: a reader never sees half a file."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".stats.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """temp file + rename: a reader never sees half a file (not fsynced: it is rewritten every interval)."""
+    write_atomically(path, json.dumps(data).encode(), durable=False)

@@ -10,16 +10,18 @@ existed is keyed by name, which is the family of every bundle without one.
 
 The state file is replaced atomically (temp file, fsync, rename, fsync of the
 directory): a crash mid-write leaves the old or the new content, never a mix.
+It keeps its owner, group and mode whoever writes it (statefile.py): run as
+root, `allow-downgrade` leaves it the daemon's.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from packaging.version import InvalidVersion, Version
 
 from edgeinfer.bundle import BundleError
+from edgeinfer.statefile import write_atomically
 
 STATE_FILE = "model-versions.json"
 
@@ -37,26 +39,6 @@ def _version(v: str, where: str) -> Version:
         return Version(v)
     except InvalidVersion:
         raise BundleError(f"{where}: version {v!r} is not a comparable version") from None
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)  # the rename itself is durable
-    finally:
-        os.close(dfd)
 
 
 class RollbackState:

@@ -28,6 +28,8 @@ def status(d) -> dict:
         "models": {name: {"name": m.runtime.name, "version": m.runtime.version, "sha256": m.runtime.bundle.sha256,
                           "bundle": m.entry.bundle, "reloads": m.reloads, "reload_failures": dict(m.failures),
                           "last_reload_error": m.last_error,
+                          # serving the last known-good bundle: the configured one was refused at start
+                          "known_good_fallback": m.fallback,
                           "streams": [s.name for s in d.streams if s.model == name],
                           "e2e_ms": _model_quantiles([s for s in d.streams if s.model == name])}
                    for name, m in models.served.items() if m.runtime is not None},
@@ -38,6 +40,7 @@ def status(d) -> dict:
         "last_reload_error": models.last_reload_error,
         "state_write_failures": models.state_write_failures,
         "last_state_error": models.last_state_error,
+        "last_known_good_error": models.last_known_good_error,
         "segment_truncations": ring.sigbus_absorbed(),
         "realtime_active": bool(lanes) and all(ln["realtime"] for ln in lanes.values()),
         "loop_alive": bool(lanes) and all(ln["state"] == "ready" for ln in lanes.values()),
@@ -56,7 +59,9 @@ def status(d) -> dict:
 
 def status_line(st: dict) -> str:
     """One line for systemd's STATUS=: models, lanes, then per stream fps, p99, drops."""
-    parts = [", ".join(f"{n}: {m['name']} {m['version']}" for n, m in st["models"].items()) or "no model"]
+    parts = [", ".join(f"{n}: {m['name']} {m['version']}" + (
+        f" (LAST KNOWN-GOOD: the configured {m['known_good_fallback']['configured']} was refused)"
+        if m.get("known_good_fallback") else "") for n, m in st["models"].items()) or "no model"]
     lanes = st["lanes"]
     if lanes:
         ready = sum(1 for ln in lanes.values() if ln["state"] == "ready")
@@ -71,6 +76,8 @@ def status_line(st: dict) -> str:
         parts.append("last reload refused")
     if st["last_state_error"]:
         parts.append("anti-rollback state not written")
+    if st.get("last_known_good_error"):
+        parts.append("known-good record not written")
     if lanes and not st["realtime_active"]:
         parts.append("NOT real-time")
     return "; ".join(parts)

