@@ -1,6 +1,7 @@
 """What the .deb ships for its reader: man pages that say what 0.2 is and name every command and option of
 the real CLI, the docs and examples that README and docs/operations.md promise, the units' Documentation=
-that resolve to installed files, a package description of memfd rings (not 0.1's POSIX shared memory).
+that resolve to installed files, a package description of memfd rings (not 0.1's POSIX shared memory), and
+docs/operations.md's quote of `camera add` word for word.
 
 The package is the real one `make test` builds before pytest (conftest.built_deb; EDGEINFER_DEB_DIR for
 another build): its files are read from `dpkg-deb --fsys-tarfile`, nothing is installed."""
@@ -176,3 +177,16 @@ def test_edgeinferd_man_page_names_every_option():
     options = _options(_help(["-c", "import sys; from edgeinfer.cli import edgeinferd_main as m; sys.exit(m())"]))
     assert "--verify-only" in options
     assert [o for o in sorted(options) if not _mentioned(o, page)] == []
+
+
+def test_operations_md_quotes_camera_add_word_for_word(tmp_path):
+    """docs/operations.md quotes what `camera add` prints; the real command prints exactly that (its camera
+    directory a temporary one here, --no-user: no system user made; neither changes a word of the output)."""
+    doc = (ROOT / "docs/operations.md").read_text()
+    quoted = re.search(r"^`camera add` prints, word for word:\n\n```text\n(.*?)^```$", doc, re.M | re.S)
+    assert quoted, "docs/operations.md no longer quotes camera add's output"
+    command = re.search(r"^edgeinferctl (camera add gate1 .*)$", doc, re.M)[1].split()
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli", *command, "--no-user", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.replace(str(tmp_path), "/etc/edgeinfer/cameras") == quoted[1]
