@@ -201,9 +201,14 @@ def test_fd_store_keeps_a_camera_across_a_daemon_restart(children, tmp_path, str
     (LISTEN_FDS), serves the camera on: the camera never notices (no reconnection), results flow again.
     A camera that leaves is taken out of the store (FDSTOREREMOVE=1). Both with the listeners passed by a
     socket unit (first, as systemd orders them) and with sockets the daemon binds itself: a stored
-    connection has its listener's address and must not be taken for a listener."""
+    connection has its listener's address and must not be taken for a listener. Accounting goes on across
+    the restart: the two daemons' outcomes add up to the frames the camera published, exactly."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "reliability"))
+    from rel_helpers import consumed, open_ring_of, published, stop
+
     sd = fake_systemd
     stats = str(tmp_path / "stats.json")
+    first_stats = str(tmp_path / "stats-first.json")
     cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream}])
     ingress, results_sock = sockets(cfg)
     env = {**os.environ, "NOTIFY_SOCKET": sd.path}
@@ -215,8 +220,9 @@ def test_fd_store_keeps_a_camera_across_a_daemon_restart(children, tmp_path, str
             s.listen(16)
             listeners.append(s)
     unit_fds = [(s.fileno(), "edgeinferd.socket") for s in listeners]
+    ring_copy = None
     try:
-        first = launch(children, cfg, unit_fds, env)
+        first = launch(children, cfg, unit_fds, env, "--stats-file", first_stats)
         sd.wait_for("READY=1", 60)
         prod = children.spawn([c_producer, stream, "96", "48", "--fps", "30", "--socket", ingress])
         assert read_line(prod) == "CONNECTED accepted=1"
@@ -233,9 +239,12 @@ def test_fd_store_keeps_a_camera_across_a_daemon_restart(children, tmp_path, str
         assert conn.type == socket.SOCK_SEQPACKET and conn.getsockname() == ingress
         conn.close()
 
+        ring_copy = open_ring_of(prod.pid, stream)  # ours: the ring's header counters, read-only
         t_stop = time.monotonic()
         first.send_signal(signal.SIGTERM)
         assert first.wait(10) == 0
+        first_count = read_stats(first_stats)["streams"][stream]["offered"]  # its final counts
+        assert first_count == consumed(ring_copy) > 0
         sd.pump(0.3)
         assert not [m for t, m in sd.messages if t >= t_stop and "FDSTOREREMOVE=1" in m.split("\n")]  # kept
 
@@ -259,6 +268,14 @@ def test_fd_store_keeps_a_camera_across_a_daemon_restart(children, tmp_path, str
         with ring.FrameWriter.connect(stream, 96, 48, socket=ingress, wait=5.0) as other:
             assert not other.connected and "already has its producer" in str(other.connection["last_error"]), \
                 other.connection
+        # No more frames (the connection stays): once the second daemon has taken the last one, the two
+        # daemons' counts are every frame published, none twice (it did not count the first one's again).
+        assert stop(prod), "the camera did not stop"
+        total = published(ring_copy)
+        def second_count():
+            return read_stats(stats).get("streams", {}).get(stream, {}).get("offered")
+        poll(lambda: consumed(ring_copy) == total and second_count() == total - first_count, 20)
+        assert first_count + second_count() == total, (first_count, read_stats(stats).get("streams"), total)
 
         t_kill = time.monotonic()
         prod.send_signal(signal.SIGKILL)  # a camera that dies is taken out of the store
@@ -276,3 +293,5 @@ def test_fd_store_keeps_a_camera_across_a_daemon_restart(children, tmp_path, str
     finally:
         for s in listeners:
             s.close()
+        if ring_copy is not None:
+            os.close(ring_copy)
