@@ -125,6 +125,15 @@ class StreamConfig(_Strict):
     def _names_exist(cls, v):
         if v is not None:
             v.resolve()  # a user or group that does not exist is an error here, with its line
+        if isinstance(v, Identity):
+            if v.user is None and not v.trust_any_member:
+                raise ValueError(f"a producer without a user lets any member of group {v.group} take the stream "
+                                 f"before its camera does. Name the camera's user (producer: {{user: CAMERA-USER}}), "
+                                 f"or, to trust every member, say so: producer: {{group: {v.group}, "
+                                 f"trust_any_member: true}} (warned at every start)")
+            if v.user is not None and v.trust_any_member:
+                raise ValueError("trust_any_member is for a producer that names only a group; this one names "
+                                 f"user {v.user}: leave it out")
         return v
 
     @field_validator("segment")
@@ -340,9 +349,14 @@ class Config(_Strict):
         return Identity(group=LEGACY_PRODUCER_GROUP)
 
     def deprecations(self) -> list[tuple[tuple, str]]:
-        """(key path, message) of every key kept only for configurations written for ABI 1."""
+        """(key path, message) of every key kept only for configurations written for ABI 1, and of every
+        producer trusted by group alone (trust_any_member): warned at every start."""
         out = []
         for i, s in enumerate(self.streams):
+            if s.producer is not None and s.producer.trust_any_member:
+                out.append((("streams", i, "producer"), f"stream {s.name}: any member of group {s.producer.group} "
+                            f"may produce it (trust_any_member): the first to connect takes the stream, its camera "
+                            f"is then refused as busy. Name the camera's user: producer: {{user: CAMERA-USER}}"))
             if s.producer is None:
                 who = (f"one of shm.allowed_uids {self.shm.allowed_uids}" if self.shm.allowed_uids
                        else f"any member of group {LEGACY_PRODUCER_GROUP}")

@@ -77,10 +77,12 @@ class _Strict(BaseModel):
 
 
 class Identity(_Strict):
-    """streams[].producer: `user` and/or `group` (names or numeric ids)."""
+    """streams[].producer: `user` and/or `group` (names or numeric ids). A group alone lets any member of it
+    take the stream first: the configuration accepts that only with `trust_any_member: true` (config.py)."""
 
     user: str | int | None = None
     group: str | int | None = None
+    trust_any_member: bool = False
 
     @model_validator(mode="after")
     def _some(self):

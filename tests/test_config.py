@@ -2,6 +2,8 @@
 starts (with warnings). The shipped file against the schema: test_shipped_config.py."""
 from __future__ import annotations
 
+import grp
+import os
 import re
 import subprocess
 import uuid
@@ -143,6 +145,43 @@ def test_unknown_users_and_groups_are_refused_with_their_line(tmp_path, key, val
     text = GOOD.replace("    producer: {user: 0}\n", f"    {key}: {value % nobody}\n")
     msg = refused(tmp_path, text, f":5: streams[0].{key}: Value error")
     assert expect % nobody in msg
+
+
+def test_a_group_producer_without_trust_any_member_is_refused_with_its_line(tmp_path):
+    """The issue: `producer: {group: edgeinfer}` let any group member take the stream before its camera, and
+    nothing was said at start. A producer without a user is a configuration error (with its line) unless the
+    stream says it trusts every member; trust_any_member next to a user means nothing, so it is an error too."""
+    group = grp.getgrgid(os.getgid()).gr_name
+    msg = refused(tmp_path, GOOD.replace("{user: 0}", f"{{group: {group}}}"), ":5: streams[0].producer: Value error")
+    assert f"lets any member of group {group} take the stream" in msg
+    assert f"producer: {{group: {group}, trust_any_member: true}}" in msg  # what to write, if meant
+    msg = refused(tmp_path, GOOD.replace("{user: 0}", f"{{group: {group}, trust_any_member: false}}"),
+                  ":5: streams[0].producer: Value error")
+    assert "trust_any_member: true" in msg
+    msg = refused(tmp_path, GOOD.replace("{user: 0}", f"{{user: 0, group: {group}, trust_any_member: true}}"),
+                  ":5: streams[0].producer: Value error")
+    assert "trust_any_member is for a producer that names only a group" in msg
+
+
+def test_trusting_any_member_of_a_group_is_warned_at_every_start(tmp_path, children, bundles):
+    """With `trust_any_member: true` the file loads, and the real daemon warns at every start (its line
+    named), as --check-config does; any member of the group is then the stream's producer."""
+    from daemon_helpers import daemon_log, start_daemon, stop_daemon, write_config
+    group = grp.getgrgid(os.getgid()).gr_name
+    cfg = write_config(tmp_path, bundles("orientation"),
+                       [{"name": "trusted", "producer": f"{{group: {group}, trust_any_member: true}}"}])
+    line = next(i for i, text in enumerate(open(cfg), 1) if "trust_any_member" in text)
+    warning = (f"{cfg}:{line}: streams[0].producer: stream trusted: any member of group {group} may produce it "
+               f"(trust_any_member)")
+    r = check_config(cfg)
+    assert r.returncode == 0 and f"edgeinferd: warning: {warning}" in r.stderr, r.stderr
+    assert r.stdout.strip() == f"{cfg}: OK (1 warnings)"
+    assert load_config(cfg).producer_of(load_config(cfg).streams[0]).resolve().gids == {os.getgid()}
+    for start in range(2):
+        log = tmp_path / f"daemon-{start}.log"
+        proc = start_daemon(children, cfg, log_file=str(log))
+        stop_daemon(proc)
+        assert daemon_log(proc).count(warning) == 1, f"start {start + 1}: {daemon_log(proc)[-2000:]}"
 
 
 CONFIG_0_1 = """\

@@ -10,6 +10,7 @@ with a lower-case word and a colon, or it would read as a commented-out key.
 from __future__ import annotations
 
 import grp
+import pwd
 import re
 import typing
 
@@ -29,7 +30,7 @@ SHIPPED = ROOT / "etc/edgeinfer/edgeinferd.yaml"
 ABI1_KEYS = {("shm", "dir"): "shm.dir", ("shm", "allowed_uids"): "shm.allowed_uids",
              ("shm", "result_group"): "shm.result_group", ("streams", "segment"): "streams[].segment"}
 # Set to something other than their default, on purpose: with no producer, a stream falls back to the
-# trust of 0.1 (any member of group edgeinfer) and warns at every start.
+# trust of 0.1 (any member of group edgeinfer) and warns at every start; the file names the daemon's user.
 # `models` has no default but the daemon needs one: the file names the package's bundle.
 EXAMPLES = {("streams", "producer"), ("models",)}
 # A commented-out key: '#', one space, then `key:` where the key would stand.
@@ -119,20 +120,22 @@ def test_commented_out_keys_are_the_ones_without_a_default():
 
 @pytest.fixture
 def edgeinfer_group(monkeypatch):
-    """The shipped file names group edgeinfer, which the package creates (packaging/debian/edgeinfer.sysusers).
-    Where this host has none, the loader is shown one (in this process only)."""
+    """The shipped file names user and group edgeinfer, which the package creates
+    (packaging/debian/edgeinfer.sysusers). Where this host has none, the loader is shown them (a stand-in for
+    the package's sysusers step, in this process only)."""
     try:
         grp.getgrnam("edgeinfer")
-        return
     except KeyError:
-        pass
-    real = grp.getgrnam
-
-    def getgrnam(name):
-        if name == "edgeinfer":
-            return grp.struct_group(("edgeinfer", "x", 64999, []))
-        return real(name)
-    monkeypatch.setattr(grp, "getgrnam", getgrnam)
+        real_gr = grp.getgrnam
+        monkeypatch.setattr(grp, "getgrnam", lambda name: grp.struct_group(("edgeinfer", "x", 64999, []))
+                            if name == "edgeinfer" else real_gr(name))
+    try:
+        pwd.getpwnam("edgeinfer")
+    except KeyError:
+        real_pw = pwd.getpwnam
+        monkeypatch.setattr(pwd, "getpwnam", lambda name: pwd.struct_passwd(
+            ("edgeinfer", "x", 64999, 64999, "", "/var/lib/edgeinfer", "/usr/sbin/nologin"))
+            if name == "edgeinfer" else real_pw(name))
 
 
 def not_defaults(m: BaseModel, path: tuple = (), defaults: BaseModel | None = None) -> list[str]:
@@ -166,4 +169,16 @@ def test_shipped_config_is_valid_and_shows_the_defaults(edgeinfer_group):
     cfg = load_config(str(SHIPPED))
     assert cfg.warnings == []
     assert (wrong := not_defaults(cfg)) == [], f"{SHIPPED} sets values other than the defaults: {wrong}"
-    assert cfg.streams[0].producer == Identity(group="edgeinfer")  # the one example, see EXAMPLES
+    assert cfg.streams[0].producer == Identity(user="edgeinfer")  # the one example, see EXAMPLES
+
+
+def test_shipped_config_names_no_group_producer(edgeinfer_group):
+    """The issue: the shipped `producer: {group: edgeinfer}` let any group member take the stream before its
+    camera, with no warning. Every stream of the shipped file names a producer user, trusts no group, and
+    the file loads without a warning."""
+    cfg = load_config(str(SHIPPED))
+    assert cfg.warnings == []
+    for s in cfg.streams:
+        assert s.producer is not None and s.producer.user is not None and s.producer.group is None, s
+        assert not s.producer.trust_any_member
+    assert not re.search(r"^\s*group:", SHIPPED.read_text().split("producer:", 1)[1].split("readers:", 1)[0], re.M)
