@@ -88,9 +88,14 @@ class Admission:
             self.ingress.drop(s.conn, "disconnected")  # gone, but its hang-up is not handled yet
         now = time.monotonic()
         if now < s.cooldown_until:
-            raise Refusal("again", "geometry_churn", f"stream {name} changed its frame geometry more than "
-                          f"{self.rt.geometry_changes} times in {self.rt.geometry_window_s:g} s: refused for "
-                          f"another {s.cooldown_until - now:.0f} s (runtime.geometry_changes)")
+            reason, why = s.cooldown_why
+            raise Refusal("again", reason, f"stream {name} {why}: refused for another "
+                          f"{s.cooldown_until - now:.0f} s")
+        # Every hand-over counts, the same ring again included: each one costs every lane of the model an
+        # attach (and under `scheduling: other` the neighbours' CPU), whatever its geometry.
+        self._churn(s, s.handovers, now, self.rt.handovers, "handover_churn",
+                    f"was handed a ring more than {self.rt.handovers} times in {self.rt.geometry_window_s:g} s "
+                    f"(runtime.handovers)")
         try:
             # Joined, not initialised: the same ring handed over again (a reconnect) may still have lanes asleep
             # on it, counted in its `waiters`; resetting that line would lose their wake-ups.
@@ -118,16 +123,21 @@ class Admission:
     def _count_geometry_change(self, s, geometry: tuple, now: float) -> None:
         if s.last_geometry is None or geometry == s.last_geometry:
             return
-        changes = s.geometry_changes
-        changes.append(now)
-        while changes and changes[0] < now - self.rt.geometry_window_s:
-            changes.popleft()
-        if len(changes) > self.rt.geometry_changes:
+        self._churn(s, s.geometry_changes, now, self.rt.geometry_changes, "geometry_churn",
+                    f"changed its frame geometry more than {self.rt.geometry_changes} times in "
+                    f"{self.rt.geometry_window_s:g} s (runtime.geometry_changes)")
+
+    def _churn(self, s, times, now: float, limit: int, reason: str, why: str) -> None:
+        """Counts one event of a stream's churn (`times`: their recent monotonic times); more than `limit`
+        within runtime.geometry_window_s: the stream's producers are refused for geometry_cooldown_s."""
+        times.append(now)
+        while times and times[0] < now - self.rt.geometry_window_s:
+            times.popleft()
+        if len(times) > limit:
             s.cooldown_until = now + self.rt.geometry_cooldown_s
-            changes.clear()
-            raise Refusal("again", "geometry_churn", f"stream {s.name} changed its frame geometry more than "
-                          f"{self.rt.geometry_changes} times in {self.rt.geometry_window_s:g} s: refused for "
-                          f"{self.rt.geometry_cooldown_s:g} s (runtime.geometry_changes)")
+            s.cooldown_why = (reason, why)
+            times.clear()
+            raise Refusal("again", reason, f"stream {s.name} {why}: refused for {self.rt.geometry_cooldown_s:g} s")
 
     def discard(self, ticket: Ticket) -> None:
         ticket.reader.close()

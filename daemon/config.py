@@ -167,6 +167,8 @@ class RuntimeConfig(_Strict):
     geometry_changes: int = Field(4, ge=1, le=1000)   # geometry changes a stream may make per window...
     geometry_window_s: float = Field(60.0, gt=0)      # ...before it is refused for geometry_cooldown_s
     geometry_cooldown_s: float = Field(60.0, ge=0)
+    handovers: int = Field(30, ge=1, le=100000)  # rings a stream may be handed per geometry_window_s (any ring,
+    #                                              the same one again included); beyond, refused for the cooldown
 
     lane_hang_s: float = Field(5.0, gt=0)  # a lane making no progress this long is killed and restarted
     lane_restarts: int = Field(5, ge=0, le=1000)  # restarts of one lane per lane_restart_window_s before the

@@ -41,6 +41,7 @@ LANE_EVICTIONS = 9  # sessions dropped to stay within runtime.max_sessions
 LANE_BATCHES = 10   # runs of more than one frame (micro-batching)
 LANE_COPIES = 11    # frames copied into a batch tensor (the only copy of a frame the daemon makes)
 LANE_DOORBELL_MUTES = 12  # times a camera's doorbell was muted: rung without frames (ring.h ei_wake_guard)
+LANE_WAKEUPS = 13  # waits that ended with a ring ready: a frame nobody took yet (never a flag change alone)
 LANE_WORDS = 2 * LINE // 8  # the counter words a lane has
 
 

@@ -77,7 +77,9 @@ class Stream:
         self.geometry_key = None        # (pixel format, height, width) being served
         self.last_geometry = None       # of the previous producer (geometry churn)
         self.geometry_changes: collections.deque = collections.deque()  # monotonic times of recent changes
-        self.cooldown_until = 0.0       # producers refused until then (changed geometry too often)
+        self.handovers: collections.deque = collections.deque()  # monotonic times of recent hand-overs
+        self.cooldown_until = 0.0       # producers refused until then (geometry changed or ring handed too often)
+        self.cooldown_why = ("", "")    # (refusal reason, why in words) of the cooldown
         self.attach_count = 0           # producers admitted so far (the epoch of the current one)
         self.reader_count = 0           # reader connections held
         self.producer_desc = self.readers_desc = ""  # who may produce / read it, in words
@@ -251,6 +253,7 @@ class Engine:
                 mask &= (1 << len(self._natives)) - 1  # the bell's bit: handled at the top
                 if not mask:
                     continue
+                counters[dispatch.LANE_WAKEUPS] += 1
                 self._waited = ring.monotonic_ns() - waited_from
                 picked = self._pick(mask)
                 if picked is None:  # another lane claimed them first

@@ -338,6 +338,7 @@ class LaneSet:
                             "session_evictions": int(c[dispatch.LANE_EVICTIONS]),
                             "batches": int(c[dispatch.LANE_BATCHES]), "batch_copies": int(c[dispatch.LANE_COPIES]),
                             "doorbell_mutes": int(c[dispatch.LANE_DOORBELL_MUTES]),
+                            "wakeups": int(c[dispatch.LANE_WAKEUPS]),
                             "last_error": ln.last_error}
         return out
 

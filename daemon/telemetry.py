@@ -131,6 +131,9 @@ class DaemonCollector:
         mutes = CounterMetricFamily("edgeinfer_lane_doorbell_mutes", "Times the lane stopped sleeping on a "
                                     "camera's doorbell for 100 ms because it rang without frames (polled every "
                                     "1 ms meanwhile; the log names the stream).", labels=["lane"])
+        wakeups = CounterMetricFamily("edgeinfer_lane_wakeups", "Times the lane's loop woke with a ring ready: a "
+                                      "frame nobody took yet (a camera's doorbell or flags alone never count).",
+                                      labels=["lane"])
         lanes = d.lanes.status(0) if d.lanes else {}
         for name, ln in lanes.items():
             up.add_metric([name], 1.0 if ln["state"] == "ready" else 0.0)
@@ -147,8 +150,9 @@ class DaemonCollector:
             batches.add_metric([name], ln["batches"])
             copies.add_metric([name], ln["batch_copies"])
             mutes.add_metric([name], ln["doorbell_mutes"])
+            wakeups.add_metric([name], ln["wakeups"])
         yield from (up, realtime, progress, busy, served, restarts, cancelled, holds, sessions, evictions, batches,
-                    copies, mutes)
+                    copies, mutes, wakeups)
 
     @staticmethod
     def _models(d):

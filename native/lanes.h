@@ -40,17 +40,18 @@ typedef struct ei_lane_view {
     uint64_t claimed_since;        /* the cursor's arrival stamp when we claimed it */
 } ei_lane_view;
 
-/* News the lane may serve: a `latest` word (or flag change) nobody consumed, on a free cursor of its epoch. */
+/* News the lane may serve: a `latest` word nobody consumed (a newly published frame), on a free cursor of its
+ * epoch. Never the ring's `flags` alone: the camera owns that word, and a flag flipped with every doorbell ring
+ * made each ring a wake-up the wake guard could not mute (ring.h ei_wake_guard; the lanes learn that a camera
+ * left from its connection, not from EI_RING_CLOSED). */
 static inline int ei_lane_ready(const void *p) {
     const ei_lane_view *v = (const ei_lane_view *)p;
     if (atomic_load_explicit(&v->cur->owner, memory_order_acquire) != 0) return 0;
     uint32_t epoch = atomic_load_explicit(&v->cur->epoch, memory_order_acquire);
     if (epoch > v->epoch) return 0; /* our ring is an earlier producer's: never ours to serve again */
     uint64_t latest = atomic_load_explicit(&v->c->hdr->latest, memory_order_acquire);
-    uint32_t flags = atomic_load_explicit(&v->c->hdr->flags, memory_order_acquire);
-    if (epoch < v->epoch) return latest != 0 || flags != 0; /* a new ring nobody has served yet */
-    return (latest != 0 && latest != atomic_load_explicit(&v->cur->seen_latest, memory_order_relaxed)) ||
-           flags != atomic_load_explicit(&v->cur->seen_flags, memory_order_relaxed);
+    if (epoch < v->epoch) return latest != 0; /* a new ring nobody has served yet */
+    return latest != 0 && latest != atomic_load_explicit(&v->cur->seen_latest, memory_order_relaxed);
 }
 
 static inline ei_waitable ei_lane_waitable(ei_lane_view *v) {

@@ -18,6 +18,11 @@
  *                   frame a seq jump of 2^50 (a forged skip): PUBLISHED=<frames> JUMPS=<n>
  *   bell-spam       for T s, bump the ring's doorbell and FUTEX_WAKE it as fast as possible, publishing a real
  *                   frame only at F fps: WAKES=<calls> WOKEN=<sleepers the kernel woke> PUBLISHED=<frames>
+ *   flag-flip       bell-spam, but every ring also flips a bit of the ring's `flags` word (EI_RING_CLOSED and an
+ *                   undefined bit in turn), so each ring looks like news: same output, FLIPS=<flag changes>
+ *   rehand          for T s, hand the same ring over as S again and again (a new connection each time, the
+ *                   last one hung up first), publishing at F fps meanwhile: ACCEPTED=<n> REFUSED=<n>
+ *                   FIRST_REFUSAL=<status> <why> PUBLISHED=<frames>
  *   procfd          try to open every /proc/PID/fd/N of --target-pid read-write: OPENED=<n> DENIED=<n>
  *   fd-KIND         a hello for S with a bad fd: KIND = none, pipe, socket, unsealed, devshm, write-sealed,
  *                   huge (a sparse ring over any sane limit), many (8 fds), garbage (random bytes, no fd),
@@ -260,11 +265,12 @@ int main(int argc, char **argv) {
         printf("PUBLISHED=%ld\nJUMPS=%ld\n", published, jumps);
         return 0;
     }
-    if (!strcmp(attack, "bell-spam")) {
+    if (!strcmp(attack, "bell-spam") || !strcmp(attack, "flag-flip")) {
         if (!connect_as_stream(&p, &in)) return 0;
         uint64_t now = ei_now_ns(CLOCK_MONOTONIC), end = now + (uint64_t)(seconds * 1e9), next = now;
         uint64_t period = fps > 0 ? (uint64_t)(1e9 / fps) : 0;
-        long wakes = 0, woken = 0, published = 0;
+        long wakes = 0, woken = 0, published = 0, flips = 0;
+        const int flip = !strcmp(attack, "flag-flip");
         while ((now = ei_now_ns(CLOCK_MONOTONIC)) < end) {
             if (period && now >= next) {
                 ei_frame_producer_begin(&p);
@@ -273,6 +279,10 @@ int main(int argc, char **argv) {
                 next += period;
             }
             for (int k = 0; k < 64; k++) { /* rung, with nothing new in the ring */
+                if (flip) { /* ...but a flag changed: CLOSED, then an undefined bit, then back to 0 */
+                    atomic_store(&p.hdr->flags, (uint32_t)(flips % 3 == 0 ? EI_RING_CLOSED : flips % 3 == 1 ? 0x100u : 0u));
+                    flips++;
+                }
                 atomic_fetch_add(&p.hdr->doorbell, 1);
                 int n = ei_futex_wake(&p.hdr->doorbell);
                 wakes++;
@@ -280,7 +290,38 @@ int main(int argc, char **argv) {
             }
             ei_ingress_step(&in, now);
         }
-        printf("WAKES=%ld\nWOKEN=%ld\nPUBLISHED=%ld\n", wakes, woken, published);
+        printf("WAKES=%ld\nWOKEN=%ld\nPUBLISHED=%ld\nFLIPS=%ld\n", wakes, woken, published, flips);
+        return 0;
+    }
+    if (!strcmp(attack, "rehand")) {
+        /* One ring, handed over again and again: the geometry never changes, so only a count of hand-overs
+         * can stop it. Each accepted connection is hung up before the next one. */
+        make_ring(&p, width, height);
+        uint64_t now = ei_now_ns(CLOCK_MONOTONIC), end = now + (uint64_t)(seconds * 1e9), next = now;
+        uint64_t period = fps > 0 ? (uint64_t)(1e9 / fps) : 0;
+        long accepted = 0, refused = 0, published = 0;
+        while ((now = ei_now_ns(CLOCK_MONOTONIC)) < end) {
+            int rc = hand_over(&in, stream, p.fd, &e);
+            if (rc == EI_OK) {
+                accepted++;
+            } else {
+                refused++;
+                if (refused == 1) printf("FIRST_REFUSAL=%d %s\n", rc, e.msg);
+            }
+            /* A few frames on it, then hang up and hand it over again (about 40 times a second). */
+            for (uint64_t until = now + 25000000ull; (now = ei_now_ns(CLOCK_MONOTONIC)) < until && now < end;) {
+                if (period && now >= next) {
+                    ei_frame_producer_begin(&p);
+                    ei_frame_producer_publish(&p, now, ei_now_ns(CLOCK_REALTIME), p.next_seq,
+                                              ei_frame_bytes(&p.layout));
+                    published++;
+                    next += period;
+                }
+                usleep(1000);
+            }
+            if (in.sock >= 0) ei_ingress_close(&in);
+        }
+        printf("ACCEPTED=%ld\nREFUSED=%ld\nPUBLISHED=%ld\n", accepted, refused, published);
         return 0;
     }
     if (!strcmp(attack, "geometry-cycle")) {

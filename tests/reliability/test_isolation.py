@@ -34,15 +34,18 @@ from edgeinfer.statusview import scrape
 
 W, H = 64, 48
 VICTIM_FPS = 30
-ATTACKS = ("jump", "backdate", "short", "shrink", "geometry", "fdabuse", "restart", "flood", "bell", "ids")
+ATTACKS = ("jump", "backdate", "short", "shrink", "geometry", "fdabuse", "restart", "flood", "bell", "ids", "flags",
+           "rehand")
 ATTACKER_STREAMS = {a: f"evil-{a}" for a in ATTACKS}
 
 
 class Arena:
-    def __init__(self, tmp, users, sandbox, signing_key, c_producer, c_reader):
+    def __init__(self, tmp, users, sandbox, signing_key, c_producer, c_reader, runtime: dict | None = None,
+                 more_streams: tuple = (), ingress: dict | None = None):
+        """runtime, ingress: keys beyond the campaign's own; more_streams: streams beside its own."""
         self.users = users
         self.children = Children()
-        self.dir = sandbox / f"arena-{os.getpid()}"
+        self.dir = sandbox / f"arena-{os.getpid()}-{tmp.name}"  # one per arena (a test may hold two)
         self.dir.mkdir(mode=0o755)
         os.chown(self.dir, 0, users.gid)
         os.chmod(self.dir, 0o750)  # only the group reaches the sockets; an outsider not even the directory
@@ -60,11 +63,13 @@ class Arena:
         for name in ATTACKER_STREAMS.values():
             streams.append({"name": name, "width": W, "height": H, "max_age_ms": 200,
                             "producer": f"{{user: {users.cam_b}}}", "readers": f"{{users: [{users.cam_b}, {me}]}}"})
+        streams.extend(more_streams)
         self.stats = str(tmp / "stats.json")
         cfg = write_config(tmp, bundle, streams, trust_dir=trust,
-                           runtime={"status_interval_s": 0.2, "max_sessions": 8},
+                           runtime={"status_interval_s": 0.2, "max_sessions": 8, **(runtime or {})},
                            ingress={"socket": self.ingress, "results_socket": self.results,
-                                    "socket_group": users.group, "handshake_timeout_ms": 500, "max_pending": 16})
+                                    "socket_group": users.group, "handshake_timeout_ms": 500, "max_pending": 16,
+                                    **(ingress or {})})
         self.daemon = start_daemon(self.children, cfg, stats_file=self.stats, log_file=str(tmp / "daemon.log"))
         self.victim = self.children.spawn([*users.run_as(users.cam_a), c_producer, "victim", str(W), str(H),
                                            "--fps", str(VICTIM_FPS), "--socket", self.ingress])
@@ -119,6 +124,19 @@ class Arena:
 @pytest.fixture(scope="module")
 def arena(tmp_path_factory, users, sandbox, signing_key, c_producer, c_reader):
     a = Arena(tmp_path_factory.mktemp("arena"), users, sandbox, signing_key, c_producer, c_reader)
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+@pytest.fixture
+def arena_other(tmp_path_factory, users, sandbox, signing_key, c_producer, c_reader):
+    """The arena under `runtime.scheduling: other`, the documented fallback when real time is refused: the
+    lanes and the control plane share the CPUs with everything else, so a camera's cost shows in the
+    neighbour's frames. Its own daemon, for the rows that ask for it."""
+    a = Arena(tmp_path_factory.mktemp("arena-other"), users, sandbox, signing_key, c_producer, c_reader,
+              runtime={"scheduling": "other"})
     try:
         yield a
     finally:
@@ -345,6 +363,64 @@ def test_ringing_the_doorbell_without_frames_cannot_keep_the_lanes_awake(request
     row(matrix, request, "a camera rings its doorbell without frames, as fast as it can (4 s)", wakes,
         "lanes woken at most ~330/s each, the spammer's frames still served, the neighbour keeps >= 90 %",
         observed, wakes > 100 * bound and woken <= bound and mutes >= 1 and logged and served >= 20 and ok)
+
+
+def test_flipping_flags_with_every_ring_cannot_keep_the_lanes_awake(request, matrix, arena, users):
+    """The issue: a camera that flips its ring's `flags` word with every doorbell ring made each ring news
+    (a flag change was news, muted or not): each lane woke about 9,000 times a second. Only a newly
+    published frame is news to a lane now, so the flips are plain doorbell spam: muted by the wake guard.
+    Counted from the lanes' own counter (edgeinfer_lane_wakeups: waits that ended with a ring ready): at
+    most one wake-up per lane for each frame published (the victim's and the attacker's), plus a few."""
+    w = Watch(arena)
+    name = ATTACKER_STREAMS["flags"]
+    before = arena.stream_stats(name)
+    lanes = len(scrape(arena.daemon.metrics_url + "/metrics").get("lanes", {})) or 1
+    mutes0 = lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_doorbell_mutes")
+    wakeups0 = lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_wakeups")
+    victim0 = arena.fresh_stats()["streams"]["victim"]["offered"]
+    r = arena.attack(users.cam_b, "evil_producer", "--socket", arena.ingress, "--stream", name, "--attack",
+                     "flag-flip", "--fps", "10", "--seconds", "4")
+    wakeups = int(lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_wakeups") - wakeups0)
+    victim = arena.fresh_stats()["streams"]["victim"]["offered"] - victim0
+    after = arena.wait_stats(lambda st: st["streams"][name]["processed"] - before.get("processed", 0) >= 20, 10,
+                             "the flipper's own frames to be served")["streams"][name]
+    ok, text = w.verdict()
+    flips, published = int(r.get("FLIPS", 0)), int(r.get("PUBLISHED", 0))
+    mutes = int(lane_metric(arena.daemon.metrics_url, "edgeinfer_lane_doorbell_mutes") - mutes0)
+    bound = lanes * (victim + published + 20)  # +20 a lane: a ring's first look, frames around the snapshots
+    served = after["processed"] - before.get("processed", 0)
+    observed = (f"{flips:,} flag flips, each with a FUTEX_WAKE ({int(r.get('WOKEN', 0)):,} sleepers woken by the "
+                f"kernel): lanes woke with a ring ready {wakeups:,} times (bound {bound:,}: {lanes} lanes x "
+                f"({victim} victim + {published} attacker frames + 20)); {mutes} mutes counted; its own frames: "
+                f"{served} of {published} served; {text}")
+    row(matrix, request, "a camera flips its ring's flags word with every doorbell ring (4 s)", flips,
+        "a flag change is no news: lane wake-ups at most one per published frame per lane (+20); the doorbell "
+        "muted; its frames still served; the neighbour keeps >= 90 %", observed,
+        flips > 100 * bound and wakeups <= bound and mutes >= 1 and served >= 20 and ok)
+
+
+@pytest.mark.parametrize("scheduling", ["fifo", "other"])
+def test_rehanding_the_same_ring_counts_as_churn(request, matrix, users, scheduling):
+    """The issue: handing the same ring over again 32-43 times a second was not geometry churn (the geometry
+    never changes); under `scheduling: other` the neighbour fell from 29.9 to 22.2 results/s. Every
+    hand-over counts now (runtime.handovers, 30 per geometry_window_s): beyond, the stream is refused for
+    the cooldown, with its reason, counted as handover_churn."""
+    a = request.getfixturevalue("arena" if scheduling == "fifo" else "arena_other")
+    w = Watch(a)
+    name = ATTACKER_STREAMS["rehand"]
+    r = a.attack(users.cam_b, "evil_producer", "--socket", a.ingress, "--stream", name, "--attack", "rehand",
+                 "--fps", "30", "--seconds", "4")
+    ok, text = w.verdict()
+    accepted, refused = int(r.get("ACCEPTED", 99)), int(r.get("REFUSED", 0))
+    first = r.get("FIRST_REFUSAL", "")
+    counted = a.fresh_stats()["refusals"].get(f"{name}/producer/handover_churn", 0)
+    observed = (f"scheduling {scheduling}: {accepted} hand-overs of one ring accepted, {refused} refused "
+                f"({first[:110]!r}), counted as handover_churn {counted}; {text}")
+    row(matrix, request, f"a camera hands the same ring over again, ~40 times a second (4 s; scheduling "
+        f"{scheduling})", accepted + refused,
+        "refused beyond 30 hand-overs a minute, with the reason, counted; the neighbour keeps >= 90 %", observed,
+        accepted == 30 and refused >= 50 and "handed a ring more than 30 times" in first
+        and first.startswith(str(ring.STATUS["again"])) and counted == refused and ok)
 
 
 def test_forged_frame_ids_and_seq_jumps_cost_a_lane_nothing(request, matrix, arena, users):
