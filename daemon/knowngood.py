@@ -37,11 +37,12 @@ class KnownGood:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as e:
-            raise BundleError(f"{self.path}: unreadable record of the last known-good bundles ({e})") from None
+            raise BundleError(f"{self.path}: unreadable record of the last known-good bundles ({e}); fix or "
+                              "remove it") from None
         if not isinstance(data, dict) or not all(
                 isinstance(v, dict) and all(isinstance(v.get(k), str) for k in FIELDS) for v in data.values()):
             raise BundleError(f"{self.path}: unreadable record of the last known-good bundles (not what this "
-                              f"daemon writes: {{model: {{{', '.join(FIELDS)}}}}})")
+                              f"daemon writes: {{model: {{{', '.join(FIELDS)}}}}}); fix or remove it")
         return data
 
     def get(self, model: str) -> dict | None:
