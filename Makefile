@@ -16,7 +16,8 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev
 # ffmpeg: the ffmpeg producer's tests (real files, a silent server, a server that comes and goes);
 # gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-{base,good,ugly}: a real RTSP server (H.264).
 # faketime: that server with its clock set off ours (the RTCP sender reports' wall clock, trusted and not).
-TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime \
+# uidmap: newuidmap, and /etc/subuid for the test users: one user attacking as its subordinate uids.
+TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-ugly
 NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py

@@ -20,13 +20,14 @@ import socket
 import time
 
 from edgeinfer import dispatch, ring
-from edgeinfer.identity import Ids
+from edgeinfer.identity import Ids, Peer, host_user
 from edgeinfer.ingress import Client, Refusal, peer_of
 from edgeinfer.vocabulary import Geometry
 
 log = logging.getLogger("edgeinferd")
 
 MIB = 1 << 20
+UNLISTED = -1  # the party of every uid that is neither in the host's user database nor named in the configuration
 
 
 @dataclasses.dataclass
@@ -73,6 +74,35 @@ class Admission:
     def geometries_in_use(self, model: str) -> set:
         """Geometries the attached streams of `model` are served with (their sessions are never evicted)."""
         return {s.geometry_key for s in self.streams.values() if s.conn is not None and s.model == model}
+
+    # ---------------------------------------------------------------- who is a party (the caps of ingress.py)
+
+    def party(self, peer: Peer) -> int:
+        """Whom a connection counts against in the caps: its uid when that uid is a user of the host's user
+        database or named in the configuration (a distinct party), else UNLISTED: every other uid, e.g. the
+        subordinate uids of any user namespace, together (they cannot be told apart from one another)."""
+        uid = peer.uid
+        if host_user(uid) or any(uid in ids.uids for ids in self.producer_ids.values()) or \
+                any(uid in ids.uids for ids in self.reader_ids.values()):
+            return uid
+        return UNLISTED
+
+    @staticmethod
+    def party_desc(party: int) -> str:
+        return "the uids outside the user database (as one)" if party == UNLISTED else f"uid {party}"
+
+    def may_produce_any(self, peer: Peer) -> bool:
+        """Whether `peer` may produce at least one configured stream (else it is refused before its hello)."""
+        return any(ids.allows(peer) for ids in self.producer_ids.values())
+
+    def named(self, kind: str, uid: int) -> bool:
+        """Whether `uid` is named as a user (not only through a group) as some stream's producer ("ingress")
+        or reader ("results"): such a uid gets one handshake slot beyond the socket's shared pool."""
+        table = self.producer_ids if kind == "ingress" else self.reader_ids
+        return any(uid in ids.uids for ids in table.values())
+
+    def named_reader(self, stream: str, uid: int) -> bool:
+        return uid in self.reader_ids[stream].uids
 
     # ---------------------------------------------------------------- producers
 

@@ -191,9 +191,15 @@ class IngressConfig(_Strict):
     results_socket: str = ring.RESULTS_SOCKET   # where readers ask for result rings
     socket_group: str | int | None = None       # group of sockets the daemon binds itself (default: its own)
     handshake_timeout_ms: int = Field(1000, ge=10, le=60000)  # a client silent this long after connecting is dropped
-    max_pending: int = Field(16, ge=1, le=1024)   # connections still in their handshake; more are refused
-    max_readers: int = Field(256, ge=1, le=4096)  # reader connections held at once; more are refused
-    max_readers_per_user: int = Field(32, ge=1, le=4096)  # ...and by one user
+    # Caps per party: a uid of the host's user database or named in this file, or else every other uid (a user
+    # namespace's subordinate uids) as one party (docs/abi.md, "Who is a party").
+    max_pending: int = Field(16, ge=1, le=1024)   # connections in their handshake, per socket; more are refused
+    max_pending_per_user: int = Field(2, ge=1, le=1024)  # ...and per party (named producers/readers: one more)
+    max_readers: int = Field(256, ge=1, le=4096)  # reader connections held at once (a stream's first 4 pass)
+    max_readers_per_stream: int = Field(64, ge=1, le=4096)  # ...on one stream
+    max_readers_per_user: int = Field(32, ge=1, le=4096)  # ...and by one party
+    reader_idle_s: float = Field(60.0, gt=0, le=86400)  # a reader connection held this long gives way to a new
+    #                                                     reader when a cap it shares is full (the biggest holder's)
     max_ring_mib: int = Field(1024, ge=1, le=65536)  # largest frame ring accepted
 
     @field_validator("socket", "results_socket")

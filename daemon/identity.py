@@ -35,6 +35,24 @@ def group_id(group: str | int) -> int:
         raise ValueError(f"no such group: {group!r}") from None
 
 
+_HOST_UIDS: set = set()  # uids found in the user database (a user rarely leaves it: cached for good)
+
+
+def host_user(uid: int) -> bool:
+    """Whether `uid` is a user of this host's user database (NSS: /etc/passwd, LDAP, systemd's dynamic users).
+    A uid outside it (a user namespace's subordinate uid, from /etc/subuid, or any uid nobody named) is no
+    party the daemon can tell apart from another such uid. Misses are looked up again each time (a user may
+    be added while the daemon runs); hits are cached."""
+    if uid in _HOST_UIDS:
+        return True
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    _HOST_UIDS.add(uid)
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class Peer:
     """A connected client as the kernel sees it."""

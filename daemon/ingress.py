@@ -8,9 +8,16 @@ decided by `Admission` (admission.py). The connection of an accepted client
 is kept: it is the liveness both ways.
 
 Nothing a client does can stall the daemon: every socket is non-blocking, a
-client silent for handshake_timeout_ms after connecting is dropped, at most
-max_pending handshakes are in flight (a quarter of them per user), reader
-connections are capped in total and per user, and refusals are counted and
+client silent for handshake_timeout_ms after connecting is dropped, and no
+party (a uid of the host, or all uids outside its user database as one:
+Admission.party) can take what another needs: a connection to the ingress socket
+from a peer that may produce no stream is refused before its hello; each socket
+has its own pool of max_pending handshakes, a party holds at most
+max_pending_per_user of them, and a uid named as a producer (ingress) or reader
+(results) has one slot beyond the pool; reader connections are capped in total,
+per stream and per party, a stream's first READER_RESERVE pass the total cap,
+and where a shared cap is full the biggest holder's oldest connection held past
+reader_idle_s gives way to the newcomer. Refusals are counted and
 logged at most once per 10 s per stream and reason.
 """
 from __future__ import annotations
@@ -34,6 +41,7 @@ log = logging.getLogger("edgeinferd")
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; the constant is missing from Python
 LOG_EVERY_S = 10.0
 ACCEPT_PAUSE_S = 0.2  # a listener whose accept() failed (EMFILE/ENFILE) is not polled again for this long
+READER_RESERVE = 4  # reader connections a stream is given even when ingress.max_readers is reached
 UNKNOWN_STREAM = "(unknown)"  # the stream label of refusals for names not configured (bounded cardinality)
 
 
@@ -68,6 +76,7 @@ class Client:
         self.sock = sock
         self.kind = kind            # "ingress" or "results": the socket it came in on
         self.peer = peer
+        self.party = peer.uid       # whom it counts against in the caps (Admission.party), set at accept
         self.since = time.monotonic()
         self.stream = None          # the engine Stream, once admitted
         self.admitted = False
@@ -195,15 +204,31 @@ class Ingress:
                 continue
             client = Client(sock, kind, peer)
             role = "producer" if kind == "ingress" else "reader"
-            per_user = max(1, self.cfg.max_pending // 4)
-            if len(self.pending) >= self.cfg.max_pending or \
-                    sum(c.peer.uid == peer.uid for c in self.pending.values()) >= per_user:
-                self._refuse(client, role, UNKNOWN_STREAM, Refusal(
-                    "again", "too_many_pending", f"{peer}: too many connections in their handshake (ingress."
-                    f"max_pending {self.cfg.max_pending}, {per_user} per user); try again"))
+            try:
+                self._check_pending_caps(client)
+            except Refusal as r:
+                self._refuse(client, role, UNKNOWN_STREAM, r)
                 continue
             self.pending[client.fileno()] = client
             self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _check_pending_caps(self, client: Client) -> None:
+        """Before its hello: may this connection wait for one? (Refusal if not.)"""
+        adm, peer, kind = self.admission, client.peer, client.kind
+        if kind == "ingress" and not adm.may_produce_any(peer):
+            raise Refusal("denied", "identity", f"{peer} may produce no stream configured here (refused before "
+                          f"its hello)")
+        client.party = adm.party(peer)
+        pool = [c for c in self.pending.values() if c.kind == kind]
+        held = sum(c.party == client.party for c in pool)
+        per_party = self.cfg.max_pending_per_user
+        if held >= per_party:
+            raise Refusal("again", "too_many_pending", f"{peer}: {adm.party_desc(client.party)} already has "
+                          f"{held} connections in their handshake on the {kind} socket (ingress."
+                          f"max_pending_per_user); try again")
+        if len(pool) >= self.cfg.max_pending and not (held == 0 and adm.named(kind, peer.uid)):
+            raise Refusal("again", "too_many_pending", f"{peer}: {len(pool)} connections in their handshake on "
+                          f"the {kind} socket (ingress.max_pending); try again")
 
     def _resume_listeners(self) -> None:
         now = time.monotonic()
@@ -264,8 +289,8 @@ class Ingress:
             else:
                 if fd >= 0:
                     raise Refusal("protocol", "protocol", f"{client.peer}: a reader hello with an fd attached")
-                self._check_reader_caps(client)
                 ring_fd = self.admission.check_reader(name, client)
+                self._check_reader_caps(client, stream_label)
         except Refusal as r:
             self._refuse(client, role, stream_label, r)
             return
@@ -286,14 +311,47 @@ class Ingress:
             self.readers[client.fileno()] = client
             self.admission.readers_changed(client.stream, +1)
 
-    def _check_reader_caps(self, client: Client) -> None:
-        per_user = self.cfg.max_readers_per_user
-        if len(self.readers) >= self.cfg.max_readers:
+    def _check_reader_caps(self, client: Client, name: str) -> None:
+        """A reader allowed to read stream `name` (client.stream): its party's, the stream's and the total cap.
+        Where the stream's or the total cap is full, the biggest other holder's oldest connection held past
+        ingress.reader_idle_s gives way (_give_way); the party's own cap is its own."""
+        adm, party, s = self.admission, client.party, client.stream
+        per_party = self.cfg.max_readers_per_user
+        if sum(c.party == party for c in self.readers.values()) >= per_party:
+            raise Refusal("again", "too_many_readers", f"{client.peer}: {adm.party_desc(party)} already holds "
+                          f"{per_party} reader connections (ingress.max_readers_per_user)")
+        on_stream = [c for c in self.readers.values() if c.stream is s]
+        if len(on_stream) >= self.cfg.max_readers_per_stream and not (
+                adm.named_reader(name, client.peer.uid) and not any(c.peer.uid == client.peer.uid for c in on_stream)) \
+                and not self._give_way(on_stream, client, name):
+            raise Refusal("again", "too_many_readers", f"{client.peer}: stream {name} has {len(on_stream)} reader "
+                          f"connections (ingress.max_readers_per_stream); try again later")
+        if len(self.readers) >= self.cfg.max_readers and len(on_stream) >= READER_RESERVE and \
+                not self._give_way(list(self.readers.values()), client, name):
             raise Refusal("again", "too_many_readers", f"{client.peer}: {len(self.readers)} readers connected "
                           f"(ingress.max_readers); try again later")
-        if sum(c.peer.uid == client.peer.uid for c in self.readers.values()) >= per_user:
-            raise Refusal("again", "too_many_readers", f"{client.peer}: this user already holds {per_user} reader "
-                          f"connections (ingress.max_readers_per_user)")
+
+    def _give_way(self, pool: list, client: Client, name: str) -> bool:
+        """Drops the oldest connection of the party that holds the most of `pool` (at least two more than the
+        newcomer's party), if it was held past ingress.reader_idle_s: a held reader connection carries nothing
+        after its handshake, so the daemon cannot tell a reading client from an idle one, and this is the
+        bound on how long held connections can keep a new reader out. True if one was dropped."""
+        counts = collections.Counter(c.party for c in pool)
+        if not counts:
+            return False
+        top, most = counts.most_common(1)[0]
+        if top == client.party or most < counts[client.party] + 2:
+            return False
+        oldest = min((c for c in pool if c.party == top), key=lambda c: c.since)
+        if time.monotonic() - oldest.since < self.cfg.reader_idle_s:
+            return False
+        held = (oldest.stream.name if oldest.stream is not None else UNKNOWN_STREAM)
+        self.refusals.add(held, "reader", "gave_way", f"{oldest.peer}: its reader connection to stream {held}, "
+                          f"held {time.monotonic() - oldest.since:.0f} s (ingress.reader_idle_s), closed for a new "
+                          f"reader of stream {name} ({client.peer}): {self.admission.party_desc(top)} held "
+                          f"{most} of {len(pool)}")
+        self.drop(oldest, "gave way to a new reader")
+        return True
 
     def _admitted_readable(self, client: Client) -> None:
         """An admitted client sent something or left: either way, it is done."""

@@ -78,6 +78,7 @@ class UserSet:
     reader: str         # allowed to read results
     outsider: str       # not in the group: reaches no socket
     uids: dict          # name → uid
+    more: tuple = ()    # two more group members with no role (attackers besides cam_b and reader)
 
     def run_as(self, user: str) -> list[str]:
         """The command prefix that runs a program as `user` with its groups (setpriv)."""
@@ -89,7 +90,7 @@ def users():
     require_root("creating users and running processes as them")
     tag = uuid.uuid4().hex[:6]
     group = f"eit{tag}"
-    names = {k: f"eit{tag}{k}" for k in ("a", "b", "r", "o")}
+    names = {k: f"eit{tag}{k}" for k in ("a", "b", "r", "o", "c", "d")}
     created = []
     try:
         subprocess.run(["groupadd", group], check=True, capture_output=True)
@@ -99,7 +100,7 @@ def users():
                            capture_output=True)
             created.append(name)
         yield UserSet(group, grp.getgrnam(group).gr_gid, names["a"], names["b"], names["r"], names["o"],
-                        {n: pwd.getpwnam(n).pw_uid for n in names.values()})
+                        {n: pwd.getpwnam(n).pw_uid for n in names.values()}, (names["c"], names["d"]))
     finally:
         for name in created:
             subprocess.run(["userdel", name], capture_output=True)

@@ -10,6 +10,11 @@
  *               reopened /proc/self/fd: each prints "<what>=<errno name or OK>"; WRITES_THAT_WORKED=<n>
  *   futex-spam  FUTEX_WAKE the ring's doorbell as fast as possible for T s: WAKES=<n>
  *   hold        open N reader connections and keep them T s: ACCEPTED=<n> REFUSED=<n> FIRST_REFUSAL=<why>
+ *               STILL_HELD=<accepted connections the daemon had not closed after T s>
+ *   silent      for T s keep N connections open on --socket (either socket: no stream needed) without ever
+ *               sending a hello, opening a new one for each the daemon closes: CONNECTS=<n> AGAIN=<n>
+ *               DENIED=<n> TIMED_OUT=<n> (refusals heard, by status; TIMED_OUT: dropped as silent)
+ *               OTHER=<n> FIRST_REFUSAL=<status why> HELD_AT_END=<n>
  */
 #include <edgeinfer/ring.h>
 
@@ -72,14 +77,45 @@ int main(int argc, char **argv) {
     ei_error e;
     int sock, fd;
     if (!strcmp(attack, "hold")) {
-        long accepted = 0, refused = 0;
+        long accepted = 0, refused = 0, held = 0;
+        int *socks = calloc((size_t)count, sizeof *socks);
         for (long i = 0; i < count; i++) {
             int rc = ei_results_connect(sock_path, stream, 10000000000ull, &sock, &fd, &e);
-            if (rc == EI_OK) { accepted++; close(fd); }
+            if (rc == EI_OK) { socks[accepted++] = sock; close(fd); }
             else if (!refused++) printf("FIRST_REFUSAL=%d %s\n", rc, e.msg);
         }
         printf("ACCEPTED=%ld\nREFUSED=%ld\n", accepted, refused);
         usleep((useconds_t)(seconds * 1e6));
+        for (long i = 0; i < accepted; i++) held += ei_sock_alive(socks[i]);
+        printf("STILL_HELD=%ld\n", held);
+        return 0;
+    }
+    if (!strcmp(attack, "silent")) {
+        int *s = malloc((size_t)count * sizeof *s);
+        for (long i = 0; i < count; i++) s[i] = -1;
+        long connects = 0, again = 0, denied = 0, timed_out = 0, other = 0, held = 0;
+        char first[sizeof e.msg + 16] = "";
+        uint64_t end = ei_now_ns(CLOCK_MONOTONIC) + (uint64_t)(seconds * 1e9);
+        while (ei_now_ns(CLOCK_MONOTONIC) < end) {
+            for (long i = 0; i < count; i++) {
+                if (s[i] >= 0) {
+                    if (ei_sock_alive(s[i])) continue;
+                    int rc = ei_reply_recv(s[i], NULL, &e); /* the daemon's words, if it said any */
+                    if (rc == EI_ERR_AGAIN) again++;
+                    else if (rc == EI_ERR_DENIED) denied++;
+                    else if (rc == EI_ERR_PROTOCOL) timed_out++;
+                    else other++;
+                    if (!first[0]) snprintf(first, sizeof first, "%d %s", rc, e.msg);
+                    close(s[i]);
+                }
+                s[i] = ei_sock_connect(sock_path, &e);
+                connects += s[i] >= 0;
+            }
+            usleep(5000);
+        }
+        for (long i = 0; i < count; i++) held += s[i] >= 0 && ei_sock_alive(s[i]);
+        printf("CONNECTS=%ld\nAGAIN=%ld\nDENIED=%ld\nTIMED_OUT=%ld\nOTHER=%ld\nFIRST_REFUSAL=%s\nHELD_AT_END=%ld\n",
+               connects, again, denied, timed_out, other, first, held);
         return 0;
     }
     int rc = ei_results_connect(sock_path, stream, 10000000000ull, &sock, &fd, &e);
