@@ -130,19 +130,6 @@ def arena(tmp_path_factory, users, sandbox, signing_key, c_producer, c_reader):
         a.close()
 
 
-@pytest.fixture
-def arena_other(tmp_path_factory, users, sandbox, signing_key, c_producer, c_reader):
-    """The arena under `runtime.scheduling: other`, the documented fallback when real time is refused: the
-    lanes and the control plane share the CPUs with everything else, so a camera's cost shows in the
-    neighbour's frames. Its own daemon, for the rows that ask for it."""
-    a = Arena(tmp_path_factory.mktemp("arena-other"), users, sandbox, signing_key, c_producer, c_reader,
-              runtime={"scheduling": "other"})
-    try:
-        yield a
-    finally:
-        a.close()
-
-
 class Watch:
     """What an attack must not change: the daemon's life, the victim's service, honest results."""
 
@@ -399,13 +386,16 @@ def test_flipping_flags_with_every_ring_cannot_keep_the_lanes_awake(request, mat
         flips > 100 * bound and wakeups <= bound and mutes >= 1 and served >= 20 and ok)
 
 
-@pytest.mark.parametrize("scheduling", ["fifo", "other"])
-def test_rehanding_the_same_ring_counts_as_churn(request, matrix, users, scheduling):
+def test_rehanding_the_same_ring_counts_as_churn(request, matrix, arena, users):
     """The issue: handing the same ring over again 32-43 times a second was not geometry churn (the geometry
-    never changes); under `scheduling: other` the neighbour fell from 29.9 to 22.2 results/s. Every
-    hand-over counts now (runtime.handovers, 30 per geometry_window_s): beyond, the stream is refused for
-    the cooldown, with its reason, counted as handover_churn."""
-    a = request.getfixturevalue("arena" if scheduling == "fifo" else "arena_other")
+    never changes). Every hand-over counts now (runtime.handovers, 30 per geometry_window_s): beyond, the
+    stream is refused for the cooldown, with its reason, counted as handover_churn. The same row under
+    `scheduling: other`: test_isolation_other.py."""
+    rehand_row(request, matrix, arena, users, "fifo")
+
+
+def rehand_row(request, matrix, a: Arena, users, scheduling: str) -> None:
+    """A camera hands its one ring over again ~40 times a second for 4 s, against arena `a`."""
     w = Watch(a)
     name = ATTACKER_STREAMS["rehand"]
     r = a.attack(users.cam_b, "evil_producer", "--socket", a.ingress, "--stream", name, "--attack", "rehand",
