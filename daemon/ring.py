@@ -401,7 +401,9 @@ class ResultReader:
     read-only mapping and writes no shared memory. Connected through the
     daemon's results socket, it follows the daemon: when the connection closes
     (the daemon stopped or died), it reconnects with backoff and reads the new
-    ring from its start."""
+    ring from its start. Handed the same ring again (the same daemon closed the
+    connection for a new reader: docs/abi.md, "Who is a party"), it reads on
+    where it was."""
 
     retry_min, retry_max = 0.05, 2.0  # seconds between reconnection attempts (doubling)
     liveness_interval = 0.1           # longest sleep before looking at the connection again
@@ -413,6 +415,8 @@ class ResultReader:
         self.attach_count = 0
         self.last_error: RingError | OSError | None = None  # why the last (re)connection failed
         self._c: _ring.ResultConsumer | None = None
+        self._held: _ring.ResultConsumer | None = None  # the last ring, not closed, while its connection is gone
+        self._ring_key: tuple | None = None  # (st_dev, st_ino) of the ring read: the same memfd if handed again
         self._sock = -1
         self._missed_before = 0
         self._retry_at = 0.0
@@ -453,23 +457,36 @@ class ResultReader:
     def _attach(self, timeout: float, from_oldest: bool) -> None:
         sock, ring_fd = _ring.results_connect(self.socket, self.stream, timeout)
         try:
-            c = _ring.ResultConsumer(ring_fd, f"{self.stream} results", from_oldest)
+            st = os.fstat(ring_fd)
+            key = (st.st_dev, st.st_ino)
+            if self._held is not None and key == self._ring_key:
+                c, self._held = self._held, None  # the same ring (held mapped, so no other can share its inode)
+            else:
+                c = _ring.ResultConsumer(ring_fd, f"{self.stream} results", from_oldest)
         except BaseException:
             os.close(sock)
             raise
         finally:
             os.close(ring_fd)
         self._drop()
-        self._c, self._sock = c, sock
+        self._c, self._sock, self._ring_key = c, sock, key
         self.attach_count += 1
         self.last_error = None
         self._retry = self.retry_min
 
-    def _drop(self) -> None:
+    def _drop(self, keep: bool = False) -> None:
+        """Lets the ring and its connection go; keep: a ring not closed is held, to read on if it comes again."""
+        held = [self._held] if self._held is not None else []
+        self._held = None
         if self._c is not None:
-            self._missed_before += self._c.missed
-            self._c.close()
+            if keep and not self._c.closed:
+                self._held = self._c
+            else:
+                held.append(self._c)
             self._c = None
+        for c in held:
+            self._missed_before += c.missed
+            c.close()
         if self._sock >= 0:
             os.close(self._sock)
             self._sock = -1
@@ -505,7 +522,7 @@ class ResultReader:
     @property
     def missed(self) -> int:
         """Records lost to overwrite since attach, over all rings followed."""
-        return self._missed_before + (self._c.missed if self._c is not None else 0)
+        return self._missed_before + sum(c.missed for c in (self._c, self._held) if c is not None)
 
     @property
     def native(self) -> _ring.ResultConsumer | None:
@@ -527,7 +544,7 @@ class ResultReader:
                                         mname.decode(errors="replace"), mver.decode(errors="replace"), payload,
                                         missed)
                 if self._gone():
-                    self._drop()
+                    self._drop(keep=True)
             if self._c is None:
                 self._reattach()
                 if self._c is not None:

@@ -8,7 +8,9 @@
  * (the daemon checks who we are against the stream's `readers`), maps the
  * ring read-only and prints one line per result. It writes no shared memory.
  * When the daemon goes away (the connection closes) it reconnects with
- * backoff and reads the new ring from its start.
+ * backoff and reads the new ring from its start. Handed the same ring again
+ * (the same daemon closed the connection for a new reader: docs/abi.md, "Who
+ * is a party"), it reads on where it was.
  *
  * Options:
  *   --socket P      the daemon's results socket (default /run/edgeinfer/results.sock)
@@ -85,6 +87,10 @@ int main(int argc, char **argv) {
     int first = 1;
     uint64_t backoff_ns = EI_BACKOFF_MIN_NS;
     uint64_t last_result = ei_now_ns(CLOCK_MONOTONIC);
+    ei_result_reader rd;
+    const uint8_t *base = NULL; /* the ring mapped, kept while it is not CLOSED: it may be handed again */
+    uint64_t size = 0;
+    struct stat held = {0};     /* its st_dev and st_ino: the same memfd if it comes again */
     while (!stop_requested && (count < 0 || n < count)) {
         int sock, ring_fd;
         ei_error err;
@@ -99,16 +105,21 @@ int main(int argc, char **argv) {
             backoff_ns = backoff_ns * 2 > EI_BACKOFF_MAX_NS ? EI_BACKOFF_MAX_NS : backoff_ns * 2;
         } else {
             backoff_ns = EI_BACKOFF_MIN_NS;
-            ei_result_reader rd;
-            const uint8_t *base;
-            uint64_t size;
-            /* A ring met after the first one is new since we started: read it from its start. */
-            if (ei_result_reader_attach(&rd, ring_fd, stream, from_oldest || !first, &base, &size, &err) != EI_OK) {
-                fprintf(stderr, "reader: %s\n", err.msg);
-                return 1;
+            struct stat st;
+            if (base && fstat(ring_fd, &st) == 0 && st.st_dev == held.st_dev && st.st_ino == held.st_ino) {
+                printf("ATTACHED generation=%u (the same ring: reading on)\n", (unsigned)atomic_load(&rd.hdr->generation));
+            } else {
+                if (base) munmap((void *)(uintptr_t)base, size);
+                base = NULL;
+                /* A ring met after the first one is new since we started: read it from its start. */
+                if (ei_result_reader_attach(&rd, ring_fd, stream, from_oldest || !first, &base, &size, &err) != EI_OK) {
+                    fprintf(stderr, "reader: %s\n", err.msg);
+                    return 1;
+                }
+                fstat(ring_fd, &held);
+                printf("ATTACHED generation=%u\n", (unsigned)atomic_load(&rd.hdr->generation));
             }
             first = 0;
-            printf("ATTACHED generation=%u\n", (unsigned)atomic_load(&rd.hdr->generation));
             fflush(stdout);
             ei_waitable w = ei_result_waitable(&rd);
             while (!stop_requested && (count < 0 || n < count)) {
@@ -122,6 +133,8 @@ int main(int argc, char **argv) {
                 }
                 if (got < 0) {
                     fprintf(stderr, "reader: %s: result ring head is corrupt; reconnecting\n", stream);
+                    munmap((void *)(uintptr_t)base, size);
+                    base = NULL; /* not to be read on, even if handed again */
                     break;
                 }
                 if (got) {
@@ -146,7 +159,10 @@ int main(int argc, char **argv) {
                 if ((atomic_load(&rd.hdr->flags) & EI_RING_CLOSED) || !ei_sock_alive(sock)) break;
                 ei_wait_any(&w, 1, 100000000ull, 0, 1); /* 100 ms slices, to look at the connection */
             }
-            munmap((void *)(uintptr_t)base, size);
+            if (base && (atomic_load(&rd.hdr->flags) & EI_RING_CLOSED)) { /* done: it will not move again */
+                munmap((void *)(uintptr_t)base, size);
+                base = NULL;
+            }
             close(ring_fd);
             close(sock);
         }

@@ -281,3 +281,72 @@ def test_one_streams_readers_cannot_lock_out_another_streams_and_idle_ones_give_
         on1 >= CAPS["max_readers_per_stream"] and crowd1 == CAPS["max_readers_per_stream"]
         and held_all >= CAPS["max_readers"] and quiet_in and newcomer_in and gave >= 1 and logged
         and crowd1_after <= CAPS["max_readers_per_stream"] and ok)
+
+
+@pytest.mark.parametrize("client", ["ResultReader", "examples/reader.c"])
+def test_a_reader_that_gave_way_reads_on_where_it_was(request, matrix, tmp_path, stream, users, sandbox, signing_key,
+                                                       c_producer, c_reader, client):
+    """The other side of the idle bound: a reader whose held connection gave way to a new reader sees its
+    connection closed. It connects again, is handed the same ring (the same memfd: the same daemon), and
+    reads on where it was: no record twice (both clients used to read the ring again from its start)."""
+    from rel_helpers import Lines, fault_daemon
+
+    from edgeinfer import ring
+    children = Children()
+    ingress = {"socket": sandbox / f"{stream}-in.sock", "results_socket": sandbox / f"{stream}-res.sock",
+               "socket_group": users.group, "max_readers_per_stream": 2, "reader_idle_s": 0.5}
+    proc, _, _ = fault_daemon(children, tmp_path, signing_key, stream, ingress=ingress,
+                              stream_keys={"readers": f"{{users: [{os.getuid()}], groups: [{users.group}]}}"})
+    first = second = None
+    numbers, attaches, missed = [], 0, 0
+    try:
+        cam = children.spawn([c_producer, stream, str(W), str(H), "--fps", "50", "--socket", proc.ingress])
+        assert read_line(cam) == "CONNECTED accepted=1"
+        if client == "ResultReader":  # the oldest connection of this user: it gives way
+            first = ring.ResultReader.connect(stream, socket=proc.results)
+
+            def read_some(n: int, timeout: float) -> None:
+                end, got = time.monotonic() + timeout, 0
+                while got < n and time.monotonic() < end:
+                    rec = first.read(0.2)
+                    if rec is not None:
+                        numbers.append(rec.number)
+                        got += 1
+        else:
+            first_c = Lines(children.spawn([c_reader, stream, "--socket", proc.results, "--count", "100"]))
+
+            def read_some(n: int, timeout: float) -> None:
+                nonlocal attaches, missed
+                end, got = time.monotonic() + timeout, 0
+                while got < n and time.monotonic() < end:
+                    line = first_c.next(max(end - time.monotonic(), 0.1)) or ""
+                    attaches += line.startswith("ATTACHED")
+                    if line.startswith("RESULT"):
+                        f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+                        numbers.append(int(f["n"]))
+                        missed = int(f["missed"])
+                        got += 1
+        read_some(40, 20)  # while reading, it holds its connection longer than reader_idle_s
+        second = ring.ResultReader.connect(stream, socket=proc.results)  # this user's second: the stream is full
+        newcomer = subprocess.run([*users.run_as(users.reader), c_reader, stream, "--socket", proc.results, "--count",
+                                   "5", "--timeout", "10"], capture_output=True, text=True, timeout=60, cwd="/")
+        read_some(60, 30)  # across its reconnection
+        gave = metric(proc.metrics_url, "edgeinfer_ingress_refusals", reason="gave_way")
+        if first is not None:
+            attaches, missed = first.attach_count, first.missed
+    finally:
+        for r in (first, second):
+            if r is not None:
+                r.close()
+        children.cleanup()
+    twice = len(numbers) - len(set(numbers))
+    in_order = all(b > a for a, b in zip(numbers, numbers[1:]))
+    gaps = sum(b - a - 1 for a, b in zip(numbers, numbers[1:]))
+    observed = (f"{client}: its connection gave way to another user's new reader ({gave:.0f} counted; the newcomer "
+                f"attached {'ATTACHED' in newcomer.stdout}); it attached {attaches} times, read {len(numbers)} records "
+                f"(n={numbers[0] if numbers else '-'}..{numbers[-1] if numbers else '-'}): {twice} read twice, in "
+                f"order {in_order}, {gaps} skipped ({missed} counted missed)")
+    row(matrix, request, f"a reader's held connection gives way to a new reader (reader_idle_s; {client})", 1,
+        "the reader connects again and reads on where it was: no record twice, every skip counted", observed,
+        gave >= 1 and "ATTACHED" in newcomer.stdout and attaches >= 2 and len(numbers) >= 100 and twice == 0
+        and in_order and gaps <= missed)
