@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import socket
 import time
 
@@ -225,12 +224,12 @@ class Admission:
                 restored += self._restore_one(s, ring_fds[0], conn_fds[0])
             else:
                 for fd in ring_fds + conn_fds:
-                    _close(fd)
+                    self.ingress.closer.close(fd)  # a stored connection's unread messages may hold fds
                 if ring_fds or conn_fds:
                     self._forget_stored(name, "its connection or ring was missing from the store")
         for key, fds in stored.items():  # streams no longer configured, or names not ours
             for fd in fds:
-                _close(fd)
+                self.ingress.closer.close(fd)
             self.daemon.notifier.remove_fds(key)
             log.info("fd store: dropped %s (no such stream configured now)", key)
         return restored
@@ -241,22 +240,22 @@ class Admission:
             sock.setblocking(False)
             if sock.type != socket.SOCK_SEQPACKET or not ring.sock_alive(sock.fileno()):
                 raise Refusal("closed", "closed", "its producer left while the daemon was down")
-            client = Client(sock, "ingress", peer_of(sock))
+            client = Client(sock, "ingress", peer_of(sock), self.ingress.closer)
             ticket = self.check_producer(s.name, client, ring_fd)
         except Refusal as r:
             try:
                 ring.send_reply(sock.fileno(), ring.STATUS[r.status], str(r))
             except (ring.RingError, OSError):
                 pass
-            sock.close()
+            self.ingress.closer.close_socket(sock)  # its unread messages may hold fds whose close blocks
             self._forget_stored(s.name, str(r))
             return 0
         except OSError as e:
-            sock.close()
+            self.ingress.closer.close_socket(sock)
             self._forget_stored(s.name, f"cannot use it: {e}")
             return 0
         finally:
-            _close(ring_fd)
+            self.ingress.closer.close(ring_fd)
         self.ingress.adopt_producer(client)
         self.attach_producer(ticket, restored=True)
         return 1
@@ -265,11 +264,4 @@ class Admission:
         self.daemon.notifier.remove_fds(f"ring.{name}")
         self.daemon.notifier.remove_fds(f"conn.{name}")
         log.info("stream %s: stored producer not restored: %s", name, why)
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
 

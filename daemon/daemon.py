@@ -38,6 +38,7 @@ from edgeinfer.zygote import Zygote
 log = logging.getLogger("edgeinferd")
 
 TRIM_DELAY_S = 3.0    # after a reload, when to return the old model's freed memory to the kernel
+STALL_S = 1.0         # the control plane's loop turns every 50 ms or so: a turn longer than this is a stall
 
 
 class Stopped(Exception):
@@ -59,6 +60,7 @@ class Daemon:
         self.fault_requested = False
         self.started_ns = ring.monotonic_ns()
         self.chore_errors = 0  # main-thread housekeeping failures (logged; serving goes on)
+        self.loop = LoopClock()  # the control plane's stalls (its loop not turning for STALL_S)
         self._last_chore_error, self._last_chore_log = None, 0.0
         self.chores: Chores | None = None  # serve()'s; close() writes its stats file once more, the final counts
         self._trim_at: float | None = None  # monotonic time to release the swapped-out model's memory
@@ -314,7 +316,9 @@ class Daemon:
         """Runs until a stop signal; returns the exit code."""
         self.notifier.send("READY=1", "STATUS=" + self.status_line())
         chores = self.chores = Chores(self, status_interval, stats_file, print_status)
+        self.loop.start()
         while not self.stop_requested:
+            self.loop.turn()
             try:
                 self.ingress.poll(0.05)  # sockets first: a camera waits for nothing but this
                 self.lanes.poll()
@@ -362,6 +366,34 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.stop()
             self.metrics = None
+
+
+class LoopClock:
+    """When the control plane's loop last turned. A turn that took longer than STALL_S is a stall (a reload
+    waiting on its lanes, or a call that blocked): counted, summed, and logged once, with its length, when it
+    ends. `age()` is read by the metrics thread, live during a stall (one float, written by the loop only)."""
+
+    def __init__(self):
+        self.last = time.monotonic()
+        self.stalls = 0
+        self.stalled_s = 0.0
+        self.longest_s = 0.0
+
+    def start(self) -> None:
+        self.last = time.monotonic()
+
+    def turn(self) -> None:
+        now = time.monotonic()
+        took, self.last = now - self.last, now
+        if took > STALL_S:
+            self.stalls += 1
+            self.stalled_s += took
+            self.longest_s = max(self.longest_s, took)
+            log.warning("control plane: its loop did not turn for %.1f s (no handshake, reload or watchdog ping "
+                        "meanwhile; the lanes served on); %d such stall(s) so far", took, self.stalls)
+
+    def age(self) -> float:
+        return time.monotonic() - self.last
 
 
 class Chores:

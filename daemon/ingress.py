@@ -18,7 +18,9 @@ max_pending_per_user of them, and a uid named as a producer (ingress) or reader
 per stream and per party, a stream's first READER_RESERVE pass the total cap,
 and where a shared cap is full the biggest holder's oldest connection held past
 reader_idle_s gives way to the newcomer. Refusals are counted and
-logged at most once per 10 s per stream and reason.
+logged at most once per 10 s per stream and reason. Nothing a client sent, nor its connection, is
+closed on this thread: a client decides how long that close takes (a socket with SO_LINGER, say), so
+each goes to the fd closer (fdcloser.py), and the hello is received without the GIL.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import struct
 import time
 
 from edgeinfer import ring
+from edgeinfer.fdcloser import FdCloser
 from edgeinfer.identity import Peer
 
 log = logging.getLogger("edgeinferd")
@@ -72,8 +75,9 @@ def peer_of(sock: socket.socket) -> Peer:
 class Client:
     """One accepted connection."""
 
-    def __init__(self, sock: socket.socket, kind: str, peer: Peer):
+    def __init__(self, sock: socket.socket, kind: str, peer: Peer, closer: FdCloser):
         self.sock = sock
+        self.closer = closer        # closes the connection off the control plane (an unread message may hold fds)
         self.kind = kind            # "ingress" or "results": the socket it came in on
         self.peer = peer
         self.party = peer.uid       # whom it counts against in the caps (Admission.party), set at accept
@@ -85,10 +89,7 @@ class Client:
         return self.sock.fileno()
 
     def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        self.closer.close_socket(self.sock)
 
 
 def bind_listener(path: str, group: str | int | None) -> socket.socket:
@@ -163,6 +164,9 @@ class Ingress:
         self.refusals = RefusalLog()
         self.accepted = collections.Counter()   # (role) → handshakes accepted
         self._paused: dict[str, float] = {}     # listener kind → when to poll it again (accept failed)
+        self.closer = FdCloser()                # every fd a client sent, and its connection, is closed there
+        self.closer_saturations = 0             # times the closer's backlog stopped the intake
+        self._saturated_since: float | None = None
 
     # ---------------------------------------------------------------- the loop's step
 
@@ -170,6 +174,9 @@ class Ingress:
         """Waits up to `timeout` for socket events and handles them; expires slow handshakes."""
         if self._paused:
             self._resume_listeners()
+        if self._closer_saturated():
+            time.sleep(timeout)  # take nothing in (no accept, no hello) until the closer has caught up
+            return
         for key, _ in self.selector.select(timeout):
             what = key.data
             if what in ("ingress", "results"):
@@ -177,6 +184,22 @@ class Ingress:
             elif isinstance(what, Client):
                 self._readable(what)
         self._expire()
+
+    def _closer_saturated(self) -> bool:
+        """While the fd closer holds its limit of fds still closing (clients whose fds' close blocks), nothing new
+        is taken in: what waits there stays bounded by the connections already held. Said once per episode."""
+        now = time.monotonic()
+        if self.closer.saturated:
+            if self._saturated_since is None:
+                self._saturated_since = now
+                self.closer_saturations += 1
+                log.warning("ingress: %d fds sent by clients are still closing (their close blocks): no connection "
+                            "or hello is taken in until they are closed", self.closer.waiting)
+            return True
+        if self._saturated_since is not None:
+            log.warning("ingress: taking connections in again, after %.1f s", now - self._saturated_since)
+            self._saturated_since = None
+        return False
 
     def refuse_count(self) -> dict:
         return dict(self.refusals.counts)
@@ -200,9 +223,9 @@ class Ingress:
             try:
                 peer = peer_of(sock)
             except OSError:
-                sock.close()
+                self.closer.close_socket(sock)
                 continue
-            client = Client(sock, kind, peer)
+            client = Client(sock, kind, peer, self.closer)
             role = "producer" if kind == "ingress" else "reader"
             try:
                 self._check_pending_caps(client)
@@ -254,22 +277,25 @@ class Ingress:
             self._admitted_readable(client)
             return
         role = "producer" if client.kind == "ingress" else "reader"
+        extra: list[int] = []  # fds that came with the message and are not the hello's own
         try:
-            hello = ring.recv_hello(client.fileno())
+            hello = ring.recv_hello(client.fileno(), extra)
         except ring.ConnectionClosed:
             self._forget(client)
             return
         except ring.RingError as e:
             self._refuse(client, role, UNKNOWN_STREAM, Refusal("protocol", "protocol", f"{client.peer}: {e}"))
             return
+        finally:
+            for f in extra:
+                self.closer.close(f)
         if hello is None:
             return
         got_role, name, fd = hello
         try:
             self._admit(client, role, got_role, name, fd)
         finally:
-            if fd >= 0:
-                os.close(fd)  # admission kept its own copy if it wanted one
+            self.closer.close(fd)  # admission kept its own copy if it wanted one (a checked memfd)
 
     def _admit(self, client: Client, role: str, got_role: int, name: str, fd: int) -> None:
         """Checks (admission decides), answers, and only then commits: a client that leaves before it
@@ -427,3 +453,4 @@ class Ingress:
             except OSError:
                 pass
         self.selector.close()
+        self.closer.stop()

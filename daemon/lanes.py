@@ -40,6 +40,7 @@ class LaneHandle:
         self.recent: collections.deque = collections.deque()  # monotonic times of recent restarts
         self.last_progress = -1
         self.progress_at = time.monotonic()
+        self.seen = (-1, self.progress_at)  # /healthz's own (progress, when first seen): never the control plane's
         self.last_error: str | None = None
 
     @property
@@ -314,9 +315,20 @@ class LaneSet:
     # ---------------------------------------------------------------- health
 
     def stuck(self, deadline_s: float) -> list[str]:
-        """Lanes down, or whose loop made no progress within deadline_s."""
+        """Lanes down, or whose loop made no progress within deadline_s. Any thread: each lane's progress counter is
+        read from shared memory now, not from what the control plane last saw (a stalled control plane must not make
+        serving lanes look stuck). `ln.seen` is one tuple, replaced whole: a caller that loses a race to another
+        leaves an older (value, time) pair, which only makes the next call see a change sooner."""
         now = time.monotonic()
-        return [ln.name for ln in self.lanes if ln.state != "ready" or now - ln.progress_at > deadline_s]
+        out = []
+        for ln in self.lanes:
+            progress = int(self.table.lane_counters(ln.index)[dispatch.LANE_PROGRESS])
+            value, since = ln.seen
+            if progress != value:
+                ln.seen, since = (progress, now), now
+            if ln.state != "ready" or now - since > deadline_s:
+                out.append(ln.name)
+        return out
 
     def watchdog_ok(self, since: float) -> bool:
         """Every lane made progress after `since` (an idle loop still counts), or is being restarted within

@@ -88,6 +88,28 @@ class DaemonCollector:
             for (st, role, reason), n in sorted(d.ingress.refuse_count().items()):
                 refused.add_metric([st, role, reason], n)
         yield refused
+        loop = d.loop
+        yield GaugeMetricFamily("edgeinfer_control_plane_loop_age_seconds",
+                                "Seconds since the control plane's loop (handshakes, lanes' news, watchdog) last "
+                                "turned; it turns every 50 ms or so, and grows live during a stall.",
+                                value=loop.age())
+        yield CounterMetricFamily("edgeinfer_control_plane_stalls",
+                                  "Turns of the control plane's loop that took longer than 1 s (each logged with its "
+                                  "length when it ended).", value=loop.stalls)
+        yield CounterMetricFamily("edgeinfer_control_plane_stall_seconds",
+                                  "Time the control plane's loop spent in those stalls.", value=loop.stalled_s)
+        if d.ingress is not None:
+            closer = d.ingress.closer
+            yield GaugeMetricFamily("edgeinfer_fd_closer_waiting",
+                                    "Fds sent by clients (and their connections) handed to the fd closer thread and "
+                                    "not closed yet.", value=float(closer.waiting))
+            yield CounterMetricFamily("edgeinfer_fd_closer_slow_closes",
+                                      "Closes of a client's fd that took longer than 1 s (a socket whose close "
+                                      "blocks): the fd closer thread waited, the control plane did not.",
+                                      value=closer.slow)
+            yield CounterMetricFamily("edgeinfer_ingress_intake_pauses",
+                                      f"Times the ingress took nothing in because {closer.limit} fds were still "
+                                      "closing.", value=d.ingress.closer_saturations)
         yield CounterMetricFamily("edgeinfer_producers_restored",
                                   "Producers served on from systemd's fd store when this daemon started.",
                                   value=d.restored)

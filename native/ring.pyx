@@ -977,26 +977,39 @@ cdef class ResultConsumer:
 
 # ---------------------------------------------------------------- the handshake (daemon side)
 
-def recv_hello(int sock):
+def recv_hello(int sock, list dispose=None):
     """One hello from a client, without blocking: (role, stream, fd or -1), or
     None if nothing has arrived yet. The caller owns the fd. Raises
-    ProtocolError / AbiMismatch / BadArgument (every fd received is closed
-    then) and ConnectionClosed."""
+    ProtocolError / AbiMismatch / BadArgument and ConnectionClosed. Every other
+    fd that came with the message (and the fd of a hello refused here) is
+    appended to `dispose`, for the caller to close where a close that blocks
+    cannot stall it (a peer can send a socket whose close lingers); without
+    `dispose`, each is closed here by ei_fd_close_received. The receive runs
+    without the GIL."""
     cdef ei_hello h
     cdef ei_error err
-    cdef int fd = -1
+    cdef int fds[EI_SOCK_MAX_FDS]
+    cdef int nfds = 0, i, keep = 0
     cdef char stream[EI_STREAM_NAME_MAX + 1]
-    cdef int rc = ei_sock_recv(sock, &h, sizeof(h), &fd, &err)
+    cdef int rc
+    with nogil:
+        rc = ei_sock_recv_fds(sock, &h, sizeof(h), fds, &nfds, &err)
+    if rc == EI_OK and nfds <= 1:
+        rc = ei_hello_check(&h, stream, &err)
+        keep = 1 if rc == EI_OK and nfds == 1 else 0
+    for i in range(keep, nfds):
+        if dispose is None:
+            with nogil:
+                ei_fd_close_received(fds[i])
+        else:
+            dispose.append(fds[i])
     if rc == EI_ERR_WOULDBLOCK:
         return None
     if rc != EI_OK:
         _raise(&err)
-    rc = ei_hello_check(&h, stream, &err)
-    if rc != EI_OK:
-        if fd >= 0:
-            close(fd)
-        _raise(&err)
-    return h.role, stream[:strlen(stream)].decode("ascii"), fd
+    if nfds > 1:
+        raise error_for(EI_ERR_PROTOCOL, f"malformed message (more fds than one: {nfds} fds)")
+    return h.role, stream[:strlen(stream)].decode("ascii"), (fds[0] if keep else -1)
 
 
 def send_reply(int sock, int status, str msg="", int fd=-1):

@@ -258,6 +258,9 @@ cdef extern from "edgeinfer/ring.h" nogil:
 
     int ei_sock_alive(int sock)
     int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_error *err)
+    enum: EI_SOCK_MAX_FDS  # the kernel's SCM_MAX_FD
+    int ei_sock_recv_fds(int sock, void *msg, size_t len, int *fds, int *nfds, ei_error *err) nogil
+    void ei_fd_close_received(int fd) nogil
     int ei_hello_check(const ei_hello *h, char *stream_out, ei_error *err)
     int ei_reply_send(int sock, int status, const char *msg, int fd, ei_error *err)
     int ei_peer_cred(int sock, uint32_t *uid, uint32_t *gid, int32_t *pid, ei_error *err)

@@ -23,10 +23,11 @@ CONSUMED_OFFSET = 224  # ring.h: offsetof(ei_frame_ring_header, consumed)
 
 
 def fault_daemon(children, tmp_path, signing_key, stream, kind="checksum", w=64, h=48, runtime=None,
-                 extra_streams=(), max_age_ms=60000, model_args=None, wait_ready=True, stream_keys=None, **kw):
+                 extra_streams=(), max_age_ms=60000, model_args=None, wait_ready=True, stream_keys=None, env=None,
+                 **kw):
     """edgeinferd serving a signed fault model on `stream`; returns (proc, stats file, config).
     `proc.ingress` / `proc.results` are its sockets; `stream_keys` adds keys to the first stream
-    (e.g. its producer and readers)."""
+    (e.g. its producer and readers); `env`: the daemon's environment (e.g. a NOTIFY_SOCKET)."""
     key, _, trust = signing_key
     path = fault_models.signed_bundle(kind, tmp_path / f"bundle-{kind}", key, w, h, **(model_args or {}))
     streams = [{"name": stream, "width": w, "height": h, "max_age_ms": max_age_ms, **(stream_keys or {})},
@@ -35,7 +36,7 @@ def fault_daemon(children, tmp_path, signing_key, stream, kind="checksum", w=64,
                        trust_dir=trust, **kw)
     stats = str(tmp_path / "stats.json")
     log = str(tmp_path / "daemon.log")
-    return start_daemon(children, cfg, stats_file=stats, wait_ready=wait_ready, log_file=log), stats, cfg
+    return start_daemon(children, cfg, stats_file=stats, wait_ready=wait_ready, log_file=log, env=env), stats, cfg
 
 
 def http_status(url: str, timeout: float = 2.0) -> int:

@@ -1417,13 +1417,29 @@ static inline int ei_sock_send(int sock, const void *msg, size_t len, int fd, ei
     return ei_fail(err, EI_ERR_SYS, errno, "sendmsg: %s", strerror(errno));
 }
 
-/* Receives one message of exactly `len` bytes without blocking, and at most
- * one fd (*fd_out, -1 if none; pass fd_out NULL to accept none). Every fd
- * beyond what is accepted is closed here, never leaked. Returns EI_OK,
- * EI_ERR_WOULDBLOCK (nothing yet), EI_ERR_CLOSED (the peer closed), or
- * EI_ERR_PROTOCOL (wrong size, truncated, too many fds). */
-static inline int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_error *err) {
-    if (fd_out) *fd_out = -1;
+/* The most fds one message can carry (the kernel's SCM_MAX_FD). */
+#define EI_SOCK_MAX_FDS 253
+
+/* Closes an fd a peer sent, without ever blocking on it: a socket is first set
+ * to SO_LINGER {1, 0} (an abortive close), so that a TCP socket whose send
+ * buffer is full cannot hold close() for its linger time. (A peer can make a
+ * close block in other ways, a Unix socket holding such a socket in its queue
+ * say: the daemon closes received fds on a thread of their own.) */
+static inline void ei_fd_close_received(int fd) {
+    struct linger abort_now = {1, 0};
+    (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_now, sizeof abort_now); /* ENOTSOCK: not a socket */
+    close(fd);
+}
+
+/* Receives one message of exactly `len` bytes without blocking, and hands
+ * every fd that came with it to the caller: fds[0 .. *nfds), room for
+ * EI_SOCK_MAX_FDS, so that the kernel never drops one here (dropping the last
+ * reference to a lingering socket would block this call). The caller owns
+ * them whatever the return. Returns EI_OK, EI_ERR_WOULDBLOCK (nothing yet),
+ * EI_ERR_CLOSED (the peer closed), or EI_ERR_PROTOCOL (wrong size, truncated). */
+static inline int ei_sock_recv_fds(int sock, void *msg, size_t len, int fds[EI_SOCK_MAX_FDS], int *nfds,
+                                   ei_error *err) {
+    *nfds = 0;
     char over[1];
     struct iovec iov[2] = {{msg, len}, {over, sizeof over}};
     struct msghdr mh;
@@ -1432,7 +1448,7 @@ static inline int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_
     mh.msg_iovlen = 2;
     union {
         struct cmsghdr align;
-        char buf[CMSG_SPACE(8 * sizeof(int))]; /* room to see (and close) a few extra fds */
+        char buf[CMSG_SPACE(EI_SOCK_MAX_FDS * sizeof(int))];
     } ctl;
     mh.msg_control = ctl.buf;
     mh.msg_controllen = sizeof ctl.buf;
@@ -1442,26 +1458,37 @@ static inline int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_
         if (errno == ECONNRESET) return ei_fail(err, EI_ERR_CLOSED, errno, "the peer closed the connection");
         return ei_fail(err, EI_ERR_SYS, errno, "recvmsg: %s", strerror(errno));
     }
-    int got = -1, extra = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
         size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; i++) {
-            int f;
-            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
-            if (got < 0 && fd_out) got = f;
-            else { close(f); extra++; }
-        }
+        for (size_t i = 0; i < k && *nfds < EI_SOCK_MAX_FDS; i++)
+            memcpy(&fds[(*nfds)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
     }
-    if (n == 0 && got < 0) return ei_fail(err, EI_ERR_CLOSED, 0, "the peer closed the connection");
-    const char *why = (mh.msg_flags & MSG_CTRUNC) ? "more fds than one" : extra ? "more fds than one"
+    if (n == 0 && *nfds == 0) return ei_fail(err, EI_ERR_CLOSED, 0, "the peer closed the connection");
+    const char *why = (mh.msg_flags & MSG_CTRUNC) ? "more fds than one"
                     : (size_t)n != len || (mh.msg_flags & MSG_TRUNC) ? "wrong message size" : NULL;
-    if (why) {
-        if (got >= 0) close(got);
+    if (why)
         return ei_fail(err, EI_ERR_PROTOCOL, 0, "malformed message (%s: %zd bytes, %s)", why, n,
                        (mh.msg_flags & MSG_CTRUNC) ? "control data truncated" : "control data whole");
-    }
-    if (fd_out) *fd_out = got;
+    return EI_OK;
+}
+
+/* Receives one message of exactly `len` bytes without blocking, and at most
+ * one fd (*fd_out, -1 if none; pass fd_out NULL to accept none). Every fd
+ * beyond what is accepted is closed here (ei_fd_close_received), never
+ * leaked. Returns EI_OK, EI_ERR_WOULDBLOCK (nothing yet), EI_ERR_CLOSED (the
+ * peer closed), or EI_ERR_PROTOCOL (wrong size, truncated, too many fds). */
+static inline int ei_sock_recv(int sock, void *msg, size_t len, int *fd_out, ei_error *err) {
+    if (fd_out) *fd_out = -1;
+    int fds[EI_SOCK_MAX_FDS], nfds = 0;
+    int rc = ei_sock_recv_fds(sock, msg, len, fds, &nfds, err);
+    int keep = rc == EI_OK && fd_out && nfds == 1;
+    for (int i = keep; i < nfds; i++) ei_fd_close_received(fds[i]);
+    if (rc != EI_OK) return rc;
+    if (nfds > (fd_out ? 1 : 0))
+        return ei_fail(err, EI_ERR_PROTOCOL, 0, "malformed message (more fds than %s: %zu bytes, %d fds)",
+                       fd_out ? "one" : "none", len, nfds);
+    if (keep) *fd_out = fds[0];
     return EI_OK;
 }
 
