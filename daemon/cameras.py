@@ -6,8 +6,8 @@ synthetic one) under systemd:
 - READY=1 once the first frame is published (Type=notify): "started" means frames flow.
 - WATCHDOG=1 only while frames flow. A source that stalls is reconnected in-process with
   bounded exponential backoff (0.5 s doubling to 10 s, at most 1 s for a source whose last frame is under a
-  minute old: short outages keep the ring and the daemon's attachment); an outage longer than WatchdogSec stops the pings and systemd
-  restarts the unit (Restart=always): a long outage is visible as restarts, and nothing
+  minute old: short outages keep the ring and the daemon's attachment); an outage longer than WatchdogSec
+  stops the pings and systemd restarts the unit (Restart=always): a long outage is visible as restarts, and nothing
   waits forever. docs/operations.md, "Cameras as services".
 - STATUS= says how many frames were published and the last reconnection's reason.
 The unit runs as the camera's own user, `edgeinfer-cam-NAME` (`camera add` creates it), which

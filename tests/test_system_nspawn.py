@@ -33,7 +33,8 @@ CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop
           "impersonation_refused", "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart",
           "fdstore_kill", "fdstore_accounting", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
           "socket_activation", "camera_add", "camera_unit", "camera_stalled_source",
-          "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "upgrade_keeps_cameras", "stop", "purge",
+          "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "camera_add_as_told",
+          "upgrade_keeps_cameras", "stop", "purge", "purge_cameras",
           "upgrade_from_0_1"]
 
 

@@ -241,6 +241,34 @@ camera_restarts_100() {
 check camera_restarts_100 camera_restarts_100
 check camera_stop bash -c 'systemctl stop edgeinfer-camera@gate1 && [ "$(systemctl show -P ExecMainStatus edgeinfer-camera@gate1)" = 0 ] && [ "$(systemctl is-active edgeinfer-camera@gate1)" = inactive ] && journalctl -t edgeinfer-camera@gate1 --no-pager -o cat | grep "camera gate1: published" | tail -1'
 systemctl disable edgeinfer-camera@gate1 2>/dev/null
+# `camera add` of a camera the running daemon does not have, then exactly what its output says to do: its stream
+# entry into edgeinferd.yaml, then its commands, in order: the camera is served. Its name has 18 characters, the
+# most the check takes (its user edgeinfer-cam-NAME: 32, the most useradd takes). A reload first adds nothing and
+# says so in the journal.
+NEW_CAM=yard-0123456789abc
+camera_add_as_told() {
+    edgeinferctl camera add $NEW_CAM --source synthetic --width 224 --height 224 --fps 10 > /tmp/add.txt || return 1
+    /opt/venvs/edgeinfer/bin/python - /tmp/add.txt <<'PY' || return 1
+import sys, yaml
+out = open(sys.argv[1]).read()
+entry = yaml.safe_load(out[out.index("streams:\n"):out.index("\nthen ")])
+path = "/etc/edgeinfer/edgeinferd.yaml"
+cfg = yaml.safe_load(open(path))
+cfg["streams"] += entry["streams"]
+open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
+PY
+    systemctl reload edgeinferd
+    local said=0 r
+    for _ in $(seq 1 20); do said=$(journalctl -u edgeinferd --no-pager -o cat | grep -c "streams added: $NEW_CAM"); [ "$said" -ge 1 ] && break; sleep 0.5; done
+    grep '^  systemctl ' /tmp/add.txt > /tmp/add-commands.sh
+    [ "$(wc -l < /tmp/add-commands.sh)" = 2 ] || { cat /tmp/add.txt; return 1; }
+    sh -e /tmp/add-commands.sh || return 1
+    wait_active
+    r=$(runuser -u reader -- edgeinferctl results $NEW_CAM --count 3 --timeout 30 | wc -l)
+    echo "did as told: $(sed 's/^ *//' /tmp/add-commands.sh | tr '\n' ';') the reload said it adds no stream: $said line(s); results $r; unit $(systemctl is-active edgeinfer-camera@$NEW_CAM) $(systemctl is-enabled edgeinfer-camera@$NEW_CAM), user $(id -un "$(stat -c %u /proc/"$(systemctl show -P MainPID edgeinfer-camera@$NEW_CAM)")")"
+    [ "$said" -ge 1 ] && [ "$r" = 3 ] && [ "$(systemctl is-enabled edgeinfer-camera@$NEW_CAM)" = enabled ]
+}
+check camera_add_as_told camera_add_as_told
 journalctl -u "edgeinfer-camera@*" --no-pager > /out/camera-journal.txt 2>&1
 
 # ------------------------------------------------------------------ phase 2: upgrade to a newer build, camera running
@@ -264,8 +292,23 @@ upgrade_keeps_cameras() {
 check upgrade_keeps_cameras upgrade_keeps_cameras
 kill $feeder; wait $feeder 2>/dev/null
 
+systemctl stop edgeinfer-camera@$NEW_CAM  # (not reconnecting to the socket while it stops)
 check stop bash -c 'systemctl stop edgeinferd.socket edgeinferd.service 2>/dev/null && [ "$(systemctl show -P ExecMainStatus edgeinferd)" = 0 ] && [ "$(systemctl is-active edgeinferd)" = inactive ] && [ "$(systemctl is-active edgeinferd.socket)" = inactive ] && [ ! -e /run/edgeinfer/ingress.sock ] && echo "both stopped, sockets removed"'
+# Purge with cameras running and enabled (no daemon now: they publish into their rings and retry its socket).
+systemctl enable --now edgeinfer-camera@gate1 edgeinfer-camera@$NEW_CAM 2>/dev/null
+cams_before=$(systemctl list-units --plain --no-legend --state=active 'edgeinfer-camera@*' | wc -l)
 check purge bash -c 'apt-get purge -y -q edgeinfer >/dev/null && ! pgrep -x edgeinferd && [ ! -e /usr/bin/edgeinferd ] && [ ! -e /var/lib/edgeinfer ] && echo purged'
+purge_cameras() {
+    local active links files users procs
+    active=$(systemctl list-units --all --plain --no-legend 'edgeinfer-camera@*' | awk '$3 != "inactive" || $4 != "dead"' | wc -l)
+    links=$(find /etc/systemd/system -name 'edgeinfer-camera@*.service' -type l | wc -l)
+    files=$(find /etc/edgeinfer/cameras -type f 2>/dev/null | wc -l)
+    users=$(getent passwd | grep -c '^edgeinfer-cam-' || true)
+    procs=$(pgrep -fc 'edgeinferctl camera run' || true)
+    echo "camera units running before: $cams_before; after: not stopped $active, enable links $links, camera files $files, camera users $users, camera processes $procs"
+    [ "$cams_before" -ge 2 ] && [ "$active" = 0 ] && [ "$links" = 0 ] && [ "$files" = 0 ] && [ "$users" = 0 ] && [ "$procs" = 0 ]
+}
+check purge_cameras purge_cameras
 
 # ------------------------------------------------------------------ phase 3: upgrade from 0.1.0 (ABI 1)
 if [ ! -e /test/edgeinfer-0.1.0.deb ]; then
