@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, built_deb, require_tool
+from conftest import ROOT, built_deb, compile_c, require_tool
 from daemon_helpers import bundle, sign_copy
 from test_rtsp import RtspServer, _gst_rtsp_missing
 
@@ -30,7 +30,8 @@ CACHE = os.environ.get("EDGEINFER_CACHE",
 CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "first_run_self_sign",
           "verify_unit", "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
-          "impersonation_refused", "outsider_refused", "reader_not_allowed", "reload", "fdstore_restart",
+          "impersonation_refused", "outsider_refused", "reader_not_allowed", "linger_no_watchdog_restart",
+          "reload", "fdstore_restart",
           "fdstore_kill", "fdstore_accounting", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
           "socket_activation", "camera_add", "camera_unit", "camera_stalled_source",
           "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "camera_add_as_told",
@@ -87,6 +88,7 @@ def system_run(tmp_path_factory, signing_key):
         shutil.copy(old, test / "edgeinfer-0.1.0.deb")
     for f in ("inside.sh", "gap.py"):
         shutil.copy(ROOT / "tests/system" / f, test / f)
+    compile_c(ROOT / "tests/adversary/linger.c", test)  # the linger attack (issue 23, A), run inside as a user
     key, pub, _ = signing_key
     (test / "trust").mkdir()
     shutil.copy(pub, test / "trust" / "release.pub")

@@ -19,6 +19,7 @@ trap finish EXIT
 export DEBIAN_FRONTEND=noninteractive
 # Programs other users run (the bind-mounted /test is root's only).
 install -m 0755 /test/gap.py /usr/local/bin/edgeinfer-gap
+install -m 0755 /test/linger /usr/local/bin/edgeinfer-linger
 
 # ------------------------------------------------------------------ phase 1: fresh install
 check install apt-get install -y -q /test/edgeinfer.deb
@@ -80,6 +81,29 @@ check results_with_labels bash -c 'out=$(runuser -u reader -- edgeinferctl resul
 check impersonation_refused bash -c 'out=$(runuser -u cam2 -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --frames 5 2>&1); rc=$?; echo "$out" | tail -1; [ $rc = 1 ] && echo "$out" | grep -q "may not produce stream cam0"'
 check outsider_refused bash -c 'out=$(runuser -u outsider -- edgeinferctl feed --synthetic --stream cam1 --width 64 --height 64 --frames 5 2>&1); rc=$?; r2=$(runuser -u outsider -- edgeinferctl results cam0 --count 1 --timeout 3 2>&1); rc2=$?; echo "feed: $(echo "$out" | tail -1) | results: $(echo "$r2" | tail -1)"; [ $rc = 1 ] && [ $rc2 = 1 ] && echo "$out$r2" | grep -qi "permission denied"'
 check reader_not_allowed bash -c 'out=$(runuser -u reader -- edgeinferctl results cam1 --count 1 --timeout 3 2>&1); rc=$?; echo "$out" | tail -1; [ $rc = 1 ] && echo "$out" | grep -q "may not read stream cam1"'
+
+# The linger attack (issue 23, A): a member of group edgeinfer with no right to any stream hands the daemon TCP
+# sockets whose send buffer is full, with SO_LINGER {1, 30} (tests/adversary/linger.c), on both sockets, for
+# longer than WatchdogSec (10 s). No watchdog restart follows (same MainPID, NRestarts unchanged), /healthz
+# answers every probe (each bounded to 2 s), and cam0 still serves its reader.
+linger_attack() {
+    useradd -M -s /usr/sbin/nologin -G edgeinfer lingerer 2>/dev/null || id lingerer >/dev/null || return 1
+    local pid0=$(systemctl show -P MainPID edgeinferd) n0=$(systemctl show -P NRestarts edgeinferd) probes=0 bad=0
+    runuser -u lingerer -- edgeinfer-linger --ingress /run/edgeinfer/ingress.sock --results /run/edgeinfer/results.sock \
+        --stream cam1 --linger 30 --rounds 40 --interval-ms 500 --hold 0 > /tmp/linger.out 2> /tmp/linger.err &
+    local att=$!
+    for _ in $(seq 1 50); do  # 25 s of probes: the attack (about 20 s) and after
+        probes=$((probes + 1))
+        /opt/venvs/edgeinfer/bin/python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=2)" 2>/dev/null || bad=$((bad + 1))
+        sleep 0.5
+    done
+    wait $att; local rc=$?
+    runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 10 > /dev/null; local served=$?
+    local pid1=$(systemctl show -P MainPID edgeinferd) n1=$(systemctl show -P NRestarts edgeinferd)
+    echo "$(grep -E '^(SENT|REFUSED|EPIPE|LATE)=' /tmp/linger.out | tr '\n' ' ')attacker rc $rc; /healthz $((probes - bad))/$probes answered 200; MainPID $pid0 -> $pid1, NRestarts $n0 -> $n1; cam0 served after: $([ $served = 0 ] && echo yes || echo no) $(tail -1 /tmp/linger.err)"
+    [ $rc = 0 ] && [ "$pid0" = "$pid1" ] && [ "$n0" = "$n1" ] && [ $bad = 0 ] && [ $served = 0 ] && grep -q '^SENT=[1-9]' /tmp/linger.out
+}
+check linger_no_watchdog_restart linger_attack
 
 # Reload swaps the model: flip current, systemctl reload.
 ln -sfn /var/lib/edgeinfer/models/v2 /var/lib/edgeinfer/models/current.new && mv -T /var/lib/edgeinfer/models/current.new /var/lib/edgeinfer/models/current
