@@ -6,6 +6,8 @@ import fcntl
 import gc
 import mmap
 import os
+import socket
+import struct
 import threading
 
 import numpy as np
@@ -427,3 +429,48 @@ def test_waiting_releases_the_gil():
             t.join()
         # With the GIL held for 0.3 s the other thread could not count at all.
         assert during > 1000
+
+
+def _hello(stream: str) -> bytes:
+    return b"EIHELLO2" + struct.pack("<II", ring._ring.ABI_VERSION, ring.ROLE_PRODUCER) + \
+        stream.encode().ljust(64, b"\0") + bytes(48)
+
+
+def test_recv_hello_hands_every_extra_fd_to_the_caller_or_closes_it_itself():
+    """The daemon's receive (ring.h ei_sock_recv_fds): every fd of a message reaches the caller's `dispose` list,
+    for it to close off its control plane (issue 23: a client's fd can make close() block); none is dropped by
+    the kernel inside recvmsg, even 200 of them. Without the list, recv_hello closes them itself."""
+    for n in (2, 200):
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sent = [os.memfd_create(f"t{i}") for i in range(n)]
+        try:
+            socket.send_fds(a, [_hello("cam")], sent)
+            extra: list[int] = []
+            with pytest.raises(ring.ProtocolError, match=f"more fds than one: {n} fds"):
+                ring.recv_hello(b.fileno(), extra)
+            assert len(extra) == n
+            assert all(os.readlink(f"/proc/self/fd/{f}").startswith("/memfd:t") for f in extra)
+            for f in extra:
+                os.close(f)
+        finally:
+            for f in sent:
+                os.close(f)
+            a.close()
+            b.close()
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fd = os.memfd_create("solo")
+    try:
+        before = set(os.listdir("/proc/self/fd"))
+        socket.send_fds(a, [_hello("cam")], [fd, fd])
+        with pytest.raises(ring.ProtocolError, match="more fds than one: 2 fds"):
+            ring.recv_hello(b.fileno())  # no list: closed here (ei_fd_close_received)
+        assert set(os.listdir("/proc/self/fd")) == before, "recv_hello left an fd open"
+        socket.send_fds(a, [_hello("cam")], [fd])
+        role, name, got = ring.recv_hello(b.fileno(), [])
+        assert (role, name) == (ring.ROLE_PRODUCER, "cam")
+        assert os.readlink(f"/proc/self/fd/{got}").startswith("/memfd:solo")
+        os.close(got)
+    finally:
+        os.close(fd)
+        a.close()
+        b.close()
