@@ -283,6 +283,9 @@ class Ingress:
         except ring.ConnectionClosed:
             self._forget(client)
             return
+        except ring.TryAgain as e:  # our fd limit: the hello's fds could not be taken (EMFILE), not its fault
+            self._refuse(client, role, UNKNOWN_STREAM, Refusal("again", "accept_failed", f"{client.peer}: {e}"))
+            return
         except ring.RingError as e:
             self._refuse(client, role, UNKNOWN_STREAM, Refusal("protocol", "protocol", f"{client.peer}: {e}"))
             return

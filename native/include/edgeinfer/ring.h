@@ -1436,7 +1436,8 @@ static inline void ei_fd_close_received(int fd) {
  * EI_SOCK_MAX_FDS, so that the kernel never drops one here (dropping the last
  * reference to a lingering socket would block this call). The caller owns
  * them whatever the return. Returns EI_OK, EI_ERR_WOULDBLOCK (nothing yet),
- * EI_ERR_CLOSED (the peer closed), or EI_ERR_PROTOCOL (wrong size, truncated). */
+ * EI_ERR_CLOSED (the peer closed), EI_ERR_AGAIN (the fds could not be taken:
+ * this process is at its open-file limit), or EI_ERR_PROTOCOL (wrong size). */
 static inline int ei_sock_recv_fds(int sock, void *msg, size_t len, int fds[EI_SOCK_MAX_FDS], int *nfds,
                                    ei_error *err) {
     *nfds = 0;
@@ -1465,11 +1466,12 @@ static inline int ei_sock_recv_fds(int sock, void *msg, size_t len, int fds[EI_S
             memcpy(&fds[(*nfds)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
     }
     if (n == 0 && *nfds == 0) return ei_fail(err, EI_ERR_CLOSED, 0, "the peer closed the connection");
-    const char *why = (mh.msg_flags & MSG_CTRUNC) ? "more fds than one"
-                    : (size_t)n != len || (mh.msg_flags & MSG_TRUNC) ? "wrong message size" : NULL;
-    if (why)
-        return ei_fail(err, EI_ERR_PROTOCOL, 0, "malformed message (%s: %zd bytes, %s)", why, n,
-                       (mh.msg_flags & MSG_CTRUNC) ? "control data truncated" : "control data whole");
+    /* With room for every fd a message can carry, only the receiver's own open-file limit truncates. */
+    if (mh.msg_flags & MSG_CTRUNC)
+        return ei_fail(err, EI_ERR_AGAIN, EMFILE, "the message's fds could not be received (the receiver is at its "
+                       "open-file limit); try again");
+    if ((size_t)n != len || (mh.msg_flags & MSG_TRUNC))
+        return ei_fail(err, EI_ERR_PROTOCOL, 0, "malformed message (wrong message size: %zd bytes)", n);
     return EI_OK;
 }
 
