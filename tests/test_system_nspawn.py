@@ -110,7 +110,9 @@ def system_run(tmp_path_factory, signing_key):
         "  - name: lobby\n    producer: {user: edgeinfer-cam-lobby}\n    readers: {groups: [edgeinfer]}\n"
         "    width: 224\n    height: 224\n"
         "lanes: [{cpus: [0]}, {cpus: [1]}]\n"
+        # handovers: camera_restarts_100 hands gate1's ring over 100 times in about a minute (30 by default).
         "runtime:\n  scheduling: fifo\n  fault_injection: true\n  lane_hang_s: 1\n  lane_restarts: 2\n"
+        "  handovers: 1000\n"
         "metrics:\n  ready_requires_stream: false\n")
     unit = root / "etc/systemd/system/edgeinfer-systemtest.service"
     unit.write_text("[Unit]\nDescription=edgeinfer system test\nAfter=basic.target\n\n[Service]\nType=oneshot\n"

@@ -32,7 +32,8 @@ def test_producer_sigkilled_at_random_points(request, matrix, tmp_path, stream, 
     slot states after each kill are read through our own fd of the producer's
     memfd, opened via /proc while it lived.)"""
     trials = COUNTS["producer_kills"]
-    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, stream)
+    # Every kill is a hand-over of a new ring: runtime.handovers (30 a minute by default) would refuse the 31st.
+    proc, stats, _ = fault_daemon(children, tmp_path, signing_key, stream, runtime={"handovers": 100000})
     reader = results(proc, stream)
     rng = random.Random(7)
     checked = bad = mid_write = healthy_checks = not_accepted = 0
