@@ -118,7 +118,8 @@ restart_gaps() {  # $1: restart | kill
     sleep 2
     for _ in 1 2 3; do
         local before=$(invocation)
-        if [ "$1" = restart ]; then systemctl restart edgeinferd; else kill -KILL "$(systemctl show -P MainPID edgeinferd)"; fi
+        # MainPID is 0 while the daemon is between processes: `kill -KILL 0` would kill this script itself.
+        if [ "$1" = restart ]; then systemctl restart edgeinferd; else wait_active; local p; p=$(systemctl show -P MainPID edgeinferd); [ "${p:-0}" -gt 0 ] && kill -KILL "$p"; fi
         for _ in $(seq 1 100); do [ "$(invocation)" != "$before" ] && wait_active && break; sleep 0.2; done
         sleep 4
     done
