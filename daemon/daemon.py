@@ -347,7 +347,10 @@ class Daemon:
 
     def close(self) -> None:
         """The one stop path: lanes, result rings, connections, sockets, metrics."""
-        self.notifier.send("STOPPING=1", "STATUS=stopping")
+        try:
+            self.notifier.send("STOPPING=1", "STATUS=stopping")
+        except OSError as e:  # systemd's socket gone (or a NOTIFY_SOCKET that went away): stop all the same
+            log.warning("cannot tell systemd we are stopping (%s); stopping anyway", e)
         self.health.model_ready = False
         if self.lanes is not None:
             self.lanes.stop(5.0)

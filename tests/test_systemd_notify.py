@@ -295,3 +295,24 @@ def test_fd_store_keeps_a_camera_across_a_daemon_restart(children, tmp_path, str
             s.close()
         if ring_copy is not None:
             os.close(ring_copy)
+
+
+def test_the_stop_path_cleans_up_when_the_notify_socket_is_gone(children, tmp_path, stream, bundles):
+    """STOPPING=1 to a NOTIFY_SOCKET that went away (issue 23): the send fails, and the stop goes on all the same:
+    exit 0, the sockets the daemon made are removed, the failure said in one warning line."""
+    sd = FakeSystemd(tmp_path / "notify")
+    cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream}])
+    log = tmp_path / "daemon.log"
+    with open(log, "w") as out:
+        proc = children.spawn([*edgeinferd_args(cfg)], env={**os.environ, "NOTIFY_SOCKET": sd.path}, stderr=out)
+    try:
+        sd.wait_for("READY=1", 60)
+    finally:
+        sd.close()
+        os.unlink(sd.path)  # systemd's socket gone: the next send is refused
+    made = sockets(cfg)
+    assert all(os.path.exists(p) for p in made)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, log.read_text()[-2000:]
+    assert [p for p in made if os.path.exists(p)] == []
+    assert "cannot tell systemd we are stopping" in log.read_text()
