@@ -323,13 +323,22 @@ class Ingress:
         except Refusal as r:
             self._refuse(client, role, stream_label, r)
             return
+        # A reader gets an open file description of its own, read-only: never the daemon's O_RDWR one, whose
+        # file status flags (F_SETFL) every holder shares.
+        # (Out of fds for it, the connection closes and the reader retries, as when it cannot take the answer.)
+        reply_fd = -1
         try:
-            ring.send_reply(client.fileno(), 0, "", -1 if ring_fd is None else ring_fd)
+            if ring_fd is not None:
+                reply_fd = os.open(f"/proc/self/fd/{ring_fd}", os.O_RDONLY | os.O_CLOEXEC)
+            ring.send_reply(client.fileno(), 0, "", reply_fd)
         except (ring.RingError, OSError):  # it left (or cannot take an answer): nothing was committed
             if ticket is not None:
                 self.admission.discard(ticket)
             self._forget(client)
             return
+        finally:
+            if reply_fd >= 0:
+                os.close(reply_fd)  # ours, of a memfd: a close that cannot block
         self.pending.pop(client.fileno(), None)
         client.admitted = True
         self.accepted[role] += 1

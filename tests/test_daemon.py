@@ -242,3 +242,34 @@ def test_drop_accounting_when_the_producer_outruns_the_model(bundles, children, 
           f"{np.percentile(lat[half:], 99) / 1e6:.1f} ms in the second")
     assert stop_daemon(proc) == 0
     reader.close()
+
+
+def _result_ring_fds(pid: int | str) -> dict[int, int]:
+    """{fd: its open file description's access mode (os.O_RDONLY / O_RDWR)} of pid's result-ring memfds."""
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:edgeinfer-results"):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
+        except (FileNotFoundError, StopIteration):
+            continue
+        out[int(fd)] = flags & os.O_ACCMODE
+    return out
+
+
+def test_a_reader_gets_a_read_only_open_file_description_of_its_own(bundles, children, tmp_path, stream):
+    """Issue 23: readers were handed the daemon's own O_RDWR open file description, whose status flags
+    (F_SETFL) every holder shares. Each reader now gets its own, read-only."""
+    cfg = write_config(tmp_path, bundles("orientation"), [{"name": stream, "width": 224, "height": 224}])
+    proc = start_daemon(children, cfg)
+    reader = results(proc, stream)
+    try:
+        wait_for(lambda: _result_ring_fds("self"), 20, "the reader's ring")
+        mine = _result_ring_fds("self")
+        assert list(mine.values()) == [os.O_RDONLY], mine
+        assert os.O_RDWR in _result_ring_fds(proc.pid).values()  # the daemon's own stays the writer's
+    finally:
+        reader.close()
+    assert stop_daemon(proc) == 0
