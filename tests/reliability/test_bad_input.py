@@ -5,6 +5,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import pwd
 import random
 import re
 import shutil
@@ -78,10 +79,12 @@ def test_fuzzed_config_files_give_key_and_line(request, matrix):
     n = COUNTS["fuzz_configs"]
     template = (ROOT / "etc/edgeinfer/edgeinferd.yaml").read_text()
     template = template.replace("model:\n", "model:\n  bundle: /x\n", 1) if "  bundle:" not in template else template
-    # The shipped file names group edgeinfer (the package creates it; names are resolved at load): here it is
-    # this process's own group, so that the unmutated template is valid and mutations start from a valid file.
-    here = grp.getgrgid(os.getgid()).gr_name
+    # The shipped file names user and group edgeinfer (the package creates them; names are resolved at load):
+    # here they are this process's own, so that the unmutated template is valid and mutations start from a
+    # valid file.
+    here, me = grp.getgrgid(os.getgid()).gr_name, pwd.getpwuid(os.getuid()).pw_name
     template = template.replace("group: edgeinfer", f"group: {here}").replace("[edgeinfer]", f"[{here}]")
+    template = template.replace("user: edgeinfer", f"user: {me}")
     load_yaml_model(Config, template, "template.yaml")
     lines = template.splitlines()
     rng = random.Random(20261122)
