@@ -16,11 +16,10 @@ The file is replaced atomically and keeps the daemon's owner whoever writes it (
 """
 from __future__ import annotations
 
-import json
 import os
 
 from edgeinfer.bundle import BundleError
-from edgeinfer.statefile import write_atomically
+from edgeinfer.statefile import read_json, write_json
 
 STATE_FILE = "known-good.json"
 FIELDS = ("bundle", "sha256", "name", "version")
@@ -32,13 +31,12 @@ class KnownGood:
 
     def load(self) -> dict[str, dict]:
         try:
-            with open(self.path, "rb") as f:
-                data = json.loads(f.read())
-        except FileNotFoundError:
-            return {}
+            data = read_json(self.path)
         except (OSError, ValueError) as e:
             raise BundleError(f"{self.path}: unreadable record of the last known-good bundles ({e}); fix or "
                               "remove it") from None
+        if data is None:
+            return {}
         if not isinstance(data, dict) or not all(
                 isinstance(v, dict) and all(isinstance(v.get(k), str) for k in FIELDS) for v in data.values()):
             raise BundleError(f"{self.path}: unreadable record of the last known-good bundles (not what this "
@@ -55,5 +53,4 @@ class KnownGood:
         if all(state.get(m) == e for m, e in entries.items()):
             return
         state.update(entries)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_atomically(self.path, json.dumps(state, indent=1, sort_keys=True).encode() + b"\n")
+        write_json(self.path, state)

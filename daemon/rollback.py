@@ -15,13 +15,12 @@ root, `allow-downgrade` leaves it the daemon's.
 """
 from __future__ import annotations
 
-import json
 import os
 
 from packaging.version import InvalidVersion, Version
 
 from edgeinfer.bundle import BundleError
-from edgeinfer.statefile import write_atomically
+from edgeinfer.statefile import read_json, write_json
 
 STATE_FILE = "model-versions.json"
 
@@ -47,13 +46,12 @@ class RollbackState:
 
     def load(self) -> dict:
         try:
-            with open(self.path, "rb") as f:
-                data = json.loads(f.read())
-        except FileNotFoundError:
-            return {}
+            data = read_json(self.path)
         except (OSError, ValueError) as e:
             # Fail closed: without the record we cannot tell a rollback from an upgrade.
             raise BundleError(f"{self.path}: unreadable anti-rollback state ({e}); fix or remove it") from None
+        if data is None:
+            return {}
         if not isinstance(data, dict):
             raise BundleError(f"{self.path}: unreadable anti-rollback state (not a JSON object)")
         return data
@@ -91,8 +89,7 @@ class RollbackState:
 
     def _save(self, state: dict) -> None:
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            write_atomically(self.path, json.dumps(state, indent=1, sort_keys=True).encode() + b"\n")
+            write_json(self.path, state)
         except OSError as e:
             raise StateWriteError(f"{self.path}: cannot write the anti-rollback state ({e.strerror or e}); "
                                   f"the previous record is unchanged") from None

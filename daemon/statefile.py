@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import grp
+import json
 import os
 import pwd
 import stat
@@ -76,3 +77,19 @@ def write_atomically(path: str, data: bytes, durable: bool = True) -> None:
             os.fsync(dfd)  # the rename itself is durable
         finally:
             os.close(dfd)
+
+
+def read_json(path: str):
+    """The JSON document in `path`, or None when there is no such file. Raises OSError (unreadable) or
+    ValueError (not JSON): a state file that cannot be read is the caller's to refuse, never taken as empty."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def write_json(path: str, data) -> None:
+    """`data` as JSON in `path` (its directory made if missing), durably, as write_atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomically(path, json.dumps(data, indent=1, sort_keys=True).encode() + b"\n")
