@@ -21,7 +21,7 @@ TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-ugly
 NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py
-EXT_STAMP := daemon/.native-built
+EXT_STAMP := daemon/edgeinfer/.native-built
 
 .PHONY: all system-packages venv native models system-cache test reliability bench demo deb clean distclean
 
@@ -103,7 +103,7 @@ deb:
 	@ls -l $(DEB_BUILD)/edgeinfer_*.deb
 
 clean:
-	rm -rf build native/ring.c native/hist.c daemon/_ring*.so daemon/_hist*.so $(EXT_STAMP) *.egg-info
+	rm -rf build native/ring.c native/hist.c daemon/edgeinfer/_ring*.so daemon/edgeinfer/_hist*.so $(EXT_STAMP) *.egg-info
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 # .system-packages.stamp: the single stamp from before the two sets.

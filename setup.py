@@ -1,6 +1,6 @@
-"""Builds the `edgeinfer` package (from daemon/) and its native core `edgeinfer._ring` (from native/)."""
+"""Builds the `edgeinfer` package (from daemon/edgeinfer/) and its native core `edgeinfer._ring` (from native/)."""
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 ring = Extension(
     "edgeinfer._ring",
@@ -22,13 +22,13 @@ setup(
     description="Zero-copy, real-time ONNX inference on shared-memory camera frames",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=["edgeinfer", "edgeinfer.decoders", "edgeinfer.producers"],
-    package_dir={"edgeinfer": "daemon"},
+    packages=find_packages("daemon", include=["edgeinfer", "edgeinfer.*"]),
+    package_dir={"": "daemon"},
     ext_modules=cythonize([ring, hist], include_path=["native"], compiler_directives={"language_level": "3"}),
     install_requires=["numpy>=1.26", "onnxruntime>=1.20", "onnx>=1.16", "pyyaml>=6", "pydantic>=2.5", "pillow>=10.1",
                       "model-signing==1.1.1", "pyopenssl>=24", "packaging>=23", "prometheus-client>=0.20",
                       "av>=18.1"],
-    entry_points={"console_scripts": ["edgeinferd = edgeinfer.cli:edgeinferd_main",
-                                      "edgeinferctl = edgeinfer.cli:edgeinferctl_main"]},
+    entry_points={"console_scripts": ["edgeinferd = edgeinfer.cli.main:edgeinferd_main",
+                                      "edgeinferctl = edgeinfer.cli.main:edgeinferctl_main"]},
     zip_safe=False,
 )

@@ -42,10 +42,16 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abi1 as abi1_mod  # noqa: E402
 from edgeinfer import ring  # noqa: E402  (in the --abi1-child run: 0.1's, see bench/abi1.py)
-from edgeinfer.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
-from edgeinfer.model import ModelRuntime, ThreadPlan  # noqa: E402
-from edgeinfer.producers.synthetic import make_frames  # noqa: E402
-from edgeinfer.signing import throwaway_signed_copy  # noqa: E402
+try:
+    from edgeinfer.models.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
+    from edgeinfer.models.runtime import ModelRuntime, ThreadPlan  # noqa: E402
+    from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
+    from edgeinfer.models.signing import throwaway_signed_copy  # noqa: E402
+except ImportError:  # the --abi1-child run: 0.1's flat package (bench/abi1.py)
+    from edgeinfer.bundle import load_unverified_bundle as load_bundle  # noqa: E402
+    from edgeinfer.model import ModelRuntime, ThreadPlan  # noqa: E402
+    from edgeinfer.producers.synthetic import make_frames  # noqa: E402
+    from edgeinfer.signing import throwaway_signed_copy  # noqa: E402
 
 BUNDLE = os.path.join(ROOT, "models", "bundles", "orientation")
 TINY = os.path.join(ROOT, "models", "bundles", "cls-tiny")

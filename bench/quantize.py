@@ -24,11 +24,11 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from edgeinfer.cpuflags import cpu_int8  # noqa: E402
-from edgeinfer.modelbench import bench_bundle, thread_plan  # noqa: E402
-from edgeinfer.producers.synthetic import make_frames  # noqa: E402
-from edgeinfer.quantize import DEFAULT_MAX_SCORE_DELTA, DEFAULT_MIN_AGREEMENT, quantize_bundle  # noqa: E402
-from edgeinfer.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION  # noqa: E402
+from edgeinfer.support.cpuflags import cpu_int8  # noqa: E402
+from edgeinfer.models.tools.bench import bench_bundle, thread_plan  # noqa: E402
+from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
+from edgeinfer.models.tools.quantize import DEFAULT_MAX_SCORE_DELTA, DEFAULT_MIN_AGREEMENT, quantize_bundle  # noqa: E402
+from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION  # noqa: E402
 
 MODELS = ("orientation", "detector")
 W, H = 640, 480  # the synthetic camera's frames: the fused graph resizes them to each model's input

@@ -57,9 +57,9 @@ from conftest import Children  # noqa: E402
 from daemon_helpers import daemon_log, edgeinferd_args, read_stats, start_daemon, stop_daemon, write_config  # noqa: E402
 
 from edgeinfer import ring  # noqa: E402
-from edgeinfer.producers.synthetic import make_frames  # noqa: E402
-from edgeinfer.signing import throwaway_signed_copy  # noqa: E402
-from edgeinfer.stats import OUTCOMES  # noqa: E402
+from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
+from edgeinfer.models.signing import throwaway_signed_copy  # noqa: E402
+from edgeinfer.lanes.stats import OUTCOMES  # noqa: E402
 
 W, H = 224, 224
 MODEL = "orientation"

@@ -24,7 +24,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e  # noqa: E402  (the same daemon harness)
 from edgeinfer._hist import StageHistograms  # noqa: E402
-from edgeinfer.producers.synthetic import make_frames  # noqa: E402
+from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
 
 
 class Empty:

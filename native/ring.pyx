@@ -2,7 +2,7 @@
 """edgeinfer._ring: the native side of the rings and their handover (ABI 2).
 
 Thin, allocation-free wrappers over the protocol in edgeinfer/ring.h. Only
-daemon/ring.py imports this module; it knows nothing of config, models or
+daemon/edgeinfer/abi/ring.py imports this module; it knows nothing of config, models or
 logging. Every error is a Python exception naming the ring or stream; nothing
 here can fault on a producer-written number, because ring.h checks them all.
 

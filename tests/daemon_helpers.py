@@ -28,7 +28,7 @@ def bundle(name: str) -> str:
 
 def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
     """A signed copy of a fetched bundle; `edit(dir)` changes it before signing."""
-    from edgeinfer.signing import sign_bundle
+    from edgeinfer.models.signing import sign_bundle
     shutil.copytree(bundle(name), dest)
     if edit:
         edit(dest)
@@ -77,7 +77,7 @@ def sockets(config: str) -> tuple[str, str]:
     import yaml
     with open(config) as f:
         ing = (yaml.safe_load(f) or {}).get("ingress") or {}
-    from edgeinfer import ring
+    from edgeinfer.abi import ring
     return ing.get("socket", ring.INGRESS_SOCKET), ing.get("results_socket", ring.RESULTS_SOCKET)
 
 
@@ -153,13 +153,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
 
 def camera(proc, stream: str, width: int, height: int, pixel_format: str = "bgr24", **kw):
     """A FrameWriter handed to the daemon `proc` as `stream` (waits for the acceptance; raises a refusal)."""
-    from edgeinfer import ring
+    from edgeinfer.abi import ring
     return ring.FrameWriter.connect(stream, width, height, pixel_format, socket=proc.ingress, **kw)
 
 
 def results(proc, stream: str, **kw):
     """A ResultReader of `stream` on the daemon `proc` (follows it across restarts)."""
-    from edgeinfer import ring
+    from edgeinfer.abi import ring
     return ring.ResultReader.watch(stream, socket=proc.results, **kw)
 
 

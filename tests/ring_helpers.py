@@ -64,7 +64,7 @@ def memfd_with(data: bytes, seals: int = FRAME_SEALS, name: str = "test-ring") -
 
 def ring_bytes(width: int = 16, height: int = 8, slots: int = 3, pixel_format: str = "bgr24") -> bytes:
     """The bytes of a real, valid frame ring with one published frame (its `latest` names it)."""
-    from edgeinfer import ring
+    from edgeinfer.abi import ring
     with ring.FrameWriter.create(width, height, pixel_format, slots=slots) as w:
         w.begin()[:] = 5
         w.publish()
@@ -86,7 +86,7 @@ class MiniIngress:
     def accept(self, timeout: float = 10.0):
         """(FrameReader, stream name, the connection) of the next producer; its ring accepted."""
         import select
-        from edgeinfer import ring
+        from edgeinfer.abi import ring
         if not select.select([self.sock], [], [], timeout)[0]:
             raise TimeoutError(f"no producer connected to {self.path} within {timeout} s")
         conn, _ = self.sock.accept()

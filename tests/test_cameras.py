@@ -110,7 +110,7 @@ def test_camera_names_are_checked_as_useradd_checks_their_users():
     Debian): 18 characters pass, 19 are refused by the check itself (not later by useradd), with the limit said.
     As root where group edgeinfer exists (the package makes it; the booted container's camera_add check does this
     always), useradd is asked too: the longest name's user is made (and removed)."""
-    from edgeinfer import cameras
+    from edgeinfer.cameras import services as cameras
     longest = "Gate_1-" + "x" * (cameras.NAME_MAX - 7)
     assert cameras.check_name(longest) == longest and len(cameras.user_of(longest)) == 32
     for bad in (longest + "y", "-gate", "../etc", "gate.1", ""):
@@ -202,7 +202,7 @@ def test_the_retry_delay_is_capped_at_a_second_for_a_source_that_was_up_recently
     """The schedule the feed computes (the decision itself; its effect is asserted against a real RTSP server in
     test_rtsp.py): a source whose last frame is recent is retried at least every RETRY_UP_S; one that never sent a
     frame, or not for UP_RECENTLY_S, backs off 0.5, 1, 2, 4, 8, 10 s (bounded)."""
-    from edgeinfer.producers.ffmpeg import RETRY_UP_S, UP_RECENTLY_S, retry_delay
+    from edgeinfer.cameras.ffmpeg import RETRY_UP_S, UP_RECENTLY_S, retry_delay
     backoffs = [0.5, 1, 2, 4, 8, 10, 10]
     assert RETRY_UP_S == 1.0
     assert [retry_delay(b, None) for b in backoffs] == backoffs

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import ROOT
 from daemon_helpers import start_daemon, stop_daemon, write_config
-from edgeinfer import ring
-from edgeinfer.bundle import load_unverified_bundle as load_bundle
+from edgeinfer.abi import ring
+from edgeinfer.models.bundle import load_unverified_bundle as load_bundle
 from ring_helpers import MiniIngress
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]

@@ -11,8 +11,10 @@ import uuid
 import pytest
 
 from daemon_helpers import edgeinferd_args
-from edgeinfer import cli, config, ring
-from edgeinfer.config import ConfigError, load_config
+from edgeinfer.cli import main as cli
+from edgeinfer.config import schema as config
+from edgeinfer.abi import ring
+from edgeinfer.config.schema import ConfigError, load_config
 
 GOOD = """\
 model:
@@ -289,8 +291,8 @@ def test_check_config_cli(tmp_path):
 
 
 def test_repeated_key_is_an_error_with_both_lines(tmp_path):
-    from edgeinfer.yamlconf import ConfigError, load_yaml_model
-    from edgeinfer.config import Config
+    from edgeinfer.support.yamlconf import ConfigError, load_yaml_model
+    from edgeinfer.config.schema import Config
     text = "model:\n  bundle: /a\n  warmup_runs: 1\n  warmup_runs: 5\nstreams:\n  - name: cam0\n"
     with pytest.raises(ConfigError) as e:
         load_yaml_model(Config, text, "c.yaml")
@@ -318,8 +320,8 @@ def test_yaml_bombs_and_bad_scalars_are_refused_with_the_line(tmp_path, extra, l
 
 
 def test_aliases_within_the_bound_still_load():
-    from edgeinfer.bundle import ModelMeta
-    from edgeinfer.yamlconf import load_yaml_model
+    from edgeinfer.models.bundle import ModelMeta
+    from edgeinfer.support.yamlconf import load_yaml_model
     text = ("name: m\nversion: '1'\ninput: {name: x, width: 8, height: 8}\ndecoder: {type: raw}\n"
             "preprocess: {mean: &m [0.5], std: *m}\nlabels: [a, b]\n")
     meta = load_yaml_model(ModelMeta, text, "m.yaml")
@@ -327,8 +329,8 @@ def test_aliases_within_the_bound_still_load():
 
 
 def test_a_long_list_of_problems_is_shown_in_part():
-    from edgeinfer.bundle import ModelMeta
-    from edgeinfer.yamlconf import ConfigError, load_yaml_model
+    from edgeinfer.models.bundle import ModelMeta
+    from edgeinfer.support.yamlconf import ConfigError, load_yaml_model
     text = "name: m\nversion: '1'\ninput: {name: x, width: 8, height: 8}\ndecoder: {type: raw}\nlabels: [" + \
         ", ".join(["[]"] * 5000) + "]\n"
     with pytest.raises(ConfigError) as e:

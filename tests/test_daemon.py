@@ -14,10 +14,10 @@ import pytest
 from conftest import read_line
 from daemon_helpers import (camera, edgeinferd_args, results, sign_copy, read_stats, start_daemon,
                             stop_daemon, wait_for, write_config)
-from edgeinfer.bundle import load_unverified_bundle as load_bundle
-from edgeinfer.decoders import make_decoder
-from edgeinfer.producers.synthetic import make_frames
-from edgeinfer.vocabulary import OUTCOMES
+from edgeinfer.models.bundle import load_unverified_bundle as load_bundle
+from edgeinfer.models.decoders import make_decoder
+from edgeinfer.cameras.synthetic import make_frames
+from edgeinfer.abi.vocabulary import OUTCOMES
 
 
 def reference(bundle_path: str):

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from daemon_helpers import bundle
-from edgeinfer.bundle import BundleError, load_unverified_bundle as load_bundle
-from edgeinfer.decoders import DecoderError, make_decoder, registered
-from edgeinfer.decoders.detection import nms
-from edgeinfer.fusion import channel_map
-from edgeinfer.model import ModelRuntime
+from edgeinfer.models.bundle import BundleError, load_unverified_bundle as load_bundle
+from edgeinfer.models.decoders import DecoderError, make_decoder, registered
+from edgeinfer.models.decoders.detection import nms
+from edgeinfer.models.fusion import channel_map
+from edgeinfer.models.runtime import ModelRuntime
 
 
 def test_registry_is_derived_from_the_classes():
@@ -74,7 +74,7 @@ def test_fused_channel_order_and_resize_are_done_in_graph():
     big = np.repeat(np.repeat(bgr, 2, axis=1), 2, axis=2)  # 448x448, each pixel doubled
     c = rt.session_for("bgr24", 448, 448).run(big)[0]
     assert c.shape == a.shape and int(c.argmax()) == int(a.argmax())
-    from edgeinfer.fusion import fuse
+    from edgeinfer.models.fusion import fuse
     same = [n.op_type for n in fuse(rt.graph, "bgr24", 224, 224, rt.meta.input, rt.meta.preprocess).graph.node]
     other = [n.op_type for n in fuse(rt.graph, "rgb24", 448, 448, rt.meta.input, rt.meta.preprocess).graph.node]
     assert same[:3] == ["Cast", "Transpose", "Mul"] and "Resize" not in same  # no resize, no reorder needed

@@ -280,7 +280,7 @@ def test_capture_time_comes_from_the_streams_timestamps(videos, tmp_path, childr
 def _first_frame(source: str, tmp_path, stream: str, pixel_format: str) -> tuple[str, int, int]:
     """The ring's pixel format (with its colorimetry) and the Y plane's darkest and brightest level."""
     from ring_helpers import MiniIngress
-    from edgeinfer import ring
+    from edgeinfer.abi import ring
     ingress = MiniIngress(str(tmp_path / "ingress.sock"))
     try:
         feed = subprocess.Popen([*CTL, "feed", "--ffmpeg", source, "--stream", stream, "--pixel-format",
@@ -332,7 +332,7 @@ def test_the_pyav_decoder_keeps_or_converts_the_range_and_says_which(videos, ext
     assert said.startswith(f"first {first} "), r.stderr
     y = r.stdout[:160 * 120]
     assert (min(y), max(y)) == ((0, 255) if full else (16, 235))
-    from edgeinfer.producers.ffmpeg import FfmpegOptions, output_of
+    from edgeinfer.cameras.ffmpeg import FfmpegOptions, output_of
     fmt, w, h, rng, space = said.split()[1:]
     out = output_of(FfmpegOptions("rtsp://camera/x"), {"pix_fmt": fmt, "width": w, "height": h,
                                                       "color_range": rng, "color_space": space})

@@ -1,6 +1,6 @@
 """The metrics listener (issue #13, item 4).
 
-In-process rows drive daemon/httplistener.py directly: a /metrics answer is never older than the render
+In-process rows drive daemon/edgeinfer/telemetry/httplistener.py directly: a /metrics answer is never older than the render
 interval and concurrent scrapes share one render, a liveness change is never served from that cache,
 /healthz answers while /metrics renders, a burst of half-open connections does not evict a request already
 sent, silent clients time out, a failed render is answered 500, a large body is sent whole, and stop()
@@ -25,7 +25,7 @@ import pytest
 
 from conftest import ROOT, read_line
 from daemon_helpers import read_stats, start_daemon, stop_daemon, wait_for, write_config
-from edgeinfer.httplistener import HttpListener, SharedRender
+from edgeinfer.telemetry.httplistener import HttpListener, SharedRender
 
 FLOOD = (ROOT / "tests/adversary/http_flood.py").read_text()  # run with -c: the clone may be 0700 to others
 

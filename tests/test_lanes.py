@@ -19,7 +19,7 @@ from daemon_helpers import (daemon_log, edgeinferd_args, poll, read_stats, start
                             write_config)
 from test_daemon import class_scores, detector_floor, feed_and_collect, reference
 
-from edgeinfer.producers.synthetic import make_frames
+from edgeinfer.cameras.synthetic import make_frames
 
 CPUS = sorted(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="lanes on separate CPUs need 2 CPUs")
@@ -351,7 +351,7 @@ def test_a_frame_id_beyond_int64_is_served_and_counters_saturate(bundles, childr
     """A camera's frame id is its own 64-bit number: 2^63 and above are served and reported as such (a shared
     int64 counter once took the lane down with OverflowError); forged skips saturate the counters."""
     from daemon_helpers import camera, results
-    from edgeinfer.stats import StreamStats
+    from edgeinfer.lanes.stats import StreamStats
     cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream, "max_age_ms": 60000}])
     stats = str(tmp_path / "stats.json")
     proc = start_daemon(children, cfg, stats_file=stats)
@@ -375,7 +375,7 @@ def test_a_frame_id_beyond_int64_is_served_and_counters_saturate(bundles, childr
 def test_a_recurring_line_is_said_once_a_minute_with_the_rest_counted():
     """The lane's log limiter: an error on every frame, or a camera that keeps ringing, is a journal line a
     minute per kind, and the line after says how many were not said."""
-    from edgeinfer.lane import LogLimiter
+    from edgeinfer.lanes.process import LogLimiter
     limit = LogLimiter(60.0, max_keys=2)
     assert limit.hit("a", 0.0) == 0  # said
     assert [limit.hit("a", t) for t in (1.0, 30.0, 59.9)] == [None, None, None]  # counted

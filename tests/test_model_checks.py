@@ -78,7 +78,7 @@ def _bundle(onnx_path: str, out, *extra: str) -> subprocess.CompletedProcess:
 
 def test_model_bundle_detects_nhwc_from_the_graph(tmp_path):
     """The issue: without --layout, an NHWC model was written as width 3, height 96, layout nchw."""
-    from edgeinfer.bundle import load_unverified_bundle
+    from edgeinfer.models.bundle import load_unverified_bundle
     r = _bundle(_nhwc_classifier(tmp_path / "m.onnx"), tmp_path / "b", "--labels", "r,g,b")
     assert r.returncode == 0, r.stderr
     inp = load_unverified_bundle(str(tmp_path / "b")).meta.input
@@ -100,7 +100,7 @@ def test_model_bundle_refuses_what_the_daemon_would_and_leaves_nothing(tmp_path)
 def test_model_bundle_says_what_a_classifiers_scores_are(tmp_path):
     """The issue: classification published raw logits unless `softmax` was set, and nothing said so. The
     bundle now spells `softmax` out, and the tool says when the scores will be logits."""
-    from edgeinfer.bundle import load_unverified_bundle
+    from edgeinfer.models.bundle import load_unverified_bundle
     model = _nhwc_classifier(tmp_path / "m.onnx")  # ends in ReduceMean: not a probability
     r = _bundle(model, tmp_path / "b", "--labels", "r,g,b")
     assert r.returncode == 0 and "scores are published as the model outputs them (logits)" in r.stderr, r.stderr

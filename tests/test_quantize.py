@@ -19,9 +19,9 @@ from PIL import Image
 from daemon_helpers import bundle, start_daemon, stop_daemon, write_config
 from test_daemon import feed_and_collect
 
-from edgeinfer.producers.synthetic import make_frames
-from edgeinfer.quantize import DEFAULT_MIN_AGREEMENT, match_boxes
-from edgeinfer.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION
+from edgeinfer.cameras.synthetic import make_frames
+from edgeinfer.models.tools.quantize import DEFAULT_MIN_AGREEMENT, match_boxes
+from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION
 
 CTL = str(Path(sys.executable).with_name("edgeinferctl"))
 CALIBRATION, HELD_OUT = 16, 16
@@ -242,7 +242,7 @@ def test_bench_refuses_cpus_this_process_may_not_use():
     ("fpu avx2 avx512f amx_int8 avx512_vnni", True, "likely faster"),
 ])
 def test_cpu_int8_outlook(tmp_path, flags, fast, says):
-    from edgeinfer.cpuflags import cpu_int8
+    from edgeinfer.support.cpuflags import cpu_int8
     info = tmp_path / "cpuinfo"
     info.write_text(f"processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
     cpu = cpu_int8(str(info))
@@ -251,7 +251,7 @@ def test_cpu_int8_outlook(tmp_path, flags, fast, says):
 
 def test_a_quantization_record_is_checked_like_the_rest_of_model_yaml(int8, tmp_path):
     """model.yaml's `quantization:` has a schema (extra keys refused), so a typo cannot pass silently."""
-    from edgeinfer.bundle import BundleError, load_unverified_bundle
+    from edgeinfer.models.bundle import BundleError, load_unverified_bundle
     import shutil
     path = tmp_path / "edited"
     shutil.copytree(int8("orientation")[0], path)

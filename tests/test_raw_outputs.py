@@ -74,8 +74,8 @@ def test_an_open_output_dim_is_resolved_at_warm_up_and_never_cut_short(model, tm
     assert not (tmp_path / "cut" / "model.onnx").exists()  # nothing left that the daemon would refuse
     r = bundle_cli(model, tmp_path / "whole", "output=feature")
     assert r.returncode == 0, r.stderr
-    from edgeinfer.bundle import load_unverified_bundle
-    from edgeinfer.model import ModelRuntime
+    from edgeinfer.models.bundle import load_unverified_bundle
+    from edgeinfer.models.runtime import ModelRuntime
     rt = ModelRuntime(load_unverified_bundle(str(tmp_path / "whole")))
     assert rt.decoder.payload_capacity == 12288 * 4  # sized from the warm-up, not a default
 
@@ -120,7 +120,7 @@ def test_several_outputs_per_record_with_name_dtype_and_shape(model, tmp_path, s
     rng = np.random.default_rng(3)
     frames = [rng.integers(0, 256, (SIDE, SIDE, 3), np.uint8) for _ in range(4)]
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    from edgeinfer.payloads import tensors
+    from edgeinfer.abi.payloads import tensors
     for idx, rec in feed_and_collect(proc, stream, frames, 8):
         assert rec.kind == 4 and rec.item_count == 4
         # The camera sends bgr24 (feed_and_collect); the model takes rgb24, no scaling.

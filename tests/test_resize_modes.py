@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from daemon_helpers import camera, results, sign_copy, start_daemon, stop_daemon, write_config
-from edgeinfer.placement import placement
+from edgeinfer.models.placement import placement
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
 SIDE = 64
@@ -93,8 +93,8 @@ def test_placements():
 @pytest.mark.parametrize("mode", ["stretch", "letterbox", "crop"])
 def test_a_known_box_maps_back_exactly(mode, tmp_path):
     """The fused graph and the decoder, as a lane runs them (ModelRuntime)."""
-    from edgeinfer.bundle import load_unverified_bundle
-    from edgeinfer.model import ModelRuntime
+    from edgeinfer.models.bundle import load_unverified_bundle
+    from edgeinfer.models.runtime import ModelRuntime
     model = bright_box_model(tmp_path / "m.onnx")
     assert bundle_cli(model, tmp_path / "b").returncode == 0
     with_resize(tmp_path / "b", mode)
@@ -134,8 +134,8 @@ def test_area_interpolation_needs_opset_18(tmp_path):
     r = subprocess.run([*CTL, "model", "verify", str(tmp_path / "b"), "--trust-dir", str(tmp_path / "none")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
-    from edgeinfer.bundle import BundleError, load_unverified_bundle
-    from edgeinfer.model import ModelRuntime
+    from edgeinfer.models.bundle import BundleError, load_unverified_bundle
+    from edgeinfer.models.runtime import ModelRuntime
     with pytest.raises(BundleError, match=r"interpolation area needs Resize's antialias \(opset >= 18\); the "
                                           r"model's opset is 13"):
         ModelRuntime(load_unverified_bundle(str(tmp_path / "b")))
@@ -146,8 +146,8 @@ def test_area_interpolation_sees_what_linear_skips(tmp_path):
     between pixels 1 and 2 of each block and sees black; area averages the block (255/16)."""
     import onnx
     from onnx import TensorProto, helper
-    from edgeinfer.bundle import load_unverified_bundle
-    from edgeinfer.model import ModelRuntime
+    from edgeinfer.models.bundle import load_unverified_bundle
+    from edgeinfer.models.runtime import ModelRuntime
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, SIDE, SIDE])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, SIDE, SIDE])
     m = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id", [x], [y]),

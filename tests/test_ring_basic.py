@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from edgeinfer import ring
+from edgeinfer.abi import ring
 from ring_helpers import fill, is_whole
 
 F_GET_SEALS = 1034

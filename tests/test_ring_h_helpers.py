@@ -36,8 +36,8 @@ DOCUMENTED = {"gray8": 307_200, "rgb24": 921_600, "bgr24": 921_600, "rgba32": 1_
 def test_python_has_the_documented_frame_length_from_ring_h_alone():
     """ring.frame_bytes (the vendor's helper), a ring's own layout and the slot view the daemon hands the model
     (vocabulary.frame_shape) all give the documented length for every format: one rule, ring.h's."""
-    from edgeinfer import ring
-    from edgeinfer.vocabulary import FRAME_FORMATS, frame_height, frame_shape
+    from edgeinfer.abi import ring
+    from edgeinfer.abi.vocabulary import FRAME_FORMATS, frame_height, frame_shape
     for fmt in FRAME_FORMATS:
         want = DOCUMENTED[fmt.partition(":")[0]]
         rows, width, bpp = frame_shape(fmt, 480, 640)

@@ -11,13 +11,13 @@ import time
 import pytest
 
 from conftest import read_line
-from edgeinfer import ring
+from edgeinfer.abi import ring
 from ring_helpers import MiniIngress, fill, is_whole
 
 PY_PRODUCER = """
 import sys, time
 sys.path.insert(0, {tests!r})
-from edgeinfer import ring
+from edgeinfer.abi import ring
 from ring_helpers import fill
 sock, w, h, frames = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 writer = ring.FrameWriter.connect("cam0", w, h, socket=sock)
@@ -127,7 +127,7 @@ def test_the_c_producer_reconnects_and_hands_over_the_same_ring(ingress, childre
 
 HOLDING_READER = """
 import os, sys, time
-from edgeinfer import ring
+from edgeinfer.abi import ring
 r = ring.FrameReader(int(sys.argv[1]), "held")
 assert r.wait(10)
 f = r.take()

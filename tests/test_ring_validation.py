@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, require_tool
-from edgeinfer import ring
+from edgeinfer.abi import ring
 from ring_helpers import (F_SEAL_FUTURE_WRITE, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, FRAME_SEALS,
                           LATEST_OFFSET, memfd_with, ring_bytes)
 
@@ -312,7 +312,7 @@ def test_fuzzed_headers_never_crash_the_reader(data, image):
 _OTHER_SIGBUS_CHILD = r"""
 import mmap, os, sys
 sys.path.insert(0, sys.argv[3])
-from edgeinfer import ring
+from edgeinfer.abi import ring
 from ring_helpers import ring_bytes, memfd_with
 r = ring.FrameReader(memfd_with(ring_bytes()), "guarded")  # installs the guard
 if sys.argv[2] == "fault":  # a SIGBUS in memory the guard does not own: must kill as before

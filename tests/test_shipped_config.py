@@ -1,5 +1,5 @@
 """The shipped etc/edgeinfer/edgeinferd.yaml is the configuration's documentation: held here to the schema
-(daemon/config.py), walked recursively, so that a key added to the schema fails these tests until the file
+(daemon/edgeinfer/config/schema.py), walked recursively, so that a key added to the schema fails these tests until the file
 documents it.
 
 The file's convention (stated at its top): every key appears. A key that is set shows its default; a
@@ -19,9 +19,9 @@ import yaml
 from pydantic import BaseModel
 
 from conftest import ROOT
-from edgeinfer import config
-from edgeinfer.config import load_config
-from edgeinfer.identity import Identity
+from edgeinfer.config import schema as config
+from edgeinfer.config.schema import load_config
+from edgeinfer.config.identity import Identity
 
 SHIPPED = ROOT / "etc/edgeinfer/edgeinferd.yaml"
 

@@ -17,10 +17,10 @@ import pytest
 from conftest import read_line
 from daemon_helpers import (bundle, edgeinferd_args, read_stats, results, sign_copy, start_daemon, stop_daemon,
                             wait_for, write_config)
-from edgeinfer import signing
-from edgeinfer.bundle import BundleError
-from edgeinfer.rollback import RollbackRefused, RollbackState
-from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.models import signing
+from edgeinfer.models.bundle import BundleError
+from edgeinfer.models.rollback import RollbackRefused, RollbackState
+from edgeinfer.models.signing import SignatureError, TrustStore, load_verified_bundle
 
 MODEL_SIGNING = [sys.executable, "-m", "model_signing"]
 
@@ -180,7 +180,7 @@ def test_daemon_refuses_an_older_bundle_at_start(tmp_path, signing_key, bundles,
 
 STATE_WRITER = """
 import sys
-from edgeinfer.rollback import RollbackState
+from edgeinfer.models.rollback import RollbackState
 s = RollbackState(sys.argv[1])
 print("GO", flush=True)
 i = 0

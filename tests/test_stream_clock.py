@@ -3,7 +3,7 @@ and what a sender whose clock disagrees with ours can and cannot do to the stamp
 our clocks), so every case is exact."""
 from __future__ import annotations
 
-from edgeinfer.producers.ffmpeg import (MAX_LAG_NS, NOTICE_INTERVAL_NS, SENDER_AHEAD_NS, SENDER_BEHIND_NS,
+from edgeinfer.cameras.ffmpeg import (MAX_LAG_NS, NOTICE_INTERVAL_NS, SENDER_AHEAD_NS, SENDER_BEHIND_NS,
                                          SENDER_SWITCH_FRAMES, StreamClock)
 
 MONO, REAL = 5_000_000_000_000, 1_795_000_000_000_000_000  # "now" on CLOCK_MONOTONIC and CLOCK_REALTIME

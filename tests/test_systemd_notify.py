@@ -19,8 +19,8 @@ import pytest
 
 from conftest import read_line
 from daemon_helpers import edgeinferd_args, poll, read_stats, sockets, write_config
-from edgeinfer import ring
-from edgeinfer.systemd import Notifier, NotifyError
+from edgeinfer.abi import ring
+from edgeinfer.support.systemd import Notifier, NotifyError
 from ring_helpers import F_GET_SEALS, FRAME_SEALS
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]

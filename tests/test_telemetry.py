@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, read_line, require_tool
 from daemon_helpers import edgeinferd_args, poll, results, start_daemon, stop_daemon, wait_for, write_config
-from edgeinfer import _hist, ring
+from edgeinfer import _hist
+from edgeinfer.abi import ring
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
 

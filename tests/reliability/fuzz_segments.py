@@ -34,7 +34,7 @@ import random
 import struct
 import sys
 
-from edgeinfer import ring
+from edgeinfer.abi import ring
 
 U32 = [0, 1, 2, 3, 4, 63, 64, 65, 255, 256, 4095, 4096, 4097, 65535, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1]
 U64 = U32 + [2 ** 32, 2 ** 40, 2 ** 62, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1]

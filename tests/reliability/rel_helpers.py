@@ -15,7 +15,7 @@ import fault_models
 import numpy as np
 from daemon_helpers import poll, read_stats, start_daemon, write_config
 
-from edgeinfer import ring
+from edgeinfer.abi import ring
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED_OFFSET = 152  # ring.h: offsetof(ei_frame_ring_header, published)

@@ -19,7 +19,7 @@ from daemon_helpers import daemon_log, poll, read_stats, results, stop_daemon
 from rel_helpers import checksum_ok, drain, fault_daemon, http_status
 from ring_helpers import F_SEAL_WRITE, FRAME_SEALS, memfd_with, ring_bytes
 
-from edgeinfer import ring
+from edgeinfer.abi import ring
 
 
 def _hand_over(path: str, stream: str, fd: int, timeout: float = 10.0) -> tuple[int, str]:
@@ -151,7 +151,7 @@ def test_results_closed_to_outsiders_and_to_non_readers(request, matrix, tmp_pat
 
 
 def test_metrics_listener_is_loopback_by_default(request, matrix, tmp_path, stream, children, signing_key):
-    from edgeinfer.config import MetricsConfig
+    from edgeinfer.config.schema import MetricsConfig
     default = MetricsConfig().listen
     proc, stats, _ = fault_daemon(children, tmp_path, signing_key, stream, metrics={"listen": None})
     url = proc.metrics_url

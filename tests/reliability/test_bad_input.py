@@ -74,8 +74,8 @@ def _mutate_config(rng: random.Random, lines: list[str]) -> str:
 
 
 def test_fuzzed_config_files_give_key_and_line(request, matrix):
-    from edgeinfer.config import Config
-    from edgeinfer.yamlconf import ConfigError, load_yaml_model
+    from edgeinfer.config.schema import Config
+    from edgeinfer.support.yamlconf import ConfigError, load_yaml_model
     n = COUNTS["fuzz_configs"]
     template = (ROOT / "etc/edgeinfer/edgeinferd.yaml").read_text()
     template = template.replace("model:\n", "model:\n  bundle: /x\n", 1) if "  bundle:" not in template else template
@@ -115,8 +115,8 @@ def test_damaged_bundles_are_refused_with_the_reason(request, matrix, tmp_path, 
     """Truncated and bit-flipped files, an oversized model.yaml, symlinks,
     subdirectories, path traversal: each refused, with its own reason."""
     import fault_models
-    from edgeinfer.bundle import BundleError
-    from edgeinfer.signing import TrustStore, load_verified_bundle, sign_bundle
+    from edgeinfer.models.bundle import BundleError
+    from edgeinfer.models.signing import TrustStore, load_verified_bundle, sign_bundle
     key, _, trust_dir = signing_key
     trust = TrustStore(trust_dir)
     good = fault_models.signed_bundle("checksum", tmp_path / "good", key, 16, 8)
@@ -235,7 +235,7 @@ def test_adversarial_bundles_are_refused_unread(request, matrix, tmp_path, signi
     import stat as stat_mod
 
     from daemon_helpers import edgeinferd_args, sign_copy, write_config
-    from edgeinfer.signing import generate_keys, sign_bundle
+    from edgeinfer.models.signing import generate_keys, sign_bundle
     GiB = 1 << 30
     key, _, trust = signing_key
     other_key, other_pub = generate_keys(str(tmp_path / "other"), "other")

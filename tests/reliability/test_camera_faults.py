@@ -13,7 +13,7 @@ from daemon_helpers import poll, start_daemon, write_config
 from rel_helpers import latest_seq, open_ring_of, stop, stream_stats
 from reliability_matrix import COUNTS
 from test_rtsp import CTL, RtspServer, _gst_rtsp_missing
-from edgeinfer.vocabulary import OUTCOMES
+from edgeinfer.abi.vocabulary import OUTCOMES
 
 FLAP_S = 10.0
 

@@ -298,7 +298,7 @@ def test_a_reader_that_gave_way_reads_on_where_it_was(request, matrix, tmp_path,
     reads on where it was: no record twice (both clients used to read the ring again from its start)."""
     from rel_helpers import Lines, fault_daemon
 
-    from edgeinfer import ring
+    from edgeinfer.abi import ring
     children = Children()
     ingress = {"socket": sandbox / f"{stream}-in.sock", "results_socket": sandbox / f"{stream}-res.sock",
                "socket_group": users.group, "max_readers_per_stream": 2, "reader_idle_s": 0.5}

@@ -23,7 +23,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from edgeinfer.vocabulary import OUTCOMES
+from edgeinfer.abi.vocabulary import OUTCOMES
 from conftest import ROOT, read_line
 from daemon_helpers import read_stats, results, sign_copy, start_daemon, stop_daemon, wait_for, write_config
 from rel_helpers import stop_and_count

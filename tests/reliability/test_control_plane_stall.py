@@ -25,7 +25,7 @@ import urllib.request
 
 from conftest import ROOT, compile_c, read_line
 from daemon_helpers import daemon_log, poll, read_stats, stop_daemon
-from edgeinfer.vocabulary import DROPS, OUTCOMES
+from edgeinfer.abi.vocabulary import DROPS, OUTCOMES
 from rel_helpers import Lines, fault_daemon, http_status, stop_and_count
 from test_systemd_notify import FakeSystemd
 

@@ -13,7 +13,7 @@ from rel_helpers import (Lines, checksum_ok, drain, fault_daemon, http_status, m
                          published, stream_stats)
 from reliability_matrix import COUNTS
 
-from edgeinfer import ring
+from edgeinfer.abi import ring
 
 
 def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, stream, children, c_producer,

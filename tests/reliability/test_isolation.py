@@ -29,8 +29,8 @@ from daemon_helpers import daemon_log, poll, read_stats, start_daemon, stop_daem
 from rel_helpers import checksum_ok, drain, http_status, process_sample, process_tree
 from reliability_matrix import COUNTS
 
-from edgeinfer import ring
-from edgeinfer.statusview import scrape
+from edgeinfer.abi import ring
+from edgeinfer.cli.statusview import scrape
 
 W, H = 64, 48
 VICTIM_FPS = 30
@@ -85,7 +85,7 @@ class Arena:
 
     def connected(self, name: str) -> bool:
         """Whether the daemon holds `name`'s producer connection now (from /metrics: live, not the stats file)."""
-        from edgeinfer.statusview import scrape
+        from edgeinfer.cli.statusview import scrape
         return bool(scrape(self.daemon.metrics_url + "/metrics")["streams"].get(name, {}).get("connected"))
 
     def wait_stats(self, predicate, timeout: float, what: str):
@@ -685,7 +685,7 @@ def test_nobody_can_take_the_daemons_socket_path(request, matrix, arena, users, 
         stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         stale.bind(str(stale_dir / "ingress.sock"))
         stale.close()  # a socket file nobody listens on: what a crashed daemon leaves
-        from edgeinfer.ingress import bind_listener
+        from edgeinfer.control.ingress import bind_listener
         s = bind_listener(str(stale_dir / "ingress.sock"), None)
         took_over = s.getsockname() == str(stale_dir / "ingress.sock")
         s.close()

@@ -17,7 +17,7 @@ from rel_helpers import (checksum_ok, drain, fault_daemon, first_line_or_exit, h
                          stream_stats)
 from reliability_matrix import COUNTS
 
-from edgeinfer import ring
+from edgeinfer.abi import ring
 
 W, H = 64, 48
 

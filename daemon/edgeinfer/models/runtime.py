@@ -1,0 +1,251 @@
+"""A verified bundle turned into runnable ONNX Runtime sessions.
+
+One session per stream geometry (pixel format, height, width): each is the
+model with that geometry's preprocessing fused in front (fusion.py, on the
+control plane), built from those bytes in memory (in a lane), and warmed up
+before use. At most
+`max_sessions` are kept (least recently used first out), never evicting one a
+stream is being served with: a camera that cycles frame sizes cannot grow the
+daemon without bound.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import threading
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from edgeinfer.models.bundle import Bundle, BundleError
+from edgeinfer.models.decoders import Decoder, DecoderError, make_decoder
+from edgeinfer.models.fusion import FRAME_INPUT, check_sampling, fuse
+from edgeinfer.models.outputprobe import dims_of, output_infos
+from edgeinfer.abi.vocabulary import Geometry, channels, frame_shape
+from edgeinfer.support.yamlconf import clip
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadPlan:
+    """How ONNX Runtime's intra-op threads are sized and pinned."""
+
+    threads: int = 1               # intra-op threads, the calling (loop) thread included
+    extra_thread_cpus: tuple = ()  # CPU of each extra thread (0-based); empty: not pinned
+
+    def session_options(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.threads > 1:
+            # Idle pool threads must not spin: the loop's duty ceiling counts on idle CPUs being idle.
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            if self.extra_thread_cpus:
+                # 1-based CPU ids, one group per extra thread (the calling thread is never pinned by ORT).
+                spec = ";".join(str(c + 1) for c in self.extra_thread_cpus[: self.threads - 1])
+                so.add_session_config_entry("session.intra_op_thread_affinities", spec)
+        return so
+
+
+class FusedSession:
+    """The model with one geometry's preprocessing in front; input: the frame view."""
+
+    def __init__(self, session: ort.InferenceSession, pixel_format: str, height: int, width: int, batch: int = 1):
+        self.session = session
+        self.pixel_format, self.height, self.width = pixel_format, height, width
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.frame_shape = frame_shape(pixel_format, height, width)  # a slot's view: YUV has its own
+        # Micro-batching: the one tensor frames of this geometry are copied into (allocated here, not per frame).
+        self.batch = np.empty((batch, *self.frame_shape), np.uint8) if batch > 1 else None
+        # Its rows and its first k rows, as views made once: the loop indexes these, allocating nothing.
+        self.rows = [self.batch[i] for i in range(batch)] if batch > 1 else []
+        self.firsts = [self.batch[:k] for k in range(batch + 1)] if batch > 1 else []
+
+    def run(self, frame: np.ndarray, run_options: ort.RunOptions | None = None) -> list[np.ndarray]:
+        """frame: uint8 [1, H, W, C] (a view of the shared-memory slot; read in place), or [k, H, W, C]: the
+        first k frames of `batch`.
+        run_options.terminate = True (from another thread) cancels the run."""
+        return self.session.run(self.output_names, {FRAME_INPUT: frame}, run_options)
+
+    def warm_up(self, runs: int, deadline_s: float, where: str, decoder: Decoder | None = None) -> float:
+        """Runs a synthetic frame `runs` times, and decodes its outputs once; returns the last run's seconds.
+        A run that fails, or outlasts deadline_s (cancelled), or outputs the decoder's payload cannot hold,
+        refuses the model."""
+        frames = [np.full((1, *self.frame_shape), 127, np.uint8)]
+        if self.batch is not None:  # the full batch too: its first run allocates as well
+            frames.append(np.full_like(self.batch, 127))
+        took = 0.0
+        options = ort.RunOptions()
+        timer = threading.Timer(deadline_s, setattr, (options, "terminate", True))
+        timer.daemon = True
+        timer.start()
+        try:
+            for _ in range(runs):
+                for frame in frames:
+                    t = time.perf_counter()
+                    outputs = self.run(frame, options)
+                    took = time.perf_counter() - t
+                    if decoder is not None and frame is frames[0]:
+                        decoder.decode(outputs, self.width, self.height)
+        except DecoderError as e:
+            raise BundleError(f"{where}: warm-up ({self.width}x{self.height} {self.pixel_format}): {e}") from None
+        except Exception as e:
+            if options.terminate:
+                raise BundleError(f"{where}: warm-up inference ({self.width}x{self.height} {self.pixel_format}) did "
+                                  f"not finish within {deadline_s:g} s and was cancelled: model refused") from None
+            raise BundleError(f"{where}: warm-up inference ({self.width}x{self.height} {self.pixel_format}) "
+                              f"failed: {e}") from None
+        finally:
+            timer.cancel()
+        return took
+
+
+class SessionCapReached(BundleError):
+    """Every session slot holds a geometry some stream is being served with."""
+
+
+class SessionSet:
+    """A model as a lane runs it: its decoder, and warmed ORT sessions by stream geometry (LRU, capped, never
+    evicting one in use), each built from a fused graph serialised elsewhere. Fusing and serialising a graph
+    hold the GIL in C for tens of ms (57 ms for the detector here): done on the control plane, never in a
+    lane's process, where the loop shares the lane's interpreter. Picklable without its sessions."""
+
+    def __init__(self, name: str, version: str, sha256: str, decoder: Decoder, where: str,
+                 threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3, warmup_deadline_s: float = 30.0,
+                 max_sessions: int = 8, batch: int = 1):
+        self.name, self.version, self.sha256 = name, version, sha256
+        self.batch = batch  # frames of one geometry run together at most (models.NAME.batch)
+        self.decoder = decoder
+        self.where = where  # the bundle's model file, for messages
+        self.threads = threads
+        self.warmup_runs = warmup_runs
+        self.warmup_deadline_s = warmup_deadline_s
+        self.max_sessions = max_sessions
+        self._sessions: collections.OrderedDict[tuple[str, int, int], FusedSession] = collections.OrderedDict()
+        self.evictions = 0  # sessions dropped to stay within max_sessions
+
+    def __getstate__(self):
+        return {**self.__dict__, "_sessions": collections.OrderedDict(), "evictions": 0}
+
+    @property
+    def geometries(self) -> list[Geometry]:
+        """(pixel format, height, width) of the sessions held, least recently used first."""
+        return list(self._sessions)
+
+    def get(self, key: tuple) -> FusedSession | None:
+        s = self._sessions.get(key)
+        if s is not None:
+            self._sessions.move_to_end(key)
+        return s
+
+    def add(self, key: tuple, fused: bytes, pinned=()) -> FusedSession:
+        """Builds and warms the session of geometry `key` from its fused graph. To make room, the least recently
+        used session whose geometry is not in `pinned` (in use) is dropped; if every one is, SessionCapReached."""
+        s = self.get(key)
+        if s is not None:
+            return s
+        if len(self._sessions) >= self.max_sessions:
+            victim = next((k for k in self._sessions if k not in pinned), None)
+            if victim is None:
+                raise SessionCapReached(f"{self.where}: all {self.max_sessions} model sessions (runtime.max_sessions)"
+                                        f" serve other frame geometries in use; cannot add {key[2]}x{key[1]} {key[0]}")
+            del self._sessions[victim]
+            self.evictions += 1
+        try:
+            sess = ort.InferenceSession(fused, sess_options=self.threads.session_options(),
+                                        providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
+        s = FusedSession(sess, *key, batch=self.batch)
+        # Its own copy of the decoder: this runs on a lane's control thread, and the loop's payload is a view of
+        # the shared decoder's buffer until it is written (a warm-up result must never reach a record).
+        s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where, copy.deepcopy(self.decoder))
+        self._sessions[key] = s
+        return s
+
+
+class ModelRuntime:
+    """A loaded bundle: metadata, decoder, the graph, and fused graphs by geometry (the control plane's side);
+    session_for() builds runnable sessions in this process too (tools, tests, benches)."""
+
+    def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
+                 warmup_deadline_s: float = 30.0, max_sessions: int = 8, batch: int = 1):
+        self.bundle = bundle
+        self.max_sessions = max_sessions
+        self.batch = batch
+        self.meta = bundle.meta
+        try:
+            self.graph = onnx.load_from_string(bundle.model_bytes)
+        except Exception as e:
+            raise BundleError(f"{bundle.path}/model.onnx: not a readable ONNX model: {e}") from None
+        spec = self.meta.input
+        inputs = {i.name: i for i in self.graph.graph.input}
+        if spec.name not in inputs:
+            raise BundleError(f"{bundle.path}/model.yaml: input.name {clip(repr(spec.name))} is not a graph input "
+                              f"(inputs: {sorted(inputs)})")
+        dims = dims_of(inputs[spec.name])
+        ch = channels(spec.pixel_format)
+        want = [None, ch, spec.height, spec.width] if spec.layout == "nchw" else [None, spec.height, spec.width, ch]
+        if len(dims) != 4 or any(d is not None and w is not None and d != w for d, w in zip(dims, want)):
+            raise BundleError(f"{bundle.path}/model.yaml: input {spec.width}x{spec.height}x{ch} {spec.layout} "
+                              f"does not match the graph input '{spec.name}' {dims}")
+        if batch > 1 and dims and dims[0] is not None:
+            raise BundleError(f"{bundle.path}/model.onnx: the graph input '{spec.name}' has a fixed batch of "
+                              f"{dims[0]}: this model cannot run {batch} frames at once (set its batch: 1)")
+        check_sampling(self.graph, self.meta.preprocess, f"{bundle.path}/model.yaml")
+        self.outputs = output_infos(self.graph, bundle.model_bytes, spec, self.meta.preprocess,
+                                    f"{bundle.path}/model.onnx", warmup_deadline_s)
+        try:
+            self.decoder: Decoder = make_decoder(self.meta.decoder, list(self.meta.labels),
+                                                 spec.width, spec.height, self.outputs, self.meta.preprocess.resize)
+        except DecoderError as e:
+            raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
+        self._fused: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()  # serialised, LRU
+        self.sessions = self.session_set(threads, warmup_runs, warmup_deadline_s)
+        self.signer = None  # who signed the bundle (set by the verified loader's caller)
+        self.target = None  # the bundle directory the configured path resolved to
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def version(self) -> str:
+        return self.meta.version
+
+    def session_set(self, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
+                    warmup_deadline_s: float = 30.0) -> SessionSet:
+        """An empty set of sessions of this model, for a lane (picklable)."""
+        return SessionSet(self.name, self.version, self.bundle.sha256, self.decoder, f"{self.bundle.path}/model.onnx",
+                          threads, warmup_runs, warmup_deadline_s, self.max_sessions, self.batch)
+
+    def fused_model(self, pixel_format: str, height: int, width: int) -> bytes:
+        """The model with this geometry's preprocessing in front, serialised (kept for the last max_sessions
+        geometries: a restarted lane or a reload asks again)."""
+        key = Geometry(pixel_format, height, width)
+        data = self._fused.get(key)
+        if data is None:
+            data = fuse(self.graph, pixel_format, height, width, self.meta.input, self.meta.preprocess,
+                        batched=self.batch > 1).SerializeToString()
+            self._fused[key] = data
+            while len(self._fused) > self.max_sessions:
+                self._fused.popitem(last=False)
+        self._fused.move_to_end(key)
+        return data
+
+    @property
+    def geometries(self) -> list[Geometry]:
+        return self.sessions.geometries
+
+    @property
+    def evictions(self) -> int:
+        return self.sessions.evictions
+
+    def session_for(self, pixel_format: str, height: int, width: int, pinned=()) -> FusedSession:
+        """The fused, warmed-up session for a stream geometry, built here on first use (see SessionSet.add)."""
+        key = Geometry(pixel_format, height, width)
+        return self.sessions.get(key) or self.sessions.add(key, self.fused_model(*key), pinned)

@@ -1,0 +1,1 @@
+"""Offline model tools behind `edgeinferctl model`: bundle writing, quantization, benchmarks."""

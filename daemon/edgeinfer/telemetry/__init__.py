@@ -1,0 +1,1 @@
+"""Metrics (Prometheus text, /healthz, /readyz) and the bounded HTTP listener that serves them."""

@@ -1,1 +1,0 @@
-"""Reference camera producers: synthetic frames with known content, and ffmpeg."""
