@@ -685,7 +685,7 @@ def test_nobody_can_take_the_daemons_socket_path(request, matrix, arena, users, 
         stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         stale.bind(str(stale_dir / "ingress.sock"))
         stale.close()  # a socket file nobody listens on: what a crashed daemon leaves
-        from edgeinfer.control.ingress import bind_listener
+        from edgeinfer.support.sockets import bind_listener
         s = bind_listener(str(stale_dir / "ingress.sock"), None)
         took_over = s.getsockname() == str(stale_dir / "ingress.sock")
         s.close()

@@ -1,2 +1,3 @@
-"""The ABI: ring.py (the only importer of the native core), the vocabulary of formats, outcomes and payload
-kinds, and result payloads. The bottom layer, with support/: it imports nothing else of edgeinfer."""
+"""The ABI: ring.py (the facade over the native core), the vocabulary of formats, outcomes and payload kinds,
+result payloads, the histograms, and constants: abi/ is the only importer of the native core. The bottom layer,
+with support/: it imports nothing else of edgeinfer."""

@@ -49,7 +49,7 @@ def stream_frames(stream: str, count: int, socket_path: str, timeout: float) -> 
     """`count` successive frames of the camera that connects to `socket_path` as `stream` (a copy of each:
     the slot goes back to the camera at once). Waits `timeout` seconds for the camera and for each frame."""
     from edgeinfer.abi import ring
-    from edgeinfer.control.ingress import bind_listener
+    from edgeinfer.support.sockets import bind_listener
     listener = bind_listener(socket_path, None)
     conn = reader = None
     try:

@@ -28,6 +28,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edgeinfer.abi.constants import INGRESS_SOCKET
 from edgeinfer.abi.vocabulary import FrameFormat, RtspClock, takes_source_colour
 from edgeinfer.support.yamlconf import load_yaml_file, load_yaml_model
 
@@ -76,7 +77,7 @@ class CameraConfig(BaseModel):
     reconnect: bool = True
     loop: bool = False  # a file: play it again at its end (else the unit ends at the file's end, and Restart=)
     hwaccel: Optional[str] = Field(None, pattern=r"^[a-z0-9_]{1,32}$")
-    socket: str = "/run/edgeinfer/ingress.sock"
+    socket: str = INGRESS_SOCKET
 
     @model_validator(mode="after")
     def _size(self):

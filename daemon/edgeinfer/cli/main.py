@@ -71,8 +71,6 @@ def edgeinferd_main(argv=None) -> int:
     setup_logging(args.log_level)
     from edgeinfer.models.bundle import BundleError
     from edgeinfer.config.schema import ConfigError, load_config
-    from edgeinfer.control.daemon import Daemon, Stopped
-    from edgeinfer.abi.ring import RingError
 
     try:
         cfg = load_config(args.config)
@@ -84,6 +82,9 @@ def edgeinferd_main(argv=None) -> int:
             print(f"edgeinferd: warning: {w}", file=sys.stderr)
         print(f"{args.config}: OK" + (f" ({len(cfg.warnings)} warnings)" if cfg.warnings else ""))
         return 0
+    # Here, not above: --check-config needs no native core (abi/constants.py).
+    from edgeinfer.abi.ring import RingError
+    from edgeinfer.control.daemon import Daemon, Stopped
     daemon = Daemon(cfg, args.config)
     if args.verify_only:
         try:
@@ -126,8 +127,7 @@ def edgeinferd_main(argv=None) -> int:
 # ------------------------------------------------------------------ edgeinferctl
 
 # ring.h's defaults, without importing the native core for --help.
-_INGRESS_SOCKET = "/run/edgeinfer/ingress.sock"
-_RESULTS_SOCKET = "/run/edgeinfer/results.sock"
+from edgeinfer.abi.constants import INGRESS_SOCKET as _INGRESS_SOCKET, RESULTS_SOCKET as _RESULTS_SOCKET  # noqa: E402
 
 def _cmd_results(args) -> int:
     from edgeinfer.abi import ring

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from edgeinfer.abi import ring
+from edgeinfer.abi import constants
 from edgeinfer.models.bundle import SizeLimits
 from edgeinfer.config.identity import Acl, Identity, LegacyUids, group_id
 from edgeinfer.abi.vocabulary import FrameFormat, Geometry
@@ -115,9 +115,9 @@ class StreamConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not ring.stream_name_ok(v):  # ring.h's rule, so the daemon and every client agree
-            raise ValueError(f"stream names are 1-{ring.STREAM_NAME_MAX} letters, digits, '_' or '-', starting with "
-                             f"a letter or digit (nothing else: no path characters, no newline)")
+        if not constants.stream_name_ok(v):  # ring.h's rule, so the daemon and every client agree
+            raise ValueError(f"stream names are 1-{constants.STREAM_NAME_MAX} letters, digits, '_' or '-', starting "
+                             f"with a letter or digit (nothing else: no path characters, no newline)")
         return v
 
     @field_validator("producer", "readers")
@@ -187,8 +187,8 @@ class RuntimeConfig(_Strict):
 
 
 class IngressConfig(_Strict):
-    socket: str = ring.INGRESS_SOCKET           # where cameras hand over their rings
-    results_socket: str = ring.RESULTS_SOCKET   # where readers ask for result rings
+    socket: str = constants.INGRESS_SOCKET           # where cameras hand over their rings
+    results_socket: str = constants.RESULTS_SOCKET   # where readers ask for result rings
     socket_group: str | int | None = None       # group of sockets the daemon binds itself (default: its own)
     handshake_timeout_ms: int = Field(1000, ge=10, le=60000)  # a client silent this long after connecting is dropped
     # Caps per party: a uid of the host's user database or named in this file, or else every other uid (a user

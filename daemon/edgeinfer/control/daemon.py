@@ -25,7 +25,8 @@ from edgeinfer.models.bundle import BundleError
 from edgeinfer.config.schema import Config
 from edgeinfer.lanes.dispatch import DispatchTable
 from edgeinfer.lanes.loop import Stream
-from edgeinfer.control.ingress import Ingress, bind_listener
+from edgeinfer.control.ingress import Ingress
+from edgeinfer.support.sockets import bind_listener
 from edgeinfer.lanes.supervisor import LaneSet
 from edgeinfer.support.memtrim import release_freed_memory
 from edgeinfer.models.runtime import ModelRuntime

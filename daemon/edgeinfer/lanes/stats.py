@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.ma  # noqa: F401  np.percentile imports it lazily: at the fd limit that import would fail
 
-from edgeinfer._hist import HIST_BYTES, StageHistograms
+from edgeinfer.abi.hist import HIST_BYTES, StageHistograms
 from edgeinfer.abi.vocabulary import OUTCOMES
 
 WINDOW = 4096  # recent frames kept for quantiles

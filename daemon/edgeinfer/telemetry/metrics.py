@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edgeinfer.abi import ring
-from edgeinfer._hist import STAGES, cumulative_at
+from edgeinfer.abi.hist import STAGES, cumulative_at
 from edgeinfer.telemetry.httplistener import HttpListener, Response, SharedRender
 
 # Histogram buckets for 100 µs - 1 s (seconds).
