@@ -1,10 +1,10 @@
 """edgeinferd wiring: models → result rings → lanes → sockets → restored producers → serve → stop.
 
 The main process is the control plane: configuration, the models (verified
-and reloaded one by one, reload.py), the ingress and results sockets
-(ingress.py, admission.py), the lanes (lanes.py: processes forked by the
+and reloaded one by one, registry.py), the ingress and results sockets
+(ingress.py, admission.py), the lanes (lanes/supervisor.py: processes forked by the
 zygote, each a real-time loop), signals (handlers only set flags; named
-handlers in the main loop act), status (statusreport.py) and logging.
+handlers in the main loop act), status (status.py) and logging.
 Shutdown order: stop the lanes (each finishes its frame), then close the
 result rings (readers see CLOSED), the connections and the sockets.
 """

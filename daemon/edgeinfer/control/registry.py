@@ -3,7 +3,7 @@ reloaded on its own (control plane).
 
 Loading a model here means: read its bundle's files once, verify the
 signature on those bytes, check the anti-rollback floor, parse it (graph,
-input, decoder). The lanes build and warm the ONNX Runtime sessions (lane.py);
+input, decoder). The lanes build and warm the ONNX Runtime sessions (lanes/process.py);
 a reload is staged in every lane holding the model and committed only when
 all of them warmed it. A refused reload keeps that model's old version
 serving and touches no other model; the reason is recorded per model.

@@ -1,6 +1,6 @@
 """The control plane's side of the lanes: spawn, feed, watch, restart.
 
-Each lane is a process (lane.py) forked by the zygote (zygote.py). The
+Each lane is a process (process.py) forked by the zygote (zygote.py). The
 control plane sends it the models it holds (each verified here, its graphs
 fused and serialised here, sent in sealed memfds), and the rings of the streams of those models as producers attach.
 A lane that dies (its pidfd becomes readable, or its socket hangs up) or

@@ -2,7 +2,7 @@
 
 When a model's configured bundle is refused at start (not signed by a trusted key, under the anti-rollback
 floor, a model that does not load), a daemon that served that model before starts on the bundle it last
-served instead of serving nothing, and says so (reload.py). What is remembered is where that bundle was
+served instead of serving nothing, and says so (control/registry.py). What is remembered is where that bundle was
 and what it was: known-good.json maps the configuration's model name to
 
     {"bundle": "/var/lib/edgeinfer/models/foo-1.2", "sha256": "<model.onnx>", "name": "foo", "version": "1.2"}
