@@ -23,9 +23,21 @@ TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt
 NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py
 EXT_STAMP := daemon/edgeinfer/.native-built
 
-.PHONY: all system-packages venv native models system-cache test reliability bench demo deb clean distclean
+.PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb clean distclean
 
 all: native
+
+help:
+	@echo "make demo         edgeinferd on the orientation model with two synthetic cameras (DEMO_SECONDS=N)"
+	@echo "make check        the unit tests (tests/unit): no root, no .deb, the build packages only; < 3 min"
+	@echo "make test         the whole suite, what CI runs: unit, integration, reliability (short), system;"
+	@echo "                  installs the test packages and builds the .deb first; needs root; ~30 min"
+	@echo "make deb          the Debian package, into DEB_BUILD (default build/deb)"
+	@echo "make bench        the ingress benchmark (bench/: the others run by hand)"
+	@echo "make reliability  the reliability campaign, rewriting docs/reliability.md (PROFILE=short|long)"
+	@echo "make native       the .venv and the native core, built in place (make models: the model bundles)"
+	@echo "make clean        build outputs (make distclean: the .venv and the package stamps too)"
+	@echo "One test alone: .venv/bin/python -m pytest -q 'tests/integration/test_lanes.py::NAME' (CONTRIBUTING.md)"
 
 # One stamp per set: each is checked once, not at every make.
 system-packages: .build-packages.stamp .test-packages.stamp
@@ -67,6 +79,11 @@ models: $(MODELS_STAMP)
 system-cache: .test-packages.stamp
 	tests/system/prepare >/dev/null
 
+# The fast loop: the unit tests (tests/unit), as any user, with the build packages only: no root, no test
+# packages, no .deb, no container. make test runs them too, with everything else.
+check: native models
+	$(PY) -m pytest -q tests/unit
+
 # The whole suite, including the system tests that install build/deb/*.deb in a
 # booted systemd container: so the package is built first.
 # The short reliability profile (tests/reliability) is part of it; its table goes to build/reliability.md.
@@ -80,7 +97,7 @@ test: .test-packages.stamp native models deb system-cache
 PROFILE ?= short
 reliability: .test-packages.stamp native models deb system-cache
 	EDGEINFER_RELIABILITY_PROFILE=$(PROFILE) EDGEINFER_RELIABILITY_REPORT=docs/reliability.md \
-		$(PY) -m pytest -q tests/reliability tests/test_system_nspawn.py
+		$(PY) -m pytest -q tests/reliability tests/system/test_system_nspawn.py
 
 bench: native models
 	$(PY) bench/ingress.py

@@ -19,6 +19,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI") == "true"
+TESTS = Path(__file__).resolve().parent
+
+# The folders are the kinds (CONTRIBUTING.md): unit (no root, no daemon that needs it, no system package beyond
+# the build set, no .deb: `make check`), integration (the real daemon, root, ffmpeg, Prometheus, spin, the
+# fuzzers; tests/reliability is integration too) and system (the .deb, in a booted systemd container).
+KINDS = {"unit": "unit", "integration": "integration", "reliability": "integration", "system": "system"}
+
+# Test modules share helpers by module name across folders (`from test_rtsp import RtspServer`), as when they
+# sat side by side: every folder is importable, whichever of them pytest collects first (or alone).
+for _folder in dict.fromkeys(KINDS):
+    if str(TESTS / _folder) not in sys.path:
+        sys.path.append(str(TESTS / _folder))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets its folder's kind as a marker: `pytest -m unit`, `-m "not system"`."""
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(TESTS)
+        kind = KINDS.get(rel.parts[0]) if len(rel.parts) > 1 else None
+        if kind:
+            item.add_marker(getattr(pytest.mark, kind))
 
 
 def require_tool(name: str) -> str:

@@ -118,7 +118,7 @@ NOTES = """\
   rewrites this file; `make reliability PROFILE=long` pushes every fault harder (5,000 producer kills,
   10,000 resize attempts, 60 daemon kills, 1,000,000 fuzzed rings, 20,000,000 libFuzzer inputs, 2-minute
   load levels, a 1 h soak).
-- Every row is one test in `tests/reliability/` (the container rows: `tests/test_system_nspawn.py`);
+- Every row is one test in `tests/reliability/` (the container rows: `tests/system/test_system_nspawn.py`);
   the test asserts the row's expectation, so a **FAIL** row is also a failed test in `make test`.
 - The **isolation** rows play the worst camera and the worst reader as real, unprivileged users
   (created for the run) against a live daemon that serves an honest neighbour: the attackers are plain

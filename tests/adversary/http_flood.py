@@ -1,4 +1,4 @@
-"""An HTTP client at its worst, against edgeinferd's metrics listener (tests/test_http_listener.py,
+"""An HTTP client at its worst, against edgeinferd's metrics listener (tests/integration/test_http_listener.py,
 bench/http_abuse.py): holds 1,000 half-open connections, drips one request that never ends, and runs 32
 threads scraping /metrics as fast as they can for SECONDS.
 

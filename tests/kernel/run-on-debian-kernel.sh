@@ -1,6 +1,6 @@
 #!/bin/bash
 # The kernel facts ABI 2 rests on (docs/abi.md). Not part of `make test` (it downloads a
-# kernel); the host half runs in tests/test_kernel_facts.py.
+# kernel); the host half runs in tests/integration/test_kernel_facts.py.
 #
 # Build sealcheck, run it on this host, then boot Debian bookworm's stock 6.1
 # kernel under qemu-system-x86_64 (TCG) with sealcheck as /init and print both

@@ -13,7 +13,7 @@
  * slot that no longer holds the seq `latest` named only happens after `latest`
  * moved on (the consumer's other "corrupt" verdict never fires either).
  *
- * Checked (tests/test_protocol_model.py):
+ * Checked (tests/integration/test_protocol_model.py):
  *   safety:   no torn read; frames arrive in increasing order; the producer
  *             always finds a free slot and backs off at most twice per frame
  *             (the consumer only ever claims what `latest` named: the newest);

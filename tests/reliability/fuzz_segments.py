@@ -8,7 +8,7 @@ fresh memfd, sealed as the writers seal theirs (a frame ring against resizing,
 a result ring also read-only for every later mapping), and handed to
 ring.FrameReader(fd) or ring.ResultReader.from_fd(fd). (The fd checks
 themselves — unsealed, write-sealed, not a memfd — are tested case by case in
-tests/test_ring_validation.py and over the daemon's socket in test_access.py.)
+tests/unit/test_ring_validation.py and over the daemon's socket in test_access.py.)
 
 Run as a child process (a crash must not take pytest down with it):
     python fuzz_segments.py N SEED

@@ -43,7 +43,7 @@ def test_bad_ring_fds_are_refused_over_the_socket(request, matrix, tmp_path, str
                                                   signing_key):
     """ABI 1's insecure segments (world-writable, owned by a stranger) cannot exist in ABI 2:
     a ring is an fd handed over a socket, and every check of that fd is tested case by case
-    in tests/test_ring_validation.py. This row hands the running daemon each kind of bad fd
+    in tests/unit/test_ring_validation.py. This row hands the running daemon each kind of bad fd
     over its real ingress socket, as the stream's own producer would — an unsealed memfd,
     a file in /dev/shm (a named ring as in ABI 1), a pipe, a write-sealed memfd, each
     holding a valid ring where it can — and checks each is refused with its reason and

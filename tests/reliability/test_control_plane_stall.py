@@ -7,7 +7,7 @@ in the connection, on ingress.sock and on results.sock, round after round (tests
 the fix the daemon closed these on its control-plane thread, inside ring.h's receive helper with the GIL held:
 /healthz went unanswered, handshakes failed, the watchdog ping stopped, and under systemd it was restarted.
 
-The daemon under test gets a notify socket this test reads (tests/test_systemd_notify.py's FakeSystemd), with a
+The daemon under test gets a notify socket this test reads (tests/integration/test_systemd_notify.py's FakeSystemd), with a
 watchdog interval of WATCHDOG_S: the pings must go on with no gap larger than that interval, which is what
 systemd holds the daemon to. Meanwhile an honest camera (examples/producer.c, its own user) ends and a new one
 starts, and a new honest reader connects: each is admitted within the test's bound (no time tighter than that is

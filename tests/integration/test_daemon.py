@@ -149,7 +149,7 @@ def test_every_frame_has_one_outcome_across_daemon_restarts(bundles, children, t
     counted again, and the ones published while no daemon ran are counted once, by the next. So the outcomes
     of all the daemons together are exactly the frames published, and each daemon's are exactly the frames
     between where the previous one stopped and where it stopped."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "reliability"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reliability"))
     from rel_helpers import consumed, open_ring_of, published, stop
 
     cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": stream, "max_age_ms": 60000}])

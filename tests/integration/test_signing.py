@@ -171,7 +171,7 @@ def test_daemon_refuses_an_older_bundle_at_start(tmp_path, signing_key, bundles,
     cfg = write_config(tmp_path, old, [{"name": "rb"}])  # same state dir
     r = subprocess.run(edgeinferd_args(cfg, "--verify-only"), capture_output=True, text=True, timeout=60)
     refusal = "version 1.0 of model 'ppocr-cls' is older than the accepted 3.0"
-    # Refused; the start serves the last known-good 3.0 instead (tests/test_state_files.py) ...
+    # Refused; the start serves the last known-good 3.0 instead (tests/integration/test_state_files.py) ...
     assert r.returncode == 0 and refusal in r.stderr and f"LAST KNOWN-GOOD BUNDLE {new} instead" in r.stderr
     os.unlink(tmp_path / "state" / "known-good.json")  # ... and fails without it
     r = subprocess.run(edgeinferd_args(cfg, "--verify-only"), capture_output=True, text=True, timeout=60)

@@ -330,7 +330,7 @@ print("survived")
 @pytest.mark.parametrize("how", ["fault", "kill"])
 def test_a_sigbus_the_guard_does_not_own_still_kills(tmp_path, how):
     r = subprocess.run([sys.executable, "-c", _OTHER_SIGBUS_CHILD, str(tmp_path / "other"), how,
-                        os.path.dirname(os.path.abspath(__file__))], capture_output=True, text=True, timeout=60)
+                        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))], capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGBUS and "survived" not in r.stdout, (r.returncode, r.stderr[-1000:])
 
 

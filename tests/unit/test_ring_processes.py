@@ -46,7 +46,7 @@ def test_100k_frames_cross_process_none_torn(ingress, children):
     can; this process verifies every frame it acquires, byte for byte."""
     frames, w, h = 100_000, 64, 48
     nbytes = w * h * 3
-    prod = children.python(PY_PRODUCER.format(tests=os.path.dirname(__file__)), ingress.path, w, h, frames,
+    prod = children.python(PY_PRODUCER.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ingress.path, w, h, frames,
                            stdin=subprocess.PIPE)
     reader, name, _ = ingress.accept()
     assert name == "cam0" and read_line(prod) == "READY"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import require_tool
 
-MODEL = Path(__file__).parent / "model" / "claim.pml"
+MODEL = Path(__file__).parent.parent / "model" / "claim.pml"
 
 
 def run_spin(model_text: str, workdir: Path, liveness: bool) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-ROOT = next(p / "daemon" for p in pathlib.Path(__file__).resolve().parents if (p / "daemon" / "edgeinfer").is_dir())
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "daemon"  # tests/unit/ -> the repository
 
 RANKS = {"abi": 0, "support": 0, "models": 1, "config": 2, "lanes": 3, "telemetry": 3, "cameras": 3,
          "control": 4, "cli": 5}

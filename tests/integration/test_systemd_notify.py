@@ -203,7 +203,7 @@ def test_fd_store_keeps_a_camera_across_a_daemon_restart(children, tmp_path, str
     socket unit (first, as systemd orders them) and with sockets the daemon binds itself: a stored
     connection has its listener's address and must not be taken for a listener. Accounting goes on across
     the restart: the two daemons' outcomes add up to the frames the camera published, exactly."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "reliability"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reliability"))
     from rel_helpers import consumed, open_ring_of, published, stop
 
     sd = fake_systemd

@@ -91,7 +91,7 @@ def test_overload_every_stream_keeps_its_fair_share_with_exact_accounting(bundle
     starves, both lanes serve (each at least 30 % of the frames: with batch 4, a lane that claimed all four
     ready streams at once used to leave the other idle), and every frame published is processed or dropped
     with a reason."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "reliability"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reliability"))
     from rel_helpers import latest_seq, open_ring_of, stop
     names = [f"{stream}-{i}" for i in range(4)]
     cfg = write_config(tmp_path, None, [{"name": n, "model": "orientation", "width": 224, "height": 224,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
-SERVER = Path(__file__).parent / "rtsp" / "rtsp_server.py"
+SERVER = Path(__file__).parent.parent / "rtsp" / "rtsp_server.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
