@@ -16,6 +16,16 @@ hist = Extension(
     extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
 )
 
+# The lane's hardening (uid, capabilities, no_new_privs, seccomp): links libseccomp (libseccomp-dev to build).
+harden = Extension(
+    "edgeinfer._harden",
+    sources=["native/harden.pyx"],
+    include_dirs=["native"],
+    depends=["native/harden.h"],
+    libraries=["seccomp"],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function"],
+)
+
 setup(
     name="edgeinfer",
     version="0.2.0",
@@ -24,7 +34,7 @@ setup(
     python_requires=">=3.11",
     packages=["edgeinfer", "edgeinfer.decoders", "edgeinfer.producers"],
     package_dir={"edgeinfer": "daemon"},
-    ext_modules=cythonize([ring, hist], include_path=["native"], compiler_directives={"language_level": "3"}),
+    ext_modules=cythonize([ring, hist, harden], include_path=["native"], compiler_directives={"language_level": "3"}),
     install_requires=["numpy>=1.26", "onnxruntime>=1.20", "onnx>=1.16", "pyyaml>=6", "pydantic>=2.5", "pillow>=10.1",
                       "model-signing==1.1.1", "pyopenssl>=24", "packaging>=23", "prometheus-client>=0.20",
                       "av>=18.1"],

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from edgeinfer import ring
 from edgeinfer.bundle import SizeLimits
-from edgeinfer.identity import Acl, Identity, LegacyUids, group_id
+from edgeinfer.identity import Acl, Identity, LegacyUids, group_id, user_id
 from edgeinfer.vocabulary import FrameFormat, Geometry
 from edgeinfer.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
 
@@ -170,6 +170,7 @@ class RuntimeConfig(_Strict):
     handovers: int = Field(30, ge=1, le=100000)  # rings a stream may be handed per geometry_window_s (any ring,
     #                                              the same one again included); beyond, refused for the cooldown
 
+    lane_user: str | None = None  # who lanes run as when edgeinferd starts as root (default: edgeinfer, else nobody)
     lane_hang_s: float = Field(5.0, gt=0)  # a lane making no progress this long is killed and restarted
     lane_restarts: int = Field(5, ge=0, le=1000)  # restarts of one lane per lane_restart_window_s before the
     lane_restart_window_s: float = Field(60.0, gt=0)  # watchdog stops being fed (systemd restarts the daemon)
@@ -178,6 +179,13 @@ class RuntimeConfig(_Strict):
     @classmethod
     def _available(cls, cpus: list[int]) -> list[int]:
         return _cpus_available(cpus)
+
+    @field_validator("lane_user")
+    @classmethod
+    def _lane_user(cls, user: str | None) -> str | None:
+        if user is not None and user_id(user) == 0:  # user_id: "no such user" for a typo
+            raise ValueError(f"{user!r} is root: lanes never run as root")
+        return user
 
     @model_validator(mode="after")
     def _cpus(self):

@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 
-from edgeinfer import ring, statusreport
+from edgeinfer import ring, sandbox, statusreport
 from edgeinfer.admission import Admission
 from edgeinfer.bundle import BundleError
 from edgeinfer.config import Config
@@ -126,7 +126,12 @@ class Daemon:
                 self._check_stop()
             self._make_streams()
             # Forked while this process has no thread: the lanes inherit the table and the result rings.
-            self.zygote = Zygote(cfg, self.plans, self.streams, self.table)
+            identity, warning = sandbox.lane_identity(cfg.runtime.lane_user)
+            if warning:
+                log.warning("%s", warning)
+            self.zygote = Zygote(cfg, self.plans, self.streams, self.table, identity)
+            log.info("lanes run as %s, with no capability, no_new_privs and a seccomp filter",
+                     f"user {identity.name}" if identity else f"this process's user (uid {os.geteuid()})")
             if cfg.metrics.enabled:
                 self.metrics = MetricsServer(self, cfg.metrics.listen)  # /readyz says "not yet" until the lanes run
                 self.metrics.start()

@@ -31,7 +31,7 @@ import socket
 import sys
 import time
 
-from edgeinfer import dispatch, ring
+from edgeinfer import dispatch, ring, sandbox
 from edgeinfer.engine import Engine
 from edgeinfer.memtrim import release_freed_memory
 from edgeinfer.model import SessionSet, ThreadPlan
@@ -116,7 +116,8 @@ class LogLimiter:
         return count
 
 class Lane:
-    def __init__(self, lane: int, plans, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket):
+    def __init__(self, lane: int, plans, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket,
+                 keeps_nice: bool = False):
         plan = plans[lane]
         self.id = lane
         self.cfg = cfg
@@ -135,9 +136,11 @@ class Lane:
                              bell=bells[lane], peers=[b for i, b in enumerate(bells) if i != lane],
                              loop_cpus=loop_cpus, scheduling=rt.scheduling, priority=rt.priority,
                              duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us, idle_timeout_ms=rt.idle_timeout_ms,
+                             release_nice=keeps_nice,
                              peer_counters={m: [table.lane_counters(i) for i, p in enumerate(plans)
                                                 if i != lane and m in p.models] for m in self.model_names})
         self.table = table
+        self.keeps_nice = keeps_nice  # this thread holds CAP_SYS_NICE until the loop thread has started (sandbox)
         self.models: dict[str, SessionSet] = {}
         self.staged: dict[str, SessionSet] = {}
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
@@ -284,6 +287,8 @@ class Lane:
 
     def run(self) -> int:
         self.engine.start()
+        if self.keeps_nice:  # the loop thread has it (and drops it once its priority is taken); this one needs none
+            sandbox.release_nice()
         self.table.lane_counters(self.id)[dispatch.LANE_READY] = 1
         send(self.sock, ("ready", os.getpid()))
         poller = select.poll()
@@ -307,8 +312,10 @@ class Lane:
         return 0 if stopped else 1
 
 
-def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket) -> int:
-    """The forked lane's whole life (the zygote's child); plans: every lane's (CPUs and models)."""
+def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket,
+              identity: sandbox.LaneIdentity | None = None) -> int:
+    """The forked lane's whole life (the zygote's child); plans: every lane's (CPUs and models); identity: the
+    uid and gid it takes when the daemon runs as root (sandbox.py)."""
     plan = plans[lane]
     # The control thread (and what it starts, unless pinned: ORT's extra threads are, to the lane's CPUs) stays
     # off the lane's CPUs where others exist: at normal priority next to the real-time loop it would not run
@@ -322,7 +329,9 @@ def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket) -> int
         pass
     started = time.monotonic()
     try:
-        return Lane(lane, plans, cfg, streams, table, sock).run()
+        # Before the first camera byte and the first thread: its uid, capabilities, no_new_privs, seccomp filter.
+        keeps_nice = sandbox.harden_lane(identity, cfg.runtime.scheduling, cfg.runtime.priority)
+        return Lane(lane, plans, cfg, streams, table, sock, keeps_nice).run()
     except Exception as e:
         send(sock, ("log", "error", f"lane stopped after {time.monotonic() - started:.1f} s: "
                                     f"{type(e).__name__}: {e}"))
