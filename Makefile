@@ -77,7 +77,7 @@ test: .test-packages.stamp native models deb system-cache
 
 # The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
 # in tests/reliability plus the container's fault checks (so the .deb first).
-# PROFILE=short (~12 min, what make test runs) or PROFILE=long (~95 min, 1 h soak).
+# PROFILE=short (~9 min, what make test runs) or PROFILE=long (~95 min, 1 h soak).
 PROFILE ?= short
 reliability: .test-packages.stamp native models deb system-cache
 	EDGEINFER_RELIABILITY_PROFILE=$(PROFILE) EDGEINFER_RELIABILITY_REPORT=docs/reliability.md \
