@@ -21,7 +21,7 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev libseccomp-dev
 TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-ugly
-NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/harden.pyx native/harden.h setup.py
+NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgeinfer/*.h) native/consumer.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/harden.pyx native/harden.h setup.py
 EXT_STAMP := daemon/.native-built
 
 .PHONY: all system-packages venv native models system-cache test reliability bench demo deb clean distclean

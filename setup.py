@@ -6,7 +6,9 @@ ring = Extension(
     "edgeinfer._ring",
     sources=["native/ring.pyx"],
     include_dirs=["native/include", "native"],
-    depends=["native/include/edgeinfer/ring.h", "native/ring_h.pxd", "native/sigbus_guard.h", "native/doorbell.h", "native/lanes.h"],
+    depends=["native/include/edgeinfer/ring.h", "native/include/edgeinfer/abi.h", "native/include/edgeinfer/client.h",
+             "native/include/edgeinfer/handshake.h", "native/consumer.h", "native/ring_h.pxd", "native/sigbus_guard.h",
+             "native/doorbell.h", "native/lanes.h"],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function"],
 )
 
