@@ -4,14 +4,18 @@ capability once its loop has its priority, has no_new_privs and a seccomp filter
 lane: a forked process hardened the same way tries what an attacker would next."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import pickle
 import pwd
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -241,3 +245,63 @@ def test_a_lane_user_that_cannot_be_is_refused_with_its_line(tmp_path, bundles, 
         load_config(cfg)
     assert re.search(r"edgeinferd\.yaml:\d+: runtime\.lane_user", str(e.value)), str(e.value)  # file:line: key
     assert needle in str(e.value), str(e.value)
+
+
+def _steal_fd(pid: int, fd: int) -> int:
+    """A copy of fd `fd` of process `pid` (pidfd_getfd(2); root)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        got = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd
+        if got < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+        return got
+    finally:
+        os.close(pidfd)
+
+
+class _Boom:
+    """Unpickled, it would create `path`: what a compromised lane would send a control plane that unpickles."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_a_compromised_lane_cannot_run_code_in_the_control_plane(bundles, children, tmp_path, stream):
+    """A lane speaks JSON messages, each field checked (laneproto.py); the control plane never unpickles what a
+    lane sends. Played with the lane's own socket (taken from it with pidfd_getfd, as code running in the lane
+    could use it): a pickle that would run code, a message naming a stream the lane does not hold, and a log
+    level that is not one. Each time: no code runs, the lane is killed and restarted with the reason, and the
+    stream is served again."""
+    require_root("taking a lane's socket with pidfd_getfd")
+    cfg = write_config(tmp_path, bundles("orientation"),
+                       [{"name": stream, "width": 224, "height": 224, "max_age_ms": 60000}])
+    proc = start_daemon(children, cfg, log_file=str(tmp_path / "daemon.log"))
+    frames = [f for f, _ in make_frames(224, 224, pages=2)]
+    marker = tmp_path / "ran"
+    attacks = [pickle.dumps(_Boom(str(marker))),
+               json.dumps(["Dropped", 4095, 1, "a stream that is not the lane's"]).encode(),
+               json.dumps(["Log", "critical", "an arbitrary logger method"]).encode()]
+    for n, payload in enumerate(attacks, 1):
+        lanes = _lanes_of(proc.pid)
+        assert lanes
+        victim = lanes[0]
+        socks = [int(fd) for fd in os.listdir(f"/proc/{victim}/fd")
+                 if os.readlink(f"/proc/{victim}/fd/{fd}").startswith("socket:")]
+        assert len(socks) == 1, socks  # its one socket: to the control plane
+        s = socket.socket(fileno=_steal_fd(victim, socks[0]))
+        try:
+            s.send(payload)
+        finally:
+            s.close()
+        deadline = time.monotonic() + 30
+        while victim in _lanes_of(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert victim not in _lanes_of(proc.pid), f"attack {n}: the lane that broke the protocol still runs"
+        assert len(feed_and_collect(proc, stream, frames, 5, per_frame_timeout=30)) == 5
+        assert daemon_log(proc).count("broke the lane protocol") == n, daemon_log(proc)[-3000:]
+    assert not marker.exists(), "the control plane ran code a lane sent"
+    assert stop_daemon(proc) == 0
