@@ -7,8 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages in two sets, so that `make demo` installs only the first.
 # Building and running (demo, bench): gcc/libc6-dev: the Cython extension and the C example;
-# python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3).
-BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev
+# python3-venv/python3-dev: the .venv and the extension's headers (Debian's python3);
+# libseccomp-dev: the lanes' seccomp filter (native/harden.h).
+BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev libseccomp-dev
 # The test suite, in addition: spin: the protocol model check;
 # prometheus: promtool and a real Prometheus server for the telemetry tests;
 # debootstrap, systemd-container: the system tests boot the .deb in a container;
@@ -20,7 +21,7 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev
 TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-ugly
-NATIVE_SRC := native/ring.pyx native/ring_h.pxd native/include/edgeinfer/ring.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx setup.py
+NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgeinfer/*.h) native/consumer.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/harden.pyx native/harden.h setup.py
 EXT_STAMP := daemon/edgeinfer/.native-built
 
 .PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb clean distclean
@@ -93,7 +94,7 @@ test: .test-packages.stamp native models deb system-cache
 
 # The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
 # in tests/reliability plus the container's fault checks (so the .deb first).
-# PROFILE=short (~12 min, what make test runs) or PROFILE=long (~95 min, 1 h soak).
+# PROFILE=short (~9 min, what make test runs) or PROFILE=long (~95 min, 1 h soak).
 PROFILE ?= short
 reliability: .test-packages.stamp native models deb system-cache
 	EDGEINFER_RELIABILITY_PROFILE=$(PROFILE) EDGEINFER_RELIABILITY_REPORT=docs/reliability.md \
@@ -108,7 +109,7 @@ demo: native models
 	$(PY) -m edgeinfer.cli demo --bundle models/bundles/orientation
 
 # The Debian package: dpkg-buildpackage in a copy of the tree with packaging/debian as debian/.
-DEB_PACKAGES := debhelper dh-virtualenv dpkg-dev fakeroot lintian python3-dev python3-venv
+DEB_PACKAGES := debhelper dh-virtualenv dpkg-dev fakeroot lintian python3-dev python3-venv libseccomp-dev
 DEB_BUILD ?= build/deb
 deb:
 	scripts/ensure-system-packages $(DEB_PACKAGES)
@@ -120,7 +121,7 @@ deb:
 	@ls -l $(DEB_BUILD)/edgeinfer_*.deb
 
 clean:
-	rm -rf build native/ring.c native/hist.c daemon/edgeinfer/_ring*.so daemon/edgeinfer/_hist*.so $(EXT_STAMP) *.egg-info
+	rm -rf build native/ring.c native/hist.c native/harden.c daemon/edgeinfer/_ring*.so daemon/edgeinfer/_hist*.so daemon/edgeinfer/_harden*.so $(EXT_STAMP) *.egg-info
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 # .system-packages.stamp: the single stamp from before the two sets.

@@ -20,6 +20,8 @@
 
 #include <edgeinfer/ring.h>
 
+#include "consumer.h"
+
 typedef struct ei_stream_cursor {
     _Atomic uint32_t owner;            /* lane id + 1 serving the stream now; 0 = free */
     _Atomic uint32_t epoch;            /* producer generation the state below belongs to */
@@ -42,8 +44,8 @@ typedef struct ei_lane_view {
 
 /* News the lane may serve: a `latest` word nobody consumed (a newly published frame), on a free cursor of its
  * epoch. Never the ring's `flags` alone: the camera owns that word, and a flag flipped with every doorbell ring
- * made each ring a wake-up the wake guard could not mute (ring.h ei_wake_guard; the lanes learn that a camera
- * left from its connection, not from EI_RING_CLOSED). */
+ * made each ring a wake-up the wake guard could not mute (ei_wake_guard, edgeinfer/client.h; the lanes learn that
+ * a camera left from its connection, not from EI_RING_CLOSED). */
 static inline int ei_lane_ready(const void *p) {
     const ei_lane_view *v = (const ei_lane_view *)p;
     if (atomic_load_explicit(&v->cur->owner, memory_order_acquire) != 0) return 0;

@@ -507,7 +507,7 @@ cdef class FrameConsumer:
     cdef ei_lane_view lane      # with a dispatch-table cursor (share()): lanes take turns on this ring
     cdef object table           # keeps the dispatch table's memory alive while `lane` points into it
     cdef readonly bint shared   # share() was called: readiness and claims go through the cursor
-    cdef ei_wake_guard guard    # wake-up spam defence for this ring, kept across waits (ring.h)
+    cdef ei_wake_guard guard    # wake-up spam defence for this ring, kept across waits (edgeinfer/client.h)
 
     def __cinit__(self, int fd, str name, uint64_t max_size=(<uint64_t>1) << 40, bint join=False):
         cdef ei_error err

@@ -1,8 +1,9 @@
 # Cython view of native/include/edgeinfer/ring.h (named after the header it
-# declares, as pyzmq's libzmq.pxd): the header is the single source of truth;
-# this file only names what the extension calls. Fields that are _Atomic in C
-# are declared with their plain type here: Cython emits a plain C access,
-# which C11 compiles as a seq_cst atomic load.
+# declares, as pyzmq's libzmq.pxd) and of the daemon-internal headers in
+# native/: the headers are the single source of truth; this file only names
+# what the extension calls. Fields that are _Atomic in C are declared with
+# their plain type here: Cython emits a plain C access, which C11 compiles as
+# a seq_cst atomic load.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
 
 cdef extern from "edgeinfer/ring.h" nogil:
@@ -125,26 +126,6 @@ cdef extern from "edgeinfer/ring.h" nogil:
         uint64_t next_seq         # seq the next publish gets
         uint32_t writing          # slot reserved by begin(), EI_NO_SLOT if none
 
-    ctypedef struct ei_frame_consumer:
-        uint8_t *base             # borrowed from the _Mapping
-        ei_frame_ring_header *hdr # borrowed: == base
-        ei_frame_layout layout    # private validated copy
-        uint64_t last_seq         # seq of the last frame taken
-        uint64_t seen_latest      # the `latest` word last consumed
-        uint64_t pending_since_ns # when news was first seen since the last acquire, 0 if none
-        uint32_t held             # slot held, EI_NO_SLOT if none
-        uint32_t seen_flags       # flags already reported to Python
-
-    ctypedef struct ei_frame_info:
-        uint64_t seq              # frame sequence number
-        uint64_t capture_mono_ns  # CLOCK_MONOTONIC at capture (producer's word)
-        uint64_t capture_real_ns  # CLOCK_REALTIME at capture (producer's word)
-        uint64_t frame_id         # producer's frame number
-        uint64_t payload_len      # bytes the producer declared
-        uint64_t pending_since_ns # the daemon's own arrival time of the news
-        uint32_t slot             # slot index
-        uint32_t generation       # informational
-
     ctypedef struct ei_wake_guard:
         uint64_t muted_until_ns   # not slept on before this time
         uint64_t mutes            # times muted
@@ -229,14 +210,6 @@ cdef extern from "edgeinfer/ring.h" nogil:
     int64_t ei__frame_producer_commit(ei_frame_producer *p, uint64_t capture_mono_ns,
                                       uint64_t capture_real_ns, uint64_t frame_id, uint64_t payload_len)
 
-    int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
-    int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
-    int ei_frame_consumer_ready(const ei_frame_consumer *c)
-    uint64_t ei_frame_consumer_note(ei_frame_consumer *c, uint64_t now_ns)
-    int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info *out)
-    void ei_frame_consumer_release(ei_frame_consumer *c)
-    ei_waitable ei_frame_waitable(ei_frame_consumer *c)
-
     uint64_t ei_wait_any(const ei_waitable *w, uint32_t n, uint64_t timeout_ns, uint64_t spin_ns, int use_waitv)
 
     int ei_result_writer_create(ei_result_writer *wr, const char *label, uint32_t record_count,
@@ -276,6 +249,37 @@ cdef extern from "edgeinfer/ring.h" nogil:
     int ei_results_connect(const char *path, const char *stream, uint64_t timeout_ns, int *sock_out,
                            int *ring_fd_out, ei_error *err)
 
+
+# native/consumer.h: daemon-internal, not installed. The frame ring's one
+# consumer: the consumer's half of the claim protocol.
+cdef extern from "consumer.h" nogil:
+    ctypedef struct ei_frame_consumer:
+        uint8_t *base             # borrowed from the _Mapping
+        ei_frame_ring_header *hdr # borrowed: == base
+        ei_frame_layout layout    # private validated copy
+        uint64_t last_seq         # seq of the last frame taken
+        uint64_t seen_latest      # the `latest` word last consumed
+        uint64_t pending_since_ns # when news was first seen since the last acquire, 0 if none
+        uint32_t held             # slot held, EI_NO_SLOT if none
+        uint32_t seen_flags       # flags already reported to Python
+
+    ctypedef struct ei_frame_info:
+        uint64_t seq              # frame sequence number
+        uint64_t capture_mono_ns  # CLOCK_MONOTONIC at capture (producer's word)
+        uint64_t capture_real_ns  # CLOCK_REALTIME at capture (producer's word)
+        uint64_t frame_id         # producer's frame number
+        uint64_t payload_len      # bytes the producer declared
+        uint64_t pending_since_ns # the daemon's own arrival time of the news
+        uint32_t slot             # slot index
+        uint32_t generation       # informational
+
+    int ei_frame_consumer_init(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
+    int ei_frame_consumer_join(ei_frame_consumer *c, uint8_t *base, uint64_t size, const char *name, ei_error *err)
+    int ei_frame_consumer_ready(const ei_frame_consumer *c)
+    uint64_t ei_frame_consumer_note(ei_frame_consumer *c, uint64_t now_ns)
+    int ei_frame_consumer_acquire(ei_frame_consumer *c, ei_frame_info *out)
+    void ei_frame_consumer_release(ei_frame_consumer *c)
+    ei_waitable ei_frame_waitable(ei_frame_consumer *c)
 
 # native/sigbus_guard.h: daemon-internal, not ABI. Defence in depth since ABI 2
 # (a sealed ring cannot shrink): absorbs SIGBUS from a frame ring mapping.

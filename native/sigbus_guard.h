@@ -1,11 +1,14 @@
 /*
  * SIGBUS guard for the daemon's frame-ring mappings (daemon-internal, not ABI).
  *
- * A producer that shrinks its segment (ftruncate) while the daemon has it
- * mapped makes every later read of the lost pages raise SIGBUS — in the
- * real-time loop, in an ONNX Runtime worker reading the frame in place, or in
- * the status thread. POSIX named shared memory cannot be sealed against that,
- * and the default action would kill the daemon and every other camera with it.
+ * A frame ring is a memfd that its producer seals (F_SEAL_SHRINK|F_SEAL_GROW|
+ * F_SEAL_SEAL) before handing the fd over, and the daemon refuses one that is
+ * not sealed, so no mapping of it can lose pages: this guard is defence in
+ * depth (docs/decisions/0014). Should a mapping lose pages all the same (a
+ * kernel or seal assumption broken), every later read of them would raise
+ * SIGBUS — in a lane's loop, in an ONNX Runtime worker reading the frame in
+ * place, or in the status thread — and the default action would kill the
+ * daemon and every other camera with it.
  *
  * The guard keeps a table of the consumer mappings. Its SIGBUS handler, for
  * a fault inside a registered mapping, maps anonymous zero pages over the rest

@@ -1,8 +1,9 @@
 /*
  * Coverage-guided fuzz target (libFuzzer, with AddressSanitizer and
  * UndefinedBehaviorSanitizer) for the reader side of native/include/edgeinfer/ring.h
- * (ABI 2): what a producer (or a client of the daemon's sockets) controls and
- * the daemon, or an integrator's result reader, trusts after validation.
+ * (ABI 2) and the daemon's frame consumer (native/consumer.h): what a producer
+ * (or a client of the daemon's sockets) controls and the daemon, or an
+ * integrator's result reader, trusts after validation.
  *
  * One input is read three ways:
  *   - as a frame ring followed by a "script": ei_frame_ring_check on all of it
@@ -25,6 +26,7 @@
  * Build and run: tests/reliability/test_native_fuzz.py (clang -fsanitize=fuzzer).
  */
 #include "edgeinfer/ring.h"
+#include "consumer.h" /* the daemon's frame consumer: native/, not installed */
 
 #include <sanitizer/asan_interface.h> /* ASAN_(UN)POISON_MEMORY_REGION: no-ops in the coverage build */
 #include <stdlib.h>

@@ -24,6 +24,9 @@ from reliability_matrix import COUNTS
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "fuzz_ring.c")
 INCLUDE = str(ROOT / "native/include")
+NATIVE = str(ROOT / "native")  # consumer.h: the daemon's frame consumer
+# Where the reader functions are: ring.h's headers and the daemon's consumer.
+HEADERS = [*map(str, sorted((ROOT / "native/include/edgeinfer").glob("*.h"))), str(ROOT / "native/consumer.h")]
 # The functions a producer's bytes reach in a reader; each must be reached (line coverage) by the corpus.
 READER_FUNCTIONS = ("ei_frame_ring_check", "ei_frame_layout_from_geometry", "ei_frame_consumer_init",
                     "ei_frame_consumer_acquire", "ei_result_ring_check", "ei_result_layout_make",
@@ -32,7 +35,7 @@ MIN_LINE_COVERAGE = 80.0  # per function; the short profile reaches 93-100 % (th
 
 
 def _build(clang: str, out: str, flags: list[str]) -> None:
-    r = subprocess.run([clang, "-std=gnu11", "-g", *flags, f"-I{INCLUDE}", HARNESS, "-o", out],
+    r = subprocess.run([clang, "-std=gnu11", "-g", *flags, f"-I{INCLUDE}", f"-I{NATIVE}", HARNESS, "-o", out],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"building the fuzz target failed:\n{r.stderr}"
 
@@ -65,7 +68,7 @@ def _coverage(clang: str, work: str, corpus: str) -> dict[str, tuple[float, floa
                    timeout=600, check=True)
     subprocess.run([require_tool("llvm-profdata"), "merge", "-sparse", raw, "-o", data], check=True, timeout=120)
     report = subprocess.run([require_tool("llvm-cov"), "report", binary, f"-instr-profile={data}",
-                             "-show-functions", str(ROOT / "native/include/edgeinfer/ring.h")],
+                             "-show-functions", *HEADERS],
                             capture_output=True, text=True, timeout=120, check=True).stdout
     found = {}
     for line in report.splitlines():

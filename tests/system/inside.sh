@@ -416,23 +416,27 @@ old_feeder=$!
 served01=$(runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 30 | wc -l)
 cfg_sum=$(md5sum < /etc/edgeinfer/edgeinferd.yaml)
 state_sum=$(md5sum < /var/lib/edgeinfer/model-versions.json)
-inv_before=$(invocation); starts_before=$(starts)
 apt-get install -y -q -o Dpkg::Options::=--force-confold /test/edgeinfer.deb > /tmp/apt02.log 2>&1
 upgraded=$?
-wait_active; sleep 2
-restarted=$(( $(starts) - starts_before ))
-# The 0.1 camera speaks ABI 1 (a /dev/shm name): it is not served any more; cameras move to ABI 2
-# (docs/operations.md, "Upgrading from 0.1"). Its restart with the new edgeinferctl is served under the
-# kept configuration (streams without `producer`: any member of group edgeinfer, with a warning).
+for _ in $(seq 1 60); do case $(systemctl is-active edgeinferd) in failed|inactive) break;; esac; sleep 0.5; done
+# The kept 0.1 configuration names no producer for cam0: any member of group edgeinfer could take it, which
+# 0.2 refuses. apt said so (the postinst's check), the daemon did not start (exit 2, no restart loop), and the
+# journal says why; the operator names the camera's user, restarts, and the camera (now on ABI 2: a 0.1 camera
+# speaks ABI 1, docs/operations.md "Upgrading from 0.1") is served.
 kill $old_feeder 2>/dev/null; wait $old_feeder 2>/dev/null
+said_by_apt=$(grep -c "refuses /etc/edgeinfer/edgeinferd.yaml" /tmp/apt02.log)
+refused=$(journalctl -u edgeinferd --no-pager -o cat | grep -c "stream cam0 names no producer")
+down=$(systemctl is-active edgeinferd)
+config_kept=$([ "$(md5sum < /etc/edgeinfer/edgeinferd.yaml)" = "$cfg_sum" ] && echo yes || echo no)
+sed -i 's/^  - name: cam0 .*$/&\n    producer: {user: cam}/' /etc/edgeinfer/edgeinferd.yaml
+systemctl restart edgeinferd; wait_active
 runuser -u cam -- edgeinferctl feed --synthetic --stream cam0 --width 224 --height 224 --fps 20 2>/tmp/feed02.err &
 new_feeder=$!
 served02=$(runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 30 | wc -l)
-warned=$(journalctl -u edgeinferd --no-pager -o cat | grep -c "names no producer")
-detail="0.1 served $served01; apt rc $upgraded; now $(dpkg-query -W -f='${Version}' edgeinfer); restarted $restarted time(s); config kept: $([ "$(md5sum < /etc/edgeinfer/edgeinferd.yaml)" = "$cfg_sum" ] && echo yes || echo no) ($(head -1 /etc/edgeinfer/edgeinferd.yaml)); state kept: $([ "$(md5sum < /var/lib/edgeinfer/model-versions.json)" = "$state_sum" ] && echo yes || echo no); deprecation warnings logged: $warned; camera on ABI 2 served $served02"
-if [ "$served01" = 3 ] && [ $upgraded = 0 ] && [ "$restarted" = 1 ] && [ "$(invocation)" != "$inv_before" ] && [ "$(md5sum < /etc/edgeinfer/edgeinferd.yaml)" = "$cfg_sum" ] && [ "$(md5sum < /var/lib/edgeinfer/model-versions.json)" = "$state_sum" ] && [ "$warned" -ge 1 ] && [ "$served02" = 3 ]; then
+detail="0.1 served $served01; apt rc $upgraded; now $(dpkg-query -W -f='${Version}' edgeinfer); config kept: $config_kept ($(head -1 /etc/edgeinfer/edgeinferd.yaml)); state kept: $([ "$(md5sum < /var/lib/edgeinfer/model-versions.json)" = "$state_sum" ] && echo yes || echo no); refusal said by apt: $said_by_apt, in the journal: $refused; daemon after the upgrade: $down; with the producer named, camera on ABI 2 served $served02"
+if [ "$served01" = 3 ] && [ $upgraded = 0 ] && [ "$config_kept" = yes ] && [ "$(md5sum < /var/lib/edgeinfer/model-versions.json)" = "$state_sum" ] && [ "$said_by_apt" -ge 1 ] && [ "$refused" -ge 1 ] && [ "$down" != active ] && [ "$served02" = 3 ]; then
     pass upgrade_from_0_1 "$detail"
 else
-    fail upgrade_from_0_1 "$detail; apt: $(tail -2 /tmp/apt02.log | tr '\n' ' ')"
+    fail upgrade_from_0_1 "$detail; apt: $(tail -4 /tmp/apt02.log | tr '\n' ' ')"
 fi
 kill $new_feeder 2>/dev/null; wait $new_feeder 2>/dev/null

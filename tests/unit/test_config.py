@@ -270,17 +270,28 @@ metrics:
 """
 
 
-def test_the_0_1_shipped_file_starts_with_warnings(tmp_path):
+def test_the_0_1_shipped_file_is_refused_until_it_says_whom_it_trusts(tmp_path):
+    """0.1's file names no producer: any member of group edgeinfer could take cam0 before its camera does. It is
+    refused (exit 2) with the stream's line and both ways out; with the trust stated it loads, warned about with
+    the 0.1-only keys."""
     path = write(tmp_path, SHIPPED_0_1)
+    r = check_config(path)
+    assert r.returncode == 2, r.stderr
+    assert (f"{path}:13: streams[0].name: stream cam0 names no producer: any member of group edgeinfer could take "
+            f"it before its camera does") in r.stderr, r.stderr
+    assert "producer: {user: CAMERA-USER}" in r.stderr and "trust_any_member: true" in r.stderr
+    group = grp.getgrgid(os.getgid()).gr_name  # the package's group edgeinfer where this host has one
+    trusted = SHIPPED_0_1.replace("    max_age_ms: 200 ", f"    producer: {{group: {group}, trust_any_member: true}}\n"
+                                  "    max_age_ms: 200 ")
+    path = write(tmp_path, trusted, "trusted.yaml")
     r = check_config(path)
     assert r.returncode == 0, r.stderr
     warned = [re.match(rf"edgeinferd: warning: {re.escape(path)}:(\d+): (\S+): ", x) for x in r.stderr.splitlines()]
     assert all(warned), r.stderr
-    assert sorted((int(m[1]), m[2]) for m in warned) == [(13, "streams[0].name"), (32, "shm.dir"),
-                                                         (33, "shm.allowed_uids")]
-    assert "any member of group edgeinfer may produce it" in r.stderr  # allowed_uids [] names nobody
+    assert sorted((int(m[1]), m[2]) for m in warned) == [(15, "streams[0].producer"), (33, "shm.dir"),
+                                                         (34, "shm.allowed_uids")]
     cfg = load_config(path)
-    assert cfg.producer_of(cfg.streams[0]).group == config.LEGACY_PRODUCER_GROUP
+    assert cfg.producer_of(cfg.streams[0]).group == group
 
 
 def test_check_config_cli(tmp_path):

@@ -10,7 +10,8 @@ rank do not import each other):
   3  lanes, telemetry, cameras   the lanes never import control; telemetry sits below control
   4  control           the daemon's wiring and serve loop
   5  cli               edgeinferd, edgeinferctl, status views, the demo
-The native modules (edgeinfer._ring, edgeinfer._hist) are imported by abi only. The compatibility names at
+The native modules edgeinfer._ring and edgeinfer._hist are imported by abi only, edgeinfer._harden (the lanes'
+sandbox) by support only. The compatibility names at
 the top (edgeinfer.ring, edgeinfer.payloads, edgeinfer.producers) are for clients: no module of the package
 imports them."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "daemon"  # tests/unit/ -> 
 
 RANKS = {"abi": 0, "support": 0, "models": 1, "config": 2, "lanes": 3, "telemetry": 3, "cameras": 3,
          "control": 4, "cli": 5}
-NATIVE = {"edgeinfer._ring", "edgeinfer._hist"}
+NATIVE = {"edgeinfer._ring": "abi", "edgeinfer._hist": "abi", "edgeinfer._harden": "support"}  # module → its importer
 COMPAT = ("edgeinfer.ring", "edgeinfer.payloads", "edgeinfer.producers")
 
 
@@ -84,8 +85,8 @@ def test_imports_run_down_the_layers():
         for line, target in _imports(name, path):
             where = f"{path.relative_to(ROOT)}:{line}: {name} imports {target}"
             if target in NATIVE:
-                if here != "abi":
-                    wrong.append(where + " (only abi/ imports the native core)")
+                if here != NATIVE[target]:
+                    wrong.append(where + f" (only {NATIVE[target]}/ imports {target})")
                 continue
             if target == "edgeinfer" or target.startswith(COMPAT):
                 if here is not None:

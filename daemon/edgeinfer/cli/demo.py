@@ -22,6 +22,7 @@ import uuid
 import numpy as np
 
 from edgeinfer.abi import ring
+from edgeinfer.support.signals import Signals
 from edgeinfer.models.signing import throwaway_signed_copy
 from edgeinfer.abi.vocabulary import DROPS
 
@@ -54,9 +55,7 @@ def run_demo(bundle: str, seconds: float) -> int:
         f.write(_config(signed, trust, os.path.join(work, "state"), streams, work))
     py = sys.executable
     procs: list[subprocess.Popen] = []
-    stopping = []
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    stopping = Signals(signal.SIGINT, signal.SIGTERM).stop_flag()
     try:
         daemon = subprocess.Popen([py, "-c", "import sys; from edgeinfer.cli import edgeinferd_main as m; "
                                    "sys.exit(m())", "--config", cfg_path, "--stats-file", stats_path],
@@ -72,7 +71,7 @@ def run_demo(bundle: str, seconds: float) -> int:
         t0 = time.monotonic()
         next_print = t0 + 1.0
         print(f"edgeinfer demo: model bundle {bundle}, cameras {', '.join(streams)} (Ctrl-C stops)", flush=True)
-        while not stopping and (not seconds or time.monotonic() - t0 < seconds):
+        while not stopping() and (not seconds or time.monotonic() - t0 < seconds):
             if daemon.poll() is not None:
                 print(f"demo: edgeinferd exited with {daemon.returncode}", file=sys.stderr)
                 return 1

@@ -8,11 +8,9 @@ import os
 import signal
 import sys
 
+from edgeinfer.support.signals import Signals
 from edgeinfer.abi.vocabulary import MODEL_FORMATS, RTSP_CLOCKS as _RTSP_CLOCKS
 
-# Set by SIGTERM/SIGINT from the first moment of edgeinferd_main, before the
-# slow imports (numpy, ONNX Runtime), so a stop during start-up is orderly.
-_stop_requested = []
 
 
 # ------------------------------------------------------------------ edgeinferd
@@ -56,8 +54,8 @@ def _print_status(st: dict) -> None:
 
 
 def edgeinferd_main(argv=None) -> int:
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: _stop_requested.append(1))
+    # From the first moment, before the slow imports (numpy, ONNX Runtime): a stop during start-up is orderly.
+    signals = Signals(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     ap = argparse.ArgumentParser(prog="edgeinferd", description="edgeinfer inference daemon")
     ap.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml")
     ap.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
@@ -85,7 +83,9 @@ def edgeinferd_main(argv=None) -> int:
     # Here, not above: --check-config needs no native core (abi/constants.py).
     from edgeinfer.abi.ring import RingError
     from edgeinfer.control.daemon import Daemon, Stopped
-    daemon = Daemon(cfg, args.config)
+    if cfg.runtime.fault_injection:
+        signals.also(signal.SIGUSR1)
+    daemon = Daemon(cfg, args.config, signals)
     if args.verify_only:
         try:
             models = daemon.verify_only()
@@ -103,8 +103,6 @@ def edgeinferd_main(argv=None) -> int:
             print(f"{entries[name].bundle}: OK: {m.name} {m.version}, signed by {m.signer.key_file} "
                   f"(sha256 of the key {m.signer.fingerprint[:16]}…)")
         return 0
-    daemon.install_signal_handlers()
-    daemon.stop_requested = bool(_stop_requested)
     try:
         daemon.start()
     except Stopped:
@@ -155,10 +153,7 @@ def _cmd_results(args) -> int:
 
 
 def _stop_flag():
-    stopping = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.append(1))
-    return lambda: bool(stopping)
+    return Signals(signal.SIGTERM, signal.SIGINT).stop_flag()
 
 
 def _cmd_feed(args) -> int:

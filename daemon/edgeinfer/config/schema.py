@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from edgeinfer.abi import constants
 from edgeinfer.models.bundle import SizeLimits
-from edgeinfer.config.identity import Acl, Identity, LegacyUids, group_id
+from edgeinfer.config.identity import Acl, Identity, LegacyUids, group_id, user_id
 from edgeinfer.abi.vocabulary import FrameFormat, Geometry
 from edgeinfer.support.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
 
@@ -170,6 +170,7 @@ class RuntimeConfig(_Strict):
     handovers: int = Field(30, ge=1, le=100000)  # rings a stream may be handed per geometry_window_s (any ring,
     #                                              the same one again included); beyond, refused for the cooldown
 
+    lane_user: str | None = None  # who lanes run as when edgeinferd starts as root (default: edgeinfer, else nobody)
     lane_hang_s: float = Field(5.0, gt=0)  # a lane making no progress this long is killed and restarted
     lane_restarts: int = Field(5, ge=0, le=1000)  # restarts of one lane per lane_restart_window_s before the
     lane_restart_window_s: float = Field(60.0, gt=0)  # watchdog stops being fed (systemd restarts the daemon)
@@ -178,6 +179,13 @@ class RuntimeConfig(_Strict):
     @classmethod
     def _available(cls, cpus: list[int]) -> list[int]:
         return _cpus_available(cpus)
+
+    @field_validator("lane_user")
+    @classmethod
+    def _lane_user(cls, user: str | None) -> str | None:
+        if user is not None and user_id(user) == 0:  # user_id: "no such user" for a typo
+            raise ValueError(f"{user!r} is root: lanes never run as root")
+        return user
 
     @model_validator(mode="after")
     def _cpus(self):
@@ -240,8 +248,8 @@ class MetricsConfig(_Strict):
         return v
 
 
-# A stream that names no producer (a configuration written for 0.1) accepts any member of this group:
-# the trust of ABI 1, kept so that an upgraded host serves its cameras, and warned about at every start.
+# The group whose every member 0.1 trusted with a stream that names no producer: refused since 0.2 unless the
+# file says so (producer: {group: edgeinfer, trust_any_member: true}) or names the uids (shm.allowed_uids).
 LEGACY_PRODUCER_GROUP = "edgeinfer"
 
 
@@ -349,12 +357,26 @@ class Config(_Strict):
         return out
 
     def producer_of(self, stream: StreamConfig) -> Identity | LegacyUids:
-        """Who may produce `stream`: its `producer`, else the 0.1 default (shm.allowed_uids, or group edgeinfer)."""
+        """Who may produce `stream`: its `producer`, else the uids of a 0.1 file's shm.allowed_uids (a file with
+        neither is refused: `refusals`)."""
         if stream.producer is not None:
             return stream.producer
         if self.shm.allowed_uids:
             return LegacyUids(tuple(self.shm.allowed_uids))
-        return Identity(group=LEGACY_PRODUCER_GROUP)
+        raise ValueError(f"stream {stream.name} names no producer")
+
+    def refusals(self) -> list[tuple[tuple, str]]:
+        """(key path, message) of every rule across sections this file breaks: a stream that names no producer,
+        in a file that does not name its uids either (shm.allowed_uids), would let any member of group
+        edgeinfer take it before its camera does (0.1's trust): refused unless the file says so."""
+        if self.shm.allowed_uids:
+            return []
+        return [(("streams", i, "name"),
+                 f"stream {s.name} names no producer: any member of group {LEGACY_PRODUCER_GROUP} could take it "
+                 f"before its camera does (0.1 trusted that; 0.2 does not). Name the camera's user: "
+                 f"producer: {{user: CAMERA-USER}}; or, to trust every member, say so: producer: "
+                 f"{{group: {LEGACY_PRODUCER_GROUP}, trust_any_member: true}} (warned at every start)")
+                for i, s in enumerate(self.streams) if s.producer is None]
 
     def deprecations(self) -> list[tuple[tuple, str]]:
         """(key path, message) of every key kept only for configurations written for ABI 1, and of every
@@ -365,11 +387,10 @@ class Config(_Strict):
                 out.append((("streams", i, "producer"), f"stream {s.name}: any member of group {s.producer.group} "
                             f"may produce it (trust_any_member): the first to connect takes the stream, its camera "
                             f"is then refused as busy. Name the camera's user: producer: {{user: CAMERA-USER}}"))
-            if s.producer is None:
-                who = (f"one of shm.allowed_uids {self.shm.allowed_uids}" if self.shm.allowed_uids
-                       else f"any member of group {LEGACY_PRODUCER_GROUP}")
-                out.append((("streams", i, "name"), f"stream {s.name} names no producer: {who} may produce it (the "
-                            f"trust of 0.1). Name the camera's user: producer: {{user: CAMERA-USER}}"))
+            if s.producer is None:  # else refused (refusals)
+                out.append((("streams", i, "name"), f"stream {s.name} names no producer: one of shm.allowed_uids "
+                            f"{self.shm.allowed_uids} may produce it (the trust of 0.1). Name the camera's user: "
+                            f"producer: {{user: CAMERA-USER}}"))
             if s.segment is not None:
                 out.append((("streams", i, "segment"), "ignored since ABI 2 (rings are handed over by fd)"))
         for key in ("dir", "result_group"):

@@ -19,6 +19,8 @@ import socket
 import time
 
 from edgeinfer.abi import ring
+from edgeinfer.support import sandbox
+from edgeinfer.support.signals import STOP, Signals
 from edgeinfer.control import status as statusreport
 from edgeinfer.control.admission import Admission
 from edgeinfer.models.bundle import BundleError
@@ -48,7 +50,10 @@ class Stopped(Exception):
 
 
 class Daemon:
-    def __init__(self, cfg: Config, config_path: str | None = None):
+    def __init__(self, cfg: Config, config_path: str | None = None, signals: Signals | None = None):
+        """signals: the process's one signal path (signals.py): a stop (SIGTERM, SIGINT) ends start-up or the
+        loop, SIGHUP reloads, SIGUSR1 stalls the lanes (runtime.fault_injection only); none: nothing stops it but
+        close()."""
         self.cfg = cfg
         self.config_path = config_path  # the file cfg came from: a reload says what in it changed needs a restart
         self.models = Models(cfg)
@@ -57,9 +62,7 @@ class Daemon:
         self.lanes: LaneSet | None = None
         self.zygote: Zygote | None = None
         self.table: DispatchTable | None = None
-        self.stop_requested = False
-        self.reload_requested = False
-        self.fault_requested = False
+        self.signals = signals if signals is not None else Signals()
         self.started_ns = ring.monotonic_ns()
         self.chore_errors = 0  # main-thread housekeeping failures (logged; serving goes on)
         self.loop = LoopClock()  # the control plane's stalls (its loop not turning for STALL_S)
@@ -74,22 +77,11 @@ class Daemon:
         self.admission: Admission | None = None
         self.restored = 0  # producers served on from systemd's fd store at start
 
-    # ---------------------------------------------------------------- signals: handlers only enqueue
+    # ---------------------------------------------------------------- signals (signals.py: handlers only record)
 
-    def install_signal_handlers(self) -> None:
-        def on_stop(signum, _frame):
-            self.stop_requested = True
-
-        def on_reload(signum, _frame):
-            self.reload_requested = True
-
-        signal.signal(signal.SIGTERM, on_stop)
-        signal.signal(signal.SIGINT, on_stop)
-        signal.signal(signal.SIGHUP, on_reload)
-        if self.cfg.runtime.fault_injection:
-            def on_fault(signum, _frame):
-                self.fault_requested = True
-            signal.signal(signal.SIGUSR1, on_fault)
+    @property
+    def stop_requested(self) -> bool:
+        return self.signals.requested(*STOP)
 
     def _check_stop(self) -> None:
         if self.stop_requested:
@@ -128,7 +120,12 @@ class Daemon:
                 self._check_stop()
             self._make_streams()
             # Forked while this process has no thread: the lanes inherit the table and the result rings.
-            self.zygote = Zygote(cfg, self.plans, self.streams, self.table)
+            identity, warning = sandbox.lane_identity(cfg.runtime.lane_user)
+            if warning:
+                log.warning("%s", warning)
+            self.zygote = Zygote(cfg, self.plans, self.streams, self.table, identity)
+            log.info("lanes run as %s, with no capability, no_new_privs and a seccomp filter",
+                     f"user {identity.name}" if identity else f"this process's user (uid {os.geteuid()})")
             if cfg.metrics.enabled:
                 self.metrics = MetricsServer(self, cfg.metrics.listen)  # /readyz says "not yet" until the lanes run
                 self.metrics.start()
@@ -327,9 +324,7 @@ class Daemon:
                 if self.lanes.fatal:
                     log.error("%s; exiting", self.lanes.fatal)
                     return 1
-                if self.reload_requested:
-                    self.reload_requested = False
-                    self.reload()
+                self.signals.dispatch({signal.SIGHUP: self.reload, signal.SIGUSR1: chores.inject_fault})
                 chores.run()
             except Stopped:
                 break
@@ -427,8 +422,6 @@ class Chores:
         if d.notifier.enabled and now >= self.next_notify:
             self.next_notify += d.cfg.runtime.status_interval_s
             d.notifier.send("STATUS=" + d.status_line())
-        if d.fault_requested:
-            self.inject_fault()
         if self.next_watch and now >= self.next_watch:
             self.next_watch += self.watch
             self.watch_bundles(now)
@@ -437,8 +430,10 @@ class Chores:
             self.write_status()
 
     def inject_fault(self) -> None:
+        """SIGUSR1 with runtime.fault_injection (test use only)."""
         d = self.d
-        d.fault_requested = False
+        if not d.cfg.runtime.fault_injection:
+            return
         # Longer than a lane may hang (it is killed and restarted) and than the watchdog can miss.
         stall = max(3.0, 2 * d.notifier.watchdog_s, 2 * d.cfg.runtime.lane_hang_s)
         log.warning("fault injection: stalling every lane for %g s", stall)

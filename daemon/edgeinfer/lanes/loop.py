@@ -42,6 +42,7 @@ import onnxruntime as ort
 
 from edgeinfer.lanes import dispatch
 from edgeinfer.abi import ring
+from edgeinfer.support import sandbox
 from edgeinfer.models.decoders import DecoderError
 from edgeinfer.models.runtime import FusedSession, SessionSet
 from edgeinfer.lanes.stats import StreamStats
@@ -95,7 +96,7 @@ class Engine:
     def __init__(self, models: dict[str, SessionSet], streams: list[Stream], *, lane: int = 0,
                  counters=None, bell: ring.Doorbell | None = None, peers=(), loop_cpus=(),
                  scheduling: str = "fifo", priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0,
-                 idle_timeout_ms: int = 100, peer_counters=None):
+                 idle_timeout_ms: int = 100, peer_counters=None, release_nice: bool = False):
         self.models = dict(models)  # name → SessionSet: the lane's models
         self.streams = streams
         self.lane_id = lane + 1     # the cursor's owner word (0 = free)
@@ -105,6 +106,7 @@ class Engine:
         self.scheduling = scheduling
         self.priority = priority
         self.duty = duty_ceiling
+        self.release_nice = release_nice  # a hardened lane: drop CAP_SYS_NICE once the priority is taken (sandbox)
         self.spin = spin_us / 1e6
         self.idle_timeout = idle_timeout_ms / 1e3
         self.events: list[tuple[str, str]] = []  # (level, message) for the control thread to log
@@ -182,8 +184,7 @@ class Engine:
         self.native_tid = threading.get_native_id()
         self.counters[dispatch.LANE_TID] = self.native_tid
         try:  # the kernel's thread name, so `ps -L`, `top -H` and `chrt -p` users can find the loop
-            with open(f"/proc/self/task/{self.native_tid}/comm", "w") as f:
-                f.write(f"edgeinfer-rt{self.lane_id - 1}")
+            sandbox.name_thread(f"edgeinfer-rt{self.lane_id - 1}")
         except OSError:
             pass  # cosmetic only
         if self.loop_cpus:
@@ -196,6 +197,8 @@ class Engine:
             except OSError as e:
                 self.events.append(("warning", f"real-time scheduling ({self.scheduling}, priority {self.priority}) "
                                                f"refused: {e.strerror}; the loop runs at normal priority"))
+        if self.release_nice:  # from here on this thread holds no capability
+            sandbox.release_nice()
 
     # ---------------------------------------------------------------- the loop
 

@@ -9,22 +9,11 @@ mailbox, cancels a run past its deadline (the lane owns its runs), and
 forwards the loop's events as log lines. When the control plane goes away
 (its end of the socket closes), the lane stops.
 
-Control plane → lane (pickled tuple, fds alongside):
-  ("stage", name) + [memfd: SessionSet + fused graphs]  build the sessions, warm → ("staged", name, version, error)
-  ("commit", name) / ("discard", name)         serve the staged model / drop it
-  ("attach", stream, epoch, geometry) + [ring, memfd: fused graph]  serve a ring  → ("attached", stream, epoch, error)
-  ("detach", stream, epoch)                     stop serving that producer's ring
-  ("stall", seconds)                            fault injection (runtime.fault_injection only)
-Lane → control plane: the replies above, ("ready", pid), ("log", level, message), ("dropped", stream, epoch, why),
-  ("short", stream, seq, payload_len, frame bytes, geometry)  a frame counted short (said by the control plane,
-                                                              rate-limited per stream across its lanes)
+The messages both ways are lanes/protocol.py's.
 """
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
-import pickle
 import re
 import select
 import socket
@@ -33,68 +22,18 @@ import time
 
 from edgeinfer.lanes import dispatch
 from edgeinfer.abi import ring
+from edgeinfer.lanes.protocol import (TO_LANE, Attach, Attached, Commit, Detach, Discard, Dropped, Log, ProtocolError,
+                                      Ready, Short, Stage, Staged, Stall, Stop, from_memfd, receive, send)
+from edgeinfer.support import sandbox
 from edgeinfer.lanes.loop import Engine
 from edgeinfer.support.memtrim import release_freed_memory
 from edgeinfer.models.runtime import SessionSet, ThreadPlan
 
-MAX_MESSAGE = 64 * 1024  # a control message (a bundle travels in a memfd)
-F_SEAL_FUTURE_WRITE = 0x10  # linux/fcntl.h (Linux >= 5.1); Python's fcntl module lacks it
 MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stream
 EVENT_LOG_S = 60.0        # the loop's same event (its numbers aside) is logged at most this often
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIM_DELAY_S = 3.0       # after a model swap, when to return the old version's freed memory to the kernel
-
-
-def send(sock: socket.socket, msg: tuple, fds=(), wait_s: float = 0.0) -> bool:
-    """One message; False if the peer is gone, or cannot take it within wait_s (0: now; log lines may be
-    dropped, a command or a reply waits for room)."""
-    data = [pickle.dumps(msg)]
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            socket.send_fds(sock, data, list(fds), socket.MSG_DONTWAIT)
-            return True
-        except BlockingIOError:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [sock], [], left)[1]:
-                return False
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            return False
-
-
-def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
-    """One message and its fds; (None, []) when the peer hung up."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 8)
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    return pickle.loads(data), fds  # from our own control plane only (a socketpair made by it)
-
-
-def to_memfd(obj, label: str) -> int:
-    """`obj` pickled into a sealed memfd (the control plane's own objects: a model's SessionSet and fused
-    graphs, too large for a control message)."""
-    data = memoryview(pickle.dumps(obj))
-    fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    written = 0
-    while written < len(data):
-        written += os.write(fd, data[written:])
-    # FUTURE_WRITE, not WRITE: F_SEAL_WRITE first waits for the pages' extra references to go, and pages just
-    # written can still sit in another CPU's LRU batch: under load it failed with EBUSY and the daemon did
-    # not start (seen once in a fresh-clone `make test`). FUTURE_WRITE forbids the same (write(), writable
-    # mappings) from now on, and nothing else holds this memfd.
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
-                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL)
-    return fd
-
-
-def from_memfd(fd: int):
-    size = os.fstat(fd).st_size
-    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
-        return pickle.loads(m)
-
 
 
 class LogLimiter:
@@ -116,8 +55,10 @@ class LogLimiter:
         self.seen[key] = (now, 0)
         return count
 
+
 class Lane:
-    def __init__(self, lane: int, plans, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket):
+    def __init__(self, lane: int, plans, cfg, streams, table: dispatch.DispatchTable, sock: socket.socket,
+                 keeps_nice: bool = False):
         plan = plans[lane]
         self.id = lane
         self.cfg = cfg
@@ -136,9 +77,11 @@ class Lane:
                              bell=bells[lane], peers=[b for i, b in enumerate(bells) if i != lane],
                              loop_cpus=loop_cpus, scheduling=rt.scheduling, priority=rt.priority,
                              duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us, idle_timeout_ms=rt.idle_timeout_ms,
+                             release_nice=keeps_nice,
                              peer_counters={m: [table.lane_counters(i) for i, p in enumerate(plans)
                                                 if i != lane and m in p.models] for m in self.model_names})
         self.table = table
+        self.keeps_nice = keeps_nice  # this thread holds CAP_SYS_NICE until the loop thread has started (sandbox)
         self.models: dict[str, SessionSet] = {}
         self.staged: dict[str, SessionSet] = {}
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
@@ -152,14 +95,14 @@ class Lane:
         return ThreadPlan(threads, tuple(extra[: threads - 1]) if threads > 1 else ())
 
     def log(self, level: str, message: str) -> None:
-        send(self.sock, ("log", level, message))
+        send(self.sock, Log(level, message))
 
     # ---------------------------------------------------------------- messages
 
-    def on_stage(self, name: str, fds) -> None:
+    def on_stage(self, msg: Stage, fds) -> None:
         """A model's sessions, built from the fused graphs the control plane made and warmed, next to what the
         loop serves (this thread's ORT calls still hold the GIL ~15 ms per session: docs/architecture.md)."""
-        rt = self.cfg.runtime
+        rt, name = self.cfg.runtime, msg.name
         try:
             payload = from_memfd(fds[0])
             model = payload["sessions"]
@@ -169,12 +112,13 @@ class Lane:
             for g, fused in payload["fused"].items():
                 model.add(g, fused)
         except Exception as e:  # BundleError, or anything ORT raises: the control plane refuses the load
-            send(self.sock, ("staged", name, None, str(e) or type(e).__name__), wait_s=REPLY_WAIT_S)
+            send(self.sock, Staged(name, None, str(e) or type(e).__name__), wait_s=REPLY_WAIT_S)
             return
         self.staged[name] = model
-        send(self.sock, ("staged", name, model.version, None), wait_s=REPLY_WAIT_S)
+        send(self.sock, Staged(name, model.version, None), wait_s=REPLY_WAIT_S)
 
-    def on_commit(self, name: str) -> None:
+    def on_commit(self, msg: Commit, fds) -> None:
+        name = msg.name
         model = self.staged.pop(name)
         sessions = {}
         for s in self.streams.values():
@@ -183,66 +127,69 @@ class Lane:
                 session = model.get(g)
                 if session is None:  # cannot happen (the control plane staged every attached geometry): say so
                     self.log("error", f"stream {s.name}: model {name} {model.version} has no session for {g}")
-                    self.on_detach(s.index, self.rings[s.index][0])
+                    self.detach(s.index, self.rings[s.index][0])
                     continue
                 sessions[s] = session
         self.models[name] = model
         self.engine.swap_model(name, model, sessions)
         self.trim_at = time.monotonic() + TRIM_DELAY_S  # once the loop let go of the old version
 
-    def on_attach(self, index: int, epoch: int, geometry, fds) -> None:
+    def on_discard(self, msg: Discard, fds) -> None:
+        self.staged.pop(msg.name, None)
+
+    def on_attach(self, msg: Attach, fds) -> None:
+        """Takes the ring's fd (fds[0]) and the fused graph's memfd (fds[1])."""
+        index, epoch = msg.index, msg.epoch
         s = self.streams[index]
         try:
             # The camera may have rewritten its header since the control plane checked it: checked again here.
             reader = ring.FrameReader(fds[0], f"stream {s.name}", join=True)
             fused = from_memfd(fds[1])
         except (ring.RingError, OSError, ValueError) as e:
-            send(self.sock, ("attached", index, epoch, str(e)), wait_s=REPLY_WAIT_S)
+            send(self.sock, Attached(index, epoch, str(e)), wait_s=REPLY_WAIT_S)
             return
         finally:
             for fd in fds:
                 os.close(fd)
-        geometry = tuple(geometry)
+        geometry = msg.geometry
         reader.geometry_key = geometry
         reader.native.share(self.table.memory, self.table.cursor_offset(index), epoch)
         try:
             session = self.models[s.model].add(geometry, fused, pinned=self.pinned())
         except Exception as e:
             reader.close()
-            send(self.sock, ("attached", index, epoch, str(e)), wait_s=REPLY_WAIT_S)
+            send(self.sock, Attached(index, epoch, str(e)), wait_s=REPLY_WAIT_S)
             return
         self.rings[index] = (epoch, reader)
         self.engine.attach(s, reader, session, epoch)
-        send(self.sock, ("attached", index, epoch, None), wait_s=REPLY_WAIT_S)
+        send(self.sock, Attached(index, epoch, None), wait_s=REPLY_WAIT_S)
 
     def pinned(self) -> set:
         return {reader.geometry_key for _epoch, reader in self.rings.values()}
 
-    def on_detach(self, index: int, epoch: int) -> None:
+    def on_detach(self, msg: Detach, fds) -> None:
+        self.detach(msg.index, msg.epoch)
+
+    def detach(self, index: int, epoch: int) -> None:
         held = self.rings.get(index)
         if held is not None and held[0] == epoch:
             del self.rings[index]
             self.engine.detach(self.streams[index], held[1])
 
-    def handle(self, msg: tuple, fds: list[int]) -> bool:
-        kind = msg[0]
-        if kind == "stage":
-            self.on_stage(msg[1], fds)
-        elif kind == "commit":
-            self.on_commit(msg[1])
-        elif kind == "discard":
-            self.staged.pop(msg[1], None)
-        elif kind == "attach":
-            self.on_attach(msg[1], msg[2], msg[3], fds)
-            fds = []
-        elif kind == "detach":
-            self.on_detach(msg[1], msg[2])
-        elif kind == "stall" and self.cfg.runtime.fault_injection:
-            self.engine.inject_stall(float(msg[1]))
-        elif kind == "stop":
+    def on_stall(self, msg: Stall, fds) -> None:
+        if self.cfg.runtime.fault_injection:
+            self.engine.inject_stall(msg.seconds)
+
+    def handle(self, msg, fds: list[int]) -> bool:
+        """One message, dispatched by its type to `on_<type>`; False: stop. Fds not taken are closed."""
+        if isinstance(msg, Stop):
+            for fd in fds:
+                os.close(fd)
             return False
-        for fd in fds:
-            os.close(fd)
+        getattr(self, f"on_{type(msg).__name__.lower()}")(msg, fds)
+        if not isinstance(msg, Attach):  # on_attach takes its fds
+            for fd in fds:
+                os.close(fd)
         return True
 
     # ---------------------------------------------------------------- run
@@ -265,13 +212,13 @@ class Lane:
         while e.muted:
             self.report_muted(e.muted.pop(0))
         while e.shorts:  # said by the control plane: a stream's frames go to any of its lanes
-            send(self.sock, ("short", *e.shorts.pop(0)))
+            send(self.sock, Short(*e.shorts.pop(0)))
         while e.dropped:
             s, reader, why = e.dropped.pop(0)
             held = self.rings.get(s.index)
             if held is not None and held[1] is reader:
                 del self.rings[s.index]
-                send(self.sock, ("dropped", s.index, held[0], why), wait_s=REPLY_WAIT_S)
+                send(self.sock, Dropped(s.index, held[0], why), wait_s=REPLY_WAIT_S)
             reader.close()
 
     def report_muted(self, stream: str) -> None:
@@ -285,21 +232,27 @@ class Lane:
 
     def run(self) -> int:
         self.engine.start()
+        if self.keeps_nice:  # the loop thread has it (and drops it once its priority is taken); this one needs none
+            sandbox.release_nice()
         self.table.lane_counters(self.id)[dispatch.LANE_READY] = 1
-        send(self.sock, ("ready", os.getpid()))
+        send(self.sock, Ready(os.getpid()))
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         try:
             while self.engine.alive:
                 if poller.poll(TICK_S * 1000):
-                    msg, fds = receive(self.sock)
+                    try:
+                        msg, fds = receive(self.sock, TO_LANE)
+                    except ProtocolError as e:  # cannot happen (our own control plane): said, and served on
+                        self.log("error", f"a message from the control plane: {e}")
+                        continue
                     if msg is None:
                         break
                     try:
                         if not self.handle(msg, fds):
                             break
                     except Exception as e:  # one bad command must not end the lane: said, and served on
-                        self.log("error", f"{msg[0]}: {type(e).__name__}: {e}")
+                        self.log("error", f"{type(msg).__name__}: {type(e).__name__}: {e}")
                 self.chores()
         finally:
             self.table.lane_counters(self.id)[dispatch.LANE_READY] = 0
@@ -308,8 +261,10 @@ class Lane:
         return 0 if stopped else 1
 
 
-def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket) -> int:
-    """The forked lane's whole life (the zygote's child); plans: every lane's (CPUs and models)."""
+def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket,
+              identity: sandbox.LaneIdentity | None = None) -> int:
+    """The forked lane's whole life (the zygote's child); plans: every lane's (CPUs and models); identity: the
+    uid and gid it takes when the daemon runs as root (support/sandbox.py)."""
     plan = plans[lane]
     # The control thread (and what it starts, unless pinned: ORT's extra threads are, to the lane's CPUs) stays
     # off the lane's CPUs where others exist: at normal priority next to the real-time loop it would not run
@@ -323,9 +278,11 @@ def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket) -> int
         pass
     started = time.monotonic()
     try:
-        return Lane(lane, plans, cfg, streams, table, sock).run()
+        # Before the first camera byte and the first thread: its uid, capabilities, no_new_privs, seccomp filter.
+        keeps_nice = sandbox.harden_lane(identity, cfg.runtime.scheduling, cfg.runtime.priority)
+        return Lane(lane, plans, cfg, streams, table, sock, keeps_nice).run()
     except Exception as e:
-        send(sock, ("log", "error", f"lane stopped after {time.monotonic() - started:.1f} s: "
+        send(sock, Log("error", f"lane stopped after {time.monotonic() - started:.1f} s: "
                                     f"{type(e).__name__}: {e}"))
         print(f"edgeinferd lane {lane}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1

@@ -21,7 +21,9 @@ import time
 
 from edgeinfer.lanes import dispatch
 from edgeinfer.models.bundle import BundleError
-from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter, receive, send, to_memfd
+from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
+from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
+                                      ProtocolError, Ready, Short, Stage, Staged, Stall, Stop, receive, send, to_memfd)
 
 log = logging.getLogger("edgeinferd")
 
@@ -84,12 +86,13 @@ class LaneSet:
         ln.pid, ln.pidfd, ln.sock = self.zygote.spawn(ln.index)
         ln.state = "starting"
         ln.last_progress, ln.progress_at = -1, time.monotonic()
-        msg = self._expect(ln, "ready")
+        msg = self._expect(ln, Ready)
         if msg is None:
             raise BundleError(f"{ln.name} did not start: {ln.last_error or 'it exited'}")
 
-    def _expect(self, ln: LaneHandle, kind: str, timeout_s: float = REPLY_TIMEOUT_S):
-        """Waits for one reply of `kind` from a lane, handling whatever else it says meanwhile."""
+    def _expect(self, ln: LaneHandle, kind: type, timeout_s: float = REPLY_TIMEOUT_S):
+        """Waits for one reply of type `kind` from a lane, handling whatever else it says meanwhile. None: it
+        is gone, said something that is not a message (ln.last_error says what), or did not answer in time."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             r, _, _ = select.select([ln.sock], [], [], min(0.5, max(0.0, deadline - time.monotonic())))
@@ -98,15 +101,20 @@ class LaneSet:
                 self.keepalive()
             if not r:
                 continue
-            msg, fds = receive(ln.sock)
-            for fd in fds:
-                os.close(fd)
-            if msg is None:
+            try:
+                msg, fds = receive(ln.sock, FROM_LANE)
+                for fd in fds:
+                    os.close(fd)
+                if msg is None:
+                    return None
+                if isinstance(msg, kind):
+                    return msg
+                self._on_message(ln, msg)
+            except ProtocolError as e:  # not trusted to serve on: killed, and restarted by poll()
+                ln.last_error = f"it broke the lane protocol ({e})"
+                self._kill(ln)
                 return None
-            if msg[0] == kind:
-                return msg
-            self._on_message(ln, msg)
-        ln.last_error = f"no {kind!r} reply within {timeout_s:g} s"
+        ln.last_error = f"no {kind.__name__} reply within {timeout_s:g} s"
         return None
 
     # ---------------------------------------------------------------- models
@@ -123,22 +131,22 @@ class LaneSet:
         try:
             targets = [ln for ln in (lanes or self.holding(name)) if ln.sock is not None]
             for ln in targets:
-                if not send(ln.sock, ("stage", name), [fd], wait_s=REPLY_WAIT_S):
+                if not send(ln.sock, Stage(name), [fd], wait_s=REPLY_WAIT_S):
                     errors[ln.name] = "its control socket is full or closed"
             for ln in targets:
                 if ln.name in errors:
                     continue
-                msg = self._expect(ln, "staged")
+                msg = self._expect(ln, Staged)
                 if msg is None:
                     errors[ln.name] = ln.last_error or "it exited while loading the model"
-                elif msg[3]:
-                    errors[ln.name] = msg[3]
+                elif msg.error:
+                    errors[ln.name] = msg.error
         finally:
             os.close(fd)
         if errors:
             for ln in self.holding(name):
                 if ln.sock is not None:
-                    send(ln.sock, ("discard", name), wait_s=REPLY_WAIT_S)
+                    send(ln.sock, Discard(name), wait_s=REPLY_WAIT_S)
         return errors
 
     def commit(self, name: str, model=None) -> None:
@@ -146,7 +154,7 @@ class LaneSet:
         if model is not None:
             self.runtimes[name] = model
         for ln in self.holding(name):
-            if ln.sock is not None and not send(ln.sock, ("commit", name), wait_s=REPLY_WAIT_S):
+            if ln.sock is not None and not send(ln.sock, Commit(name), wait_s=REPLY_WAIT_S):
                 self._lost(ln, "did not take the model's commit: restarted to serve one version")
 
     # ---------------------------------------------------------------- streams
@@ -160,7 +168,7 @@ class LaneSet:
     def _send_attach(self, ln: LaneHandle, stream, reader, epoch: int, geometry) -> None:
         fused = to_memfd(self.runtimes[stream.model].fused_model(*geometry), "edgeinfer-fused")
         try:
-            if not send(ln.sock, ("attach", stream.index, epoch, tuple(geometry)), [reader.fd, fused],
+            if not send(ln.sock, Attach(stream.index, epoch, tuple(geometry)), [reader.fd, fused],
                         wait_s=REPLY_WAIT_S):
                 log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
         finally:
@@ -169,29 +177,40 @@ class LaneSet:
     def detach(self, stream, epoch: int) -> None:
         for ln in self.holding(stream.model):
             if ln.sock is not None:
-                send(ln.sock, ("detach", stream.index, epoch), wait_s=REPLY_WAIT_S)
+                send(ln.sock, Detach(stream.index, epoch), wait_s=REPLY_WAIT_S)
 
     def stall(self, seconds: float) -> None:
         """Fault injection: every lane's loop stops for `seconds` once."""
         for ln in self.lanes:
             if ln.sock is not None:
-                send(ln.sock, ("stall", seconds))
+                send(ln.sock, Stall(seconds))
 
     # ---------------------------------------------------------------- watching
 
-    def _on_message(self, ln: LaneHandle, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "log":
-            getattr(log, msg[1], log.error)("%s: %s", ln.name, msg[2])
-        elif kind == "dropped":
-            self.on_dropped(self.streams[msg[1]], msg[2], msg[3])
-        elif kind == "short":
-            self.report_short(*msg[1:])
-        elif kind == "attached" and msg[3]:
+    def _on_message(self, ln: LaneHandle, msg) -> None:
+        """What a lane said unasked, by type. A lane is not trusted further than the protocol: a stream index
+        it names must be one of its streams, a level one of LOG_LEVELS (else ProtocolError)."""
+        if isinstance(msg, Log):
+            if msg.level not in LOG_LEVELS:
+                raise ProtocolError(f"Log.level {msg.level[:20]!r}")
+            getattr(log, msg.level)("%s: %s", ln.name, msg.message)
+        elif isinstance(msg, Dropped):
+            self.on_dropped(self._stream_of(ln, msg.index), msg.epoch, msg.why)
+        elif isinstance(msg, Short):
+            if not any(s.name == msg.stream and s.model in ln.plan.models for s in self.streams):
+                raise ProtocolError(f"Short.stream {msg.stream[:40]!r}: not one of {ln.name}'s streams")
+            self.report_short(msg.stream, msg.seq, msg.received, msg.expected, msg.geometry)
+        elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
-            log.error("%s: cannot serve stream %s: %s", ln.name, self.streams[msg[1]].name, msg[3])
-            self.on_dropped(self.streams[msg[1]], msg[2], f"refused by {ln.name}: {msg[3]}")
+            stream = self._stream_of(ln, msg.index)
+            log.error("%s: cannot serve stream %s: %s", ln.name, stream.name, msg.error)
+            self.on_dropped(stream, msg.epoch, f"refused by {ln.name}: {msg.error}")
+
+    def _stream_of(self, ln: LaneHandle, index: int):
+        if not 0 <= index < len(self.streams) or self.streams[index].model not in ln.plan.models:
+            raise ProtocolError(f"stream index {index}: not one of {ln.name}'s streams")
+        return self.streams[index]
 
     def report_short(self, stream: str, seq: int, received: int, expected: int, geometry) -> None:
         """A frame counted `short`: said once per EVENT_LOG_S per stream, with both lengths (a camera that gets
@@ -221,22 +240,26 @@ class LaneSet:
             if ln.sock is None:
                 self._maybe_restart(ln, now)
                 continue
-            gone = False
+            gone, why = False, "exited"
             while select.select([ln.sock], [], [], 0)[0]:
                 try:
-                    msg, fds = receive(ln.sock)
+                    msg, fds = receive(ln.sock, FROM_LANE)
+                    for fd in fds:
+                        os.close(fd)
+                    if msg is None:
+                        gone = True
+                        break
+                    self._on_message(ln, msg)
+                except ProtocolError as e:  # a lane that breaks the protocol is not trusted to serve on
+                    gone, why = True, f"broke the lane protocol ({e}): killed"
+                    break
                 except OSError:
-                    msg, fds = None, []
-                for fd in fds:
-                    os.close(fd)
-                if msg is None:
                     gone = True
                     break
-                self._on_message(ln, msg)
             if not gone and ln.pidfd is not None and select.select([ln.pidfd], [], [], 0)[0]:
                 gone = True
             if gone:
-                self._lost(ln, "exited")
+                self._lost(ln, why)
                 continue
             progress = int(self.table.lane_counters(ln.index)[dispatch.LANE_PROGRESS])
             if progress != ln.last_progress:
@@ -299,7 +322,7 @@ class LaneSet:
                     else {"": "gone"}
                 if errors:
                     raise BundleError("; ".join(errors.values()))
-                send(ln.sock, ("commit", name))
+                send(ln.sock, Commit(name))
             for s in self.streams:
                 if s.model in ln.plan.models and s.ring is not None:
                     self._send_attach(ln, s, s.ring, s.attach_count, s.geometry_key)
@@ -358,7 +381,7 @@ class LaneSet:
         self.stopped = True
         for ln in self.lanes:
             if ln.sock is not None:
-                send(ln.sock, ("stop",))
+                send(ln.sock, Stop())
         deadline = time.monotonic() + timeout_s
         for ln in self.lanes:
             if ln.pidfd is not None:

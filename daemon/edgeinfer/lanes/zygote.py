@@ -37,7 +37,7 @@ def _die_with_parent(parent: int) -> None:
 class Zygote:
     """The control plane's handle on the zygote."""
 
-    def __init__(self, cfg, plans, streams, table):
+    def __init__(self, cfg, plans, streams, table, lane_identity=None):
         if len(threading.enumerate()) != 1:
             raise RuntimeError("the lanes' zygote must be forked before any thread starts")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -64,7 +64,7 @@ class Zygote:
                         f.write("edgeinfer-zygote")
                 except OSError:
                     pass
-                code = _serve(theirs, cfg, plans, streams, table)
+                code = _serve(theirs, cfg, plans, streams, table, lane_identity)
             finally:
                 os._exit(code)
         theirs.close()
@@ -93,7 +93,7 @@ class Zygote:
         self.sock.close()  # the zygote sees EOF and exits; its lanes are stopped by the control plane
 
 
-def _serve(sock: socket.socket, cfg, plans, streams, table) -> int:
+def _serve(sock: socket.socket, cfg, plans, streams, table, lane_identity) -> int:
     zygote = os.getpid()
     while True:
         data, fds, _f, _a = socket.recv_fds(sock, 256, 1)
@@ -110,7 +110,8 @@ def _serve(sock: socket.socket, cfg, plans, streams, table) -> int:
             try:
                 sock.close()
                 _die_with_parent(zygote)
-                code = lanes_proc.lane_main(lane, plans, cfg, streams, table, socket.socket(fileno=fds[0]))
+                code = lanes_proc.lane_main(lane, plans, cfg, streams, table, socket.socket(fileno=fds[0]),
+                                            lane_identity)
             finally:
                 os._exit(code)
         os.close(fds[0])

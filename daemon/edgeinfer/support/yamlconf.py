@@ -156,6 +156,12 @@ def load_yaml_model(model: type[M], text: str, source: str) -> M:
         problems = [f"{source}:{_line_of(lines, loc) or '?'}: {_dotted(loc)}: {msg}" for loc, msg in cross_checks()]
         if problems:
             raise ConfigError(source, problems)
+    # Rules across sections (whom a stream trusts depends on shm): refused with their lines, as pydantic's are.
+    refusals = getattr(obj, "refusals", None)
+    if refusals is not None:
+        problems = [f"{source}:{_line_of(lines, loc) or '?'}: {_dotted(loc)}: {msg}" for loc, msg in refusals()]
+        if problems:
+            raise ConfigError(source, problems)
     # Keys accepted only for compatibility: warnings with their lines, kept on the model.
     deprecations = getattr(obj, "deprecations", None)
     if deprecations is not None:
