@@ -52,6 +52,13 @@ STATUS = {"ok": EI_OK, "denied": EI_ERR_DENIED, "busy": EI_ERR_BUSY, "again": EI
           "geometry": EI_ERR_GEOMETRY, "insecure": EI_ERR_INSECURE, "abi": EI_ERR_ABI, "protocol": EI_ERR_PROTOCOL,
           "refused": EI_ERR_REFUSED, "truncated": EI_ERR_TRUNCATED, "magic": EI_ERR_MAGIC, "sys": EI_ERR_SYS,
           "corrupt": EI_ERR_CORRUPT, "short": EI_ERR_SHORT, "closed": EI_ERR_CLOSED}
+# A result record's payload words (abi.h): abi/vocabulary.py restates them for code that runs without this
+# module, and tests/unit/test_abi_constants.py checks each restated value against these.
+PAYLOAD_KINDS = {"none": EI_KIND_NONE, "classification": EI_KIND_CLASSIFICATION, "detection": EI_KIND_DETECTION,
+                 "raw": EI_KIND_RAW, "tensors": EI_KIND_TENSORS}
+TENSOR_DESC = {"size": sizeof(ei_tensor_desc), "name_len": EI_TENSOR_NAME_LEN, "max_dims": EI_TENSOR_MAX_DIMS,
+               "align": EI_TENSOR_ALIGN, "index": EI_TENSOR_OFF_INDEX, "dtype": EI_TENSOR_OFF_DTYPE,
+               "ndim": EI_TENSOR_OFF_NDIM, "dims": EI_TENSOR_OFF_DIMS}
 # Frame acquisition outcomes other than a frame (FrameConsumer.status after take()).
 TAKE_SHORT = EI_ERR_SHORT
 TAKE_CORRUPT = EI_ERR_CORRUPT

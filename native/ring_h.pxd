@@ -324,3 +324,31 @@ cdef extern from "lanes.h" nogil:
     uint64_t ei_lane_pending_since(const ei_lane_view *v)
     void ei_result_writer_resume(ei_result_writer *wr)
     size_t EI_CURSOR_SIZE "sizeof(ei_stream_cursor)"
+
+
+# The result payload words (abi.h), exported as ring.pyx's PAYLOAD_KINDS and TENSOR_DESC.
+cdef extern from "edgeinfer/ring.h" nogil:
+    enum:
+        EI_KIND_NONE
+        EI_KIND_CLASSIFICATION
+        EI_KIND_DETECTION
+        EI_KIND_RAW
+        EI_KIND_TENSORS
+        EI_TENSOR_NAME_LEN
+        EI_TENSOR_MAX_DIMS
+        EI_TENSOR_ALIGN
+    ctypedef struct ei_tensor_desc:
+        pass
+
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #define EI_TENSOR_OFF_INDEX offsetof(ei_tensor_desc, index)
+    #define EI_TENSOR_OFF_DTYPE offsetof(ei_tensor_desc, dtype)
+    #define EI_TENSOR_OFF_NDIM offsetof(ei_tensor_desc, ndim)
+    #define EI_TENSOR_OFF_DIMS offsetof(ei_tensor_desc, dims)
+    """
+    size_t EI_TENSOR_OFF_INDEX
+    size_t EI_TENSOR_OFF_DTYPE
+    size_t EI_TENSOR_OFF_NDIM
+    size_t EI_TENSOR_OFF_DIMS

@@ -33,6 +33,18 @@ def test_the_restated_constants_are_ring_h_s():
     assert constants.STREAM_NAME_MAX == _ring.STREAM_NAME_MAX
 
 
+def test_the_payload_words_are_the_headers():
+    """Every payload kind and tensor-descriptor number Python restates (abi/vocabulary.py) is abi.h's, as the
+    native core exports them (offsetof and sizeof from the compiler, the enums from the header)."""
+    from edgeinfer.abi import vocabulary as v
+    assert {name: kind for kind, name in v.KIND_NAMES.items()} == _ring.PAYLOAD_KINDS
+    assert (v.KIND_NONE, v.KIND_CLASSIFICATION, v.KIND_DETECTION, v.KIND_RAW, v.KIND_TENSORS) == tuple(
+        _ring.PAYLOAD_KINDS[k] for k in ("none", "classification", "detection", "raw", "tensors"))
+    assert {"size": v.TENSOR_DESC_SIZE, "name_len": v.TENSOR_NAME_BYTES, "max_dims": v.TENSOR_MAX_DIMS,
+            "align": v.TENSOR_ALIGN, "index": v.TENSOR_INDEX_OFFSET, "dtype": v.TENSOR_DTYPE_OFFSET,
+            "ndim": v.TENSOR_NDIM_OFFSET, "dims": v.TENSOR_DIMS_OFFSET} == _ring.TENSOR_DESC
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.one_of(st.text(max_size=70), st.from_regex(r"[A-Za-z0-9_-]{0,66}", fullmatch=True)))
 def test_the_stream_name_rule_is_ring_h_s(name):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgeinfer.abi.vocabulary import (ITEM_VALUES, KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW, KIND_TENSORS,
-                                  TENSOR_ALIGN, TENSOR_DESC_SIZE, TENSOR_DTYPES, TENSOR_MAX_DIMS, TENSOR_NAME_BYTES)
+                                  TENSOR_ALIGN, TENSOR_DESC_SIZE, TENSOR_DIMS_OFFSET, TENSOR_DTYPES,
+                                  TENSOR_INDEX_OFFSET, TENSOR_MAX_DIMS, TENSOR_NAME_BYTES)
 
 
 class PayloadError(ValueError):
@@ -25,8 +26,8 @@ def tensors(payload: bytes, item_count: int) -> list[dict]:
             raise PayloadError(f"tensor {len(out)}: descriptor past the payload's {len(payload)} bytes")
         desc = payload[off:off + TENSOR_DESC_SIZE]
         name = desc[:TENSOR_NAME_BYTES].split(b"\0", 1)[0].decode(errors="replace")
-        index, code, ndim = np.frombuffer(desc, np.uint32, 3, TENSOR_NAME_BYTES)
-        dims = np.frombuffer(desc, np.uint32, TENSOR_MAX_DIMS, TENSOR_NAME_BYTES + 12)
+        index, code, ndim = np.frombuffer(desc, np.uint32, 3, TENSOR_INDEX_OFFSET)  # index, dtype, ndim in a row
+        dims = np.frombuffer(desc, np.uint32, TENSOR_MAX_DIMS, TENSOR_DIMS_OFFSET)
         if code not in TENSOR_DTYPES or ndim > TENSOR_MAX_DIMS:
             raise PayloadError(f"tensor {len(out)} ({name!r}): dtype code {code}, {ndim} dims: not a record's")
         dtype = np.dtype(TENSOR_DTYPES[int(code)])

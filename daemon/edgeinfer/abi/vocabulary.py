@@ -95,12 +95,15 @@ ITEM_VALUES = {KIND_CLASSIFICATION: 2,  # docs/abi.md, payload layouts; raw: fla
                KIND_DETECTION: 6}       # x1, y1, x2, y2, score, class_id (frame pixels)
 
 # KIND_TENSORS payloads: item_count sections, each a descriptor then the tensor's bytes padded to 8
-# (docs/abi.md; ring.h ei_tensor_desc). The descriptor: name char[32] (NUL-padded, the first 31 bytes),
+# (docs/abi.md; abi.h ei_tensor_desc). The descriptor: name char[32] (NUL-padded, the first 31 bytes),
 # index u32 (among the graph's outputs), dtype u32 (ONNX TensorProto code), ndim u32, dims u32[5].
+# These restate abi.h for code that runs without the native core; tests/unit/test_abi_constants.py checks
+# each against the header's (edgeinfer._ring.PAYLOAD_KINDS, TENSOR_DESC).
 TENSOR_DESC_SIZE = 64
 TENSOR_NAME_BYTES = 32
 TENSOR_MAX_DIMS = 5
 TENSOR_ALIGN = 8
+TENSOR_INDEX_OFFSET, TENSOR_DTYPE_OFFSET, TENSOR_NDIM_OFFSET, TENSOR_DIMS_OFFSET = 32, 36, 40, 44
 # ONNX TensorProto element types a record can carry, and their numpy dtypes (strings cannot).
 TENSOR_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
                  10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}

@@ -30,7 +30,7 @@ from edgeinfer.lanes.loop import Stream
 from edgeinfer.control.ingress import Ingress
 from edgeinfer.support.sockets import bind_listener
 from edgeinfer.lanes.supervisor import LaneSet
-from edgeinfer.support.memtrim import release_freed_memory
+from edgeinfer.support.memtrim import TRIM_DELAY_S, release_freed_memory
 from edgeinfer.models.runtime import ModelRuntime
 from edgeinfer.abi.vocabulary import Geometry
 from edgeinfer.control.registry import Models
@@ -41,7 +41,6 @@ from edgeinfer.lanes.zygote import Zygote
 
 log = logging.getLogger("edgeinferd")
 
-TRIM_DELAY_S = 3.0    # after a reload, when to return the old model's freed memory to the kernel
 STALL_S = 1.0         # the control plane's loop turns every 50 ms or so: a turn longer than this is a stall
 
 

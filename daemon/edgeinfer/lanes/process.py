@@ -26,14 +26,13 @@ from edgeinfer.lanes.protocol import (TO_LANE, Attach, Attached, Commit, Detach,
                                       Ready, Short, Stage, Staged, Stall, Stop, from_memfd, receive, send)
 from edgeinfer.support import sandbox
 from edgeinfer.lanes.loop import Engine
-from edgeinfer.support.memtrim import release_freed_memory
+from edgeinfer.support.memtrim import TRIM_DELAY_S, release_freed_memory
 from edgeinfer.models.runtime import SessionSet, ThreadPlan
 
 MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stream
 EVENT_LOG_S = 60.0        # the loop's same event (its numbers aside) is logged at most this often
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
-TRIM_DELAY_S = 3.0       # after a model swap, when to return the old version's freed memory to the kernel
 
 
 class LogLimiter:

@@ -11,6 +11,9 @@ import ctypes
 import ctypes.util
 import gc
 
+# After a model swap, when to trim: once the loop has let go of the old version (control plane and lanes alike).
+TRIM_DELAY_S = 3.0
+
 try:
     _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     _malloc_trim = _libc.malloc_trim

@@ -18,7 +18,8 @@ import numpy as np
 from pydantic import Field
 
 from edgeinfer.models.decoders.base import KIND_RAW, KIND_TENSORS, Decoder, DecoderError, DecoderParams
-from edgeinfer.abi.vocabulary import TENSOR_ALIGN, TENSOR_DESC_SIZE, TENSOR_DTYPES, TENSOR_MAX_DIMS, TENSOR_NAME_BYTES
+from edgeinfer.abi.vocabulary import (TENSOR_ALIGN, TENSOR_DESC_SIZE, TENSOR_DTYPES, TENSOR_DTYPE_OFFSET,
+                                      TENSOR_INDEX_OFFSET, TENSOR_MAX_DIMS, TENSOR_NAME_BYTES, TENSOR_NDIM_OFFSET)
 
 _CODE_OF = {np.dtype(v): k for k, v in TENSOR_DTYPES.items()}
 
@@ -71,7 +72,7 @@ class Raw(Decoder):
             head = np.zeros(TENSOR_DESC_SIZE, np.uint8)
             name = outputs[i].name.encode()[: TENSOR_NAME_BYTES - 1]
             head[: len(name)] = np.frombuffer(name, np.uint8)
-            head[32:40].view(np.uint32)[:] = (i, _CODE_OF[dt])
+            head[TENSOR_INDEX_OFFSET:TENSOR_DTYPE_OFFSET + 4].view(np.uint32)[:] = (i, _CODE_OF[dt])
             self._heads.append(head)
         self._dims = np.zeros(1 + TENSOR_MAX_DIMS, np.uint32)  # ndim, dims: filled per frame
 
@@ -113,7 +114,7 @@ class Raw(Decoder):
             dims[:] = 0
             dims[0] = t.ndim
             dims[1:1 + t.ndim] = t.shape
-            buf[off + 40:off + TENSOR_DESC_SIZE] = dims.view(np.uint8)
+            buf[off + TENSOR_NDIM_OFFSET:off + TENSOR_DESC_SIZE] = dims.view(np.uint8)  # ndim, then dims
             off += TENSOR_DESC_SIZE
             nbytes = t.size * dt.itemsize
             buf[off:off + nbytes].view(dt)[:] = t.reshape(-1)
