@@ -420,7 +420,7 @@ apt-get install -y -q -o Dpkg::Options::=--force-confold /test/edgeinfer.deb > /
 upgraded=$?
 for _ in $(seq 1 60); do case $(systemctl is-active edgeinferd) in failed|inactive) break;; esac; sleep 0.5; done
 # The kept 0.1 configuration names no producer for cam0: any member of group edgeinfer could take it, which
-# 0.2 refuses. apt said so (the postinst's check), the daemon did not start (exit 2, no restart loop), and the
+# 0.2 refuses. apt said so (the postinst's check), the daemon did not start (its check exits 2), and the
 # journal says why; the operator names the camera's user, restarts, and the camera (now on ABI 2: a 0.1 camera
 # speaks ABI 1, docs/operations.md "Upgrading from 0.1") is served.
 kill $old_feeder 2>/dev/null; wait $old_feeder 2>/dev/null
