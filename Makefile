@@ -90,7 +90,7 @@ check: native models
 # The short reliability profile (tests/reliability) is part of it; its table goes to build/reliability.md.
 test: .test-packages.stamp native models deb system-cache
 	EDGEINFER_RELIABILITY_REPORT=build/reliability.md EDGEINFER_RELIABILITY_COMMAND="make test" \
-		$(PY) -m pytest -q tests
+		$(PY) -m pytest -q --durations=25 tests
 
 # The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
 # in tests/reliability plus the container's fault checks (so the .deb first).
