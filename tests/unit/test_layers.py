@@ -128,3 +128,22 @@ def test_the_checker_sees_what_it_checks():
     assert "edgeinfer.lanes.process" in graph["edgeinfer.lanes.zygote"]
     assert "edgeinfer.control.daemon" in graph["edgeinfer.cli.main"]  # inside a function
     assert ("edgeinfer._ring" in {m for _, m in _imports("edgeinfer.abi.ring", MODULES["edgeinfer.abi.ring"])})
+
+
+def test_no_collaborator_is_handed_the_daemon():
+    """Collaborators get what they use (CONTRIBUTING.md): no function or constructor below the CLI takes the
+    Daemon object (a parameter named `daemon`), and no object keeps one (`self.daemon`). The daemon hands each
+    its parts: the lanes, the registry, the fd store, a snapshot function."""
+    wrong = []
+    for name, path in MODULES.items():
+        if _layer(name) == "cli" or name == "edgeinfer.control.daemon":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                wrong += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}({a.arg})" for a in args
+                          if a.arg == "daemon"]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr == "daemon" \
+                    and isinstance(node.value, ast.Name) and node.value.id == "self":
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: self.daemon = …")
+    assert not wrong, "\n".join(wrong)

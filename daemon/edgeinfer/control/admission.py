@@ -9,19 +9,23 @@ loops, before they serve the ring). A reader is admitted when the stream's `read
 gets the stream's result ring, sealed read-only.
 
 Admitted producers' rings and connections go into systemd's fd store (when
-there is one), so a restarted daemon serves on with no camera reconnecting.
+there is one), so a restarted daemon serves on with no camera reconnecting
+(restore.py serves them on).
+
+Admission owns every stream's `StreamState` (streams.py). It gets what it
+uses: the lanes (to hand a ring over or take it back) and the fd store.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import time
 
 from edgeinfer.lanes import dispatch
 from edgeinfer.abi import ring
 from edgeinfer.config.identity import Ids, Peer, host_user
-from edgeinfer.control.ingress import Client, Refusal, peer_of
+from edgeinfer.control.ingress import Client, Refusal
+from edgeinfer.control.streams import StreamState
 from edgeinfer.abi.vocabulary import Geometry
 
 log = logging.getLogger("edgeinferd")
@@ -34,7 +38,7 @@ UNLISTED = -1  # the party of every uid that is neither in the host's user datab
 class Ticket:
     """A producer that passed every check, not yet attached (its answer is on its way)."""
 
-    stream: object
+    stream: StreamState
     client: Client
     reader: ring.FrameReader
     geometry: tuple  # (pixel format, height, width)
@@ -43,11 +47,13 @@ class Ticket:
 class Admission:
     """Policy and bookkeeping for every stream's producer and readers (control plane only)."""
 
-    def __init__(self, cfg, streams: list, daemon):
+    def __init__(self, cfg, streams: list[StreamState], lanes, fdstore):
+        """lanes: the LaneSet (attach, detach); fdstore: systemd's fd store (store_fds, remove_fds: the
+        Notifier, a no-op without systemd)."""
         self.cfg = cfg
-        self.daemon = daemon  # its .lanes and .notifier are read when needed
+        self.lanes = lanes
+        self.fdstore = fdstore
         self.streams = {s.name: s for s in streams}
-        self.ingress = None  # set once the listeners exist (to end a producer found dead)
         self.producer_ids: dict[str, Ids] = {}
         self.reader_ids: dict[str, Ids] = {}
         by_name = {s.name: s for s in cfg.streams}
@@ -63,7 +69,7 @@ class Admission:
     def knows(self, name: str) -> bool:
         return name in self.streams
 
-    def _stream(self, name: str):
+    def _stream(self, name: str) -> StreamState:
         s = self.streams.get(name)
         if s is None:
             shown = ", ".join(sorted(self.streams)[:8]) + (" …" if len(self.streams) > 8 else "")
@@ -73,7 +79,7 @@ class Admission:
 
     def geometries_in_use(self, model: str) -> set:
         """Geometries the attached streams of `model` are served with (their sessions are never evicted)."""
-        return {s.geometry_key for s in self.streams.values() if s.conn is not None and s.model == model}
+        return {s.geometry for s in self.streams.values() if s.conn is not None and s.model == model}
 
     # ---------------------------------------------------------------- who is a party (the caps of ingress.py)
 
@@ -111,11 +117,9 @@ class Admission:
         if not self.producer_ids[name].allows(client.peer):
             raise Refusal("denied", "identity", f"{client.peer} may not produce stream {name} (its producer is "
                           f"{s.producer_desc})")
-        if s.conn is not None:
-            if ring.sock_alive(s.conn.fileno()):
-                raise Refusal("busy", "busy", f"stream {name} already has its producer ({s.conn.peer}); a second "
-                              f"one is refused")
-            self.ingress.drop(s.conn, "disconnected")  # gone, but its hang-up is not handled yet
+        if s.conn is not None:  # alive: ingress ends a dead one first (dead_producer)
+            raise Refusal("busy", "busy", f"stream {name} already has its producer ({s.conn.peer}); a second "
+                          f"one is refused")
         now = time.monotonic()
         if now < s.cooldown_until:
             reason, why = s.cooldown_why
@@ -150,14 +154,21 @@ class Admission:
             raise
         return Ticket(s, client, reader, geometry)
 
-    def _count_geometry_change(self, s, geometry: tuple, now: float) -> None:
+    def dead_producer(self, name: str) -> Client | None:
+        """The connection of stream `name`'s producer when it is gone but its hang-up is not handled yet."""
+        s = self.streams.get(name)
+        if s is not None and s.conn is not None and not ring.sock_alive(s.conn.fileno()):
+            return s.conn
+        return None
+
+    def _count_geometry_change(self, s: StreamState, geometry: tuple, now: float) -> None:
         if s.last_geometry is None or geometry == s.last_geometry:
             return
         self._churn(s, s.geometry_changes, now, self.rt.geometry_changes, "geometry_churn",
                     f"changed its frame geometry more than {self.rt.geometry_changes} times in "
                     f"{self.rt.geometry_window_s:g} s (runtime.geometry_changes)")
 
-    def _churn(self, s, times, now: float, limit: int, reason: str, why: str) -> None:
+    def _churn(self, s: StreamState, times, now: float, limit: int, reason: str, why: str) -> None:
         """Counts one event of a stream's churn (`times`: their recent monotonic times); more than `limit`
         within runtime.geometry_window_s: the stream's producers are refused for geometry_cooldown_s."""
         times.append(now)
@@ -174,15 +185,14 @@ class Admission:
 
     def attach_producer(self, t: Ticket, restored: bool = False) -> None:
         s = t.stream
-        s.conn, s.ring, s.geometry_key = t.client, t.reader, t.geometry
+        s.conn, s.ring, s.geometry = t.client, t.reader, t.geometry
         s.last_geometry = t.geometry
         s.attach_count += 1
         t.client.stream = s
-        self.daemon.lanes.attach(s, t.reader, s.attach_count, t.geometry)
+        self.lanes.attach(s.stream, t.reader, s.attach_count, t.geometry)
         if not restored:  # a restored pair is in the store already
-            notifier = self.daemon.notifier
-            notifier.store_fds(f"ring.{s.name}", [t.reader.fd])
-            notifier.store_fds(f"conn.{s.name}", [t.client.fileno()])
+            self.fdstore.store_fds(f"ring.{s.name}", [t.reader.fd])
+            self.fdstore.store_fds(f"conn.{s.name}", [t.client.fileno()])
         fmt, h, w = t.geometry
         log.info("stream %s: producer %s %s (%dx%d %s)", s.name, t.client.peer,
                  "restored from the fd store" if restored else "attached", w, h, fmt)
@@ -191,11 +201,11 @@ class Admission:
         s = client.stream
         if s is None or s.conn is not client:
             return
-        self.daemon.lanes.detach(s, s.attach_count)  # each lane drops it between frames
+        self.lanes.detach(s.stream, s.attach_count)  # each lane drops it between frames
         s.ring.close()
         s.conn = s.ring = None
-        self.daemon.notifier.remove_fds(f"ring.{s.name}")
-        self.daemon.notifier.remove_fds(f"conn.{s.name}")
+        self.fdstore.remove_fds(f"ring.{s.name}")
+        self.fdstore.remove_fds(f"conn.{s.name}")
         log.info("stream %s: producer %s %s", s.name, client.peer, why)
 
     # ---------------------------------------------------------------- readers
@@ -206,63 +216,9 @@ class Admission:
             raise Refusal("denied", "identity", f"{client.peer} may not read stream {name} (its readers: "
                           f"{s.readers_desc})")
         client.stream = s
-        return s.writer.fd
+        return s.stream.writer.fd
 
-    def readers_changed(self, s, delta: int) -> None:
+    def readers_changed(self, s: StreamState, delta: int) -> None:
         s.reader_count += delta
         # Readers cannot say they sleep: the lanes wake them on every record while any may be listening.
-        s.flags[dispatch.FLAG_WAKE] = 1 if s.reader_count > 0 else 0
-
-    # ---------------------------------------------------------------- a restarted daemon
-
-    def restore(self, stored: dict[str, list[int]]) -> int:
-        """Serves on the producers a previous daemon kept in systemd's fd store: every one is checked as
-        if it had just connected (the configuration may have changed). Returns how many were restored."""
-        restored = 0
-        for name, s in self.streams.items():
-            ring_fds, conn_fds = stored.pop(f"ring.{name}", []), stored.pop(f"conn.{name}", [])
-            if len(ring_fds) == 1 and len(conn_fds) == 1:
-                restored += self._restore_one(s, ring_fds[0], conn_fds[0])
-            else:
-                for fd in ring_fds + conn_fds:
-                    self.ingress.closer.close(fd)  # a stored connection's unread messages may hold fds
-                if ring_fds or conn_fds:
-                    self._forget_stored(name, "its connection or ring was missing from the store")
-        for key, fds in stored.items():  # streams no longer configured, or names not ours
-            for fd in fds:
-                self.ingress.closer.close(fd)
-            self.daemon.notifier.remove_fds(key)
-            log.info("fd store: dropped %s (no such stream configured now)", key)
-        return restored
-
-    def _restore_one(self, s, ring_fd: int, conn_fd: int) -> int:
-        sock = socket.socket(fileno=conn_fd)
-        try:
-            sock.setblocking(False)
-            if sock.type != socket.SOCK_SEQPACKET or not ring.sock_alive(sock.fileno()):
-                raise Refusal("closed", "closed", "its producer left while the daemon was down")
-            client = Client(sock, "ingress", peer_of(sock), self.ingress.closer)
-            ticket = self.check_producer(s.name, client, ring_fd)
-        except Refusal as r:
-            try:
-                ring.send_reply(sock.fileno(), ring.STATUS[r.status], str(r))
-            except (ring.RingError, OSError):
-                pass
-            self.ingress.closer.close_socket(sock)  # its unread messages may hold fds whose close blocks
-            self._forget_stored(s.name, str(r))
-            return 0
-        except OSError as e:
-            self.ingress.closer.close_socket(sock)
-            self._forget_stored(s.name, f"cannot use it: {e}")
-            return 0
-        finally:
-            self.ingress.closer.close(ring_fd)
-        self.ingress.adopt_producer(client)
-        self.attach_producer(ticket, restored=True)
-        return 1
-
-    def _forget_stored(self, name: str, why: str) -> None:
-        self.daemon.notifier.remove_fds(f"ring.{name}")
-        self.daemon.notifier.remove_fds(f"conn.{name}")
-        log.info("stream %s: stored producer not restored: %s", name, why)
-
+        s.stream.flags[dispatch.FLAG_WAKE] = 1 if s.reader_count > 0 else 0

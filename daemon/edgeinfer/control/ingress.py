@@ -80,7 +80,7 @@ class Client:
         self.peer = peer
         self.party = peer.uid       # whom it counts against in the caps (Admission.party), set at accept
         self.since = time.monotonic()
-        self.stream = None          # the engine Stream, once admitted
+        self.stream = None          # its stream's StreamState (streams.py), once admitted
         self.admitted = False
 
     def fileno(self) -> int:
@@ -114,7 +114,9 @@ class RefusalLog:
 class Ingress:
     """The listeners and every connection on them; `poll()` runs one round."""
 
-    def __init__(self, cfg, admission, listeners: dict[str, socket.socket], owned_paths: list[str]):
+    def __init__(self, cfg, admission, listeners: dict[str, socket.socket], owned_paths: list[str],
+                 closer: FdCloser):
+        """closer: where every fd a client sent, and its connection, is closed (its owner stops it)."""
         self.cfg = cfg.ingress
         self.admission = admission
         self.listeners = listeners          # "ingress"/"results" → listening socket
@@ -129,7 +131,7 @@ class Ingress:
         self.refusals = RefusalLog()
         self.accepted = collections.Counter()   # (role) → handshakes accepted
         self._paused: dict[str, float] = {}     # listener kind → when to poll it again (accept failed)
-        self.closer = FdCloser()                # every fd a client sent, and its connection, is closed there
+        self.closer = closer
         self.closer_saturations = 0             # times the closer's backlog stopped the intake
         self._saturated_since: float | None = None
 
@@ -279,6 +281,9 @@ class Ingress:
             if role == "producer":
                 if fd < 0:
                     raise Refusal("protocol", "protocol", f"{client.peer}: a producer hello without its ring fd")
+                dead = self.admission.dead_producer(name)
+                if dead is not None:
+                    self.drop(dead, "disconnected")  # gone, but its hang-up is not handled yet
                 ticket = self.admission.check_producer(name, client, fd)
             else:
                 if fd >= 0:
@@ -430,4 +435,3 @@ class Ingress:
             except OSError:
                 pass
         self.selector.close()
-        self.closer.stop()

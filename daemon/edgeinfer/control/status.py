@@ -1,10 +1,36 @@
-"""What the daemon reports about itself: the status dict (edgeinferctl status,
-the stats file, the demo) and systemd's one-line STATUS=."""
+"""What the daemon reports about itself: its snapshot (telemetry/snapshot.py, also
+what /metrics reads), the status dict (edgeinferctl status, the stats file, the
+demo) and systemd's one-line STATUS=."""
 from __future__ import annotations
 
 import numpy as np
 
 from edgeinfer.abi import ring
+from edgeinfer.telemetry.snapshot import FdCloserView, LoopView, ModelView, RegistryView, Snapshot, StreamView
+
+
+def take_snapshot(streams, lanes, models, ingress, loop, *, started_ns: int, restored: int, chore_errors: int,
+                  metrics_address: str | None) -> Snapshot:
+    """The daemon's state now, from its parts: streams (their StreamStates), lanes (the LaneSet, None before
+    the start), models (the registry), ingress (None before its sockets exist), loop (the LoopClock)."""
+    now = ring.monotonic_ns()
+    return Snapshot(
+        now_ns=now, uptime_s=(now - started_ns) / 1e9,
+        streams=tuple(StreamView(s.name, s.model, s.stream.stats, s.connected,
+                                 str(s.conn.peer) if s.conn else None, s.geometry, s.attach_count, s.reader_count)
+                      for s in streams),
+        models=tuple(ModelView(name, m.entry.bundle, m.entry.ort_threads,
+                               (m.runtime.name, m.runtime.version, m.runtime.bundle.sha256) if m.runtime else None,
+                               m.reloads, dict(m.failures), m.last_error, m.fallback)
+                     for name, m in list(models.served.items())),
+        lanes=lanes.status(now) if lanes is not None else {},
+        registry=RegistryView(models.reloads, models.reload_failures, models.last_reload_error,
+                              models.state_write_failures, models.last_state_error, models.last_known_good_error),
+        refusals=ingress.refuse_count() if ingress is not None else {},
+        loop=LoopView(loop.age(), loop.stalls, loop.stalled_s),
+        fds=FdCloserView(ingress.closer.waiting, ingress.closer.slow, ingress.closer.limit,
+                         ingress.closer_saturations) if ingress is not None else None,
+        restored=restored, chore_errors=chore_errors, metrics_address=metrics_address)
 
 
 def _model_quantiles(streams) -> dict:
@@ -16,44 +42,43 @@ def _model_quantiles(streams) -> dict:
     return {"p50": float(np.percentile(e2e, 50)) / 1e6, "p99": float(np.percentile(e2e, 99)) / 1e6}
 
 
-def status(d) -> dict:
-    now = ring.monotonic_ns()
-    refusals = d.ingress.refuse_count() if d.ingress else {}
-    models = d.models
-    lanes = d.lanes.status(now) if d.lanes else {}
-    uptime = (now - d.started_ns) / 1e9
+def status(snap: Snapshot) -> dict:
+    """The status dict (edgeinferctl status, the stats file, the demo) of a snapshot."""
+    now, uptime, refusals = snap.now_ns, snap.uptime_s, snap.refusals
+    lanes = {name: dict(ln) for name, ln in snap.lanes.items()}
     for ln in lanes.values():
         ln["busy_pct"] = 100.0 * ln["busy_ns"] / 1e9 / uptime if uptime > 0 else 0.0
+    reg = snap.registry
     return {
-        "models": {name: {"name": m.runtime.name, "version": m.runtime.version, "sha256": m.runtime.bundle.sha256,
-                          "bundle": m.entry.bundle, "reloads": m.reloads, "reload_failures": dict(m.failures),
-                          "last_reload_error": m.last_error,
-                          # serving the last known-good bundle: the configured one was refused at start
-                          "known_good_fallback": m.fallback,
-                          "streams": [s.name for s in d.streams if s.model == name],
-                          "e2e_ms": _model_quantiles([s for s in d.streams if s.model == name])}
-                   for name, m in models.served.items() if m.runtime is not None},
+        "models": {m.name: {"name": m.served[0], "version": m.served[1], "sha256": m.served[2],
+                            "bundle": m.bundle, "reloads": m.reloads, "reload_failures": dict(m.failures),
+                            "last_reload_error": m.last_error,
+                            # serving the last known-good bundle: the configured one was refused at start
+                            "known_good_fallback": m.fallback,
+                            "streams": [s.name for s in snap.streams if s.model == m.name],
+                            "e2e_ms": _model_quantiles([s for s in snap.streams if s.model == m.name])}
+                   for m in snap.models if m.served is not None},
         "lanes": lanes,
-        "metrics_address": d.metrics.address if d.metrics else None,
-        "reloads": models.reloads,
-        "reload_failures": models.reload_failures,
-        "last_reload_error": models.last_reload_error,
-        "state_write_failures": models.state_write_failures,
-        "last_state_error": models.last_state_error,
-        "last_known_good_error": models.last_known_good_error,
+        "metrics_address": snap.metrics_address,
+        "reloads": reg.reloads,
+        "reload_failures": reg.reload_failures,
+        "last_reload_error": reg.last_reload_error,
+        "state_write_failures": reg.state_write_failures,
+        "last_state_error": reg.last_state_error,
+        "last_known_good_error": reg.last_known_good_error,
         "segment_truncations": ring.sigbus_absorbed(),
         "realtime_active": bool(lanes) and all(ln["realtime"] for ln in lanes.values()),
         "loop_alive": bool(lanes) and all(ln["state"] == "ready" for ln in lanes.values()),
         "uptime_s": uptime,
-        "restored_producers": d.restored,
+        "restored_producers": snap.restored,
         "refusals": {f"{st}/{role}/{reason}": n for (st, role, reason), n in sorted(refusals.items())},
         "streams": {s.name: {**s.stats.snapshot(now), "model": s.model, "connected": s.connected,
-                             "producer": str(s.conn.peer) if s.conn else None,
-                             "geometry": list(s.geometry_key) if s.geometry_key else None,
-                             "attaches": s.attach_count, "readers": s.reader_count,
+                             "producer": s.producer,
+                             "geometry": list(s.geometry) if s.geometry else None,
+                             "attaches": s.attaches, "readers": s.readers,
                              "refused": {f"{role}/{reason}": n for (st, role, reason), n in refusals.items()
                                          if st == s.name}}
-                    for s in d.streams},
+                    for s in snap.streams},
     }
 
 

@@ -45,55 +45,15 @@ from edgeinfer.abi import ring
 from edgeinfer.support import sandbox
 from edgeinfer.models.decoders import DecoderError
 from edgeinfer.models.runtime import FusedSession, SessionSet
-from edgeinfer.lanes.stats import StreamStats
+from edgeinfer.lanes.stream import LaneStream
 from edgeinfer.abi.vocabulary import RESULT_OK
 
 _POLICIES = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "other": os.SCHED_OTHER}
 SHORTS_PENDING_MAX = 64  # short frames waiting for the control thread to say why (more are counted, not said)
 
 
-class Stream:
-    """One configured camera stream. The lane owns `reader`, `session`, `geometry`, `epoch` and `deadline`;
-    the control plane (admission.py) owns the rest. `stats` lives in the dispatch table (or in private
-    memory without one)."""
-
-    def __init__(self, name: str, writer: ring.ResultWriter, max_age_ms: float, priority: int = 0, *,
-                 index: int = 0, model: str = "", stats: StreamStats | None = None, flags=None):
-        self.name = name
-        self.index = index      # its place in the dispatch table
-        self.model = model      # the name of the model serving it
-        self.writer = writer
-        self.max_age_ns = int(max_age_ms * 1e6)
-        self.priority = priority
-        self.stats = stats if stats is not None else StreamStats(name)
-        self.flags = flags      # its control-plane flag words in the dispatch table (dispatch.FLAG_*)
-        # lane-owned
-        self.reader: ring.FrameReader | None = None
-        self.session: FusedSession | None = None
-        self.geometry = (0, 0)  # (width, height) of the attached ring
-        self.epoch = 0          # producer generation of the attached ring
-        self.deadline = 0       # of the pending frame, set while picking
-        # control-plane-owned
-        self.conn = None                # the admitted producer's connection (ingress.Client)
-        self.ring: ring.FrameReader | None = None  # the ring handed to the lanes for it
-        self.geometry_key = None        # (pixel format, height, width) being served
-        self.last_geometry = None       # of the previous producer (geometry churn)
-        self.geometry_changes: collections.deque = collections.deque()  # monotonic times of recent changes
-        self.handovers: collections.deque = collections.deque()  # monotonic times of recent hand-overs
-        self.cooldown_until = 0.0       # producers refused until then (geometry changed or ring handed too often)
-        self.cooldown_why = ("", "")    # (refusal reason, why in words) of the cooldown
-        self.attach_count = 0           # producers admitted so far (the epoch of the current one)
-        self.reader_count = 0           # reader connections held
-        self.producer_desc = self.readers_desc = ""  # who may produce / read it, in words
-
-    @property
-    def connected(self) -> bool:
-        """A producer is connected (its connection is the liveness)."""
-        return self.conn is not None
-
-
 class Engine:
-    def __init__(self, models: dict[str, SessionSet], streams: list[Stream], *, lane: int = 0,
+    def __init__(self, models: dict[str, SessionSet], streams: list[LaneStream], *, lane: int = 0,
                  counters=None, bell: ring.Doorbell | None = None, peers=(), loop_cpus=(),
                  scheduling: str = "fifo", priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0,
                  idle_timeout_ms: int = 100, peer_counters=None, release_nice: bool = False):
@@ -110,7 +70,7 @@ class Engine:
         self.spin = spin_us / 1e6
         self.idle_timeout = idle_timeout_ms / 1e3
         self.events: list[tuple[str, str]] = []  # (level, message) for the control thread to log
-        self.dropped: list[tuple[Stream, ring.FrameReader, str]] = []  # rings the loop gave up on
+        self.dropped: list[tuple[LaneStream, ring.FrameReader, str]] = []  # rings the loop gave up on
         self.muted: list[str] = []  # streams whose doorbell the loop stopped sleeping on, for the control thread
         # Frames counted short, for the control thread to say why (once a minute per stream, lane.py):
         # (stream, seq, payload_len received, frame bytes expected, geometry). Bounded: counted in stats anyway.
@@ -124,7 +84,7 @@ class Engine:
         self._peers = tuple(peers)  # the other lanes' doorbells: rung when we free a stream that has news
         self._peer_counters = dict(peer_counters or {})  # model → counters of the other lanes holding it
         self._waitset = ring.WaitSet()
-        self._attached: list[Stream] = []      # loop-owned: streams with a ring, in wait-set order
+        self._attached: list[LaneStream] = []      # loop-owned: streams with a ring, in wait-set order
         self._natives: list = []               # their native consumers (the wait set)
         self._waited = 0          # ns the loop slept before the frame being served
         self._fault_stall = 0.0   # seconds; set by the fault hook only
@@ -161,11 +121,11 @@ class Engine:
 
     # ---------------------------------------------------------------- the control thread's side
 
-    def attach(self, stream: Stream, reader: ring.FrameReader, session: FusedSession, epoch: int = 0) -> None:
+    def attach(self, stream: LaneStream, reader: ring.FrameReader, session: FusedSession, epoch: int = 0) -> None:
         """Serve `reader` (the producer generation `epoch`) as `stream` from the next iteration on."""
         self._post(("attach", stream, reader, (session, epoch)))
 
-    def detach(self, stream: Stream, reader: ring.FrameReader) -> None:
+    def detach(self, stream: LaneStream, reader: ring.FrameReader) -> None:
         """Stop serving `reader` (if it is still the stream's ring)."""
         self._post(("detach", stream, reader, None))
 
@@ -288,7 +248,7 @@ class Engine:
             self.events.append(("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
             raise
 
-    def _pick(self, mask: int) -> tuple[Stream, list[Stream]] | None:
+    def _pick(self, mask: int) -> tuple[LaneStream, list[LaneStream]] | None:
         """Claims the ready stream with the earliest deadline (the daemon's own arrival time + max_age),
         except that a stream passed over as many times as there are other ready streams goes first: nobody
         starves. (It, the ready streams in that order), or None if other lanes claimed every one first."""
@@ -311,7 +271,7 @@ class Engine:
                 return s, ready
         return None
 
-    def _group(self, first: Stream, ready: list[Stream]) -> list[Stream]:
+    def _group(self, first: LaneStream, ready: list[LaneStream]) -> list[LaneStream]:
         """`first`, and with micro-batching (models.NAME.batch > 1) up to batch - 1 more ready streams of the
         same model and geometry, in the same order, claimed for this lane."""
         limit = self.models[first.model].batch
@@ -348,7 +308,7 @@ class Engine:
             return True
         return False
 
-    def _give_up(self, s: Stream, why: str) -> None:
+    def _give_up(self, s: LaneStream, why: str) -> None:
         """Stops serving a ring that cannot be trusted any more; the control plane drops its producer."""
         self.dropped.append((s, s.reader, why))
         s.reader.native.unclaim()
@@ -356,7 +316,7 @@ class Engine:
         self._attached = [x for x in self._attached if x is not s]
         self._natives = [x.reader.native for x in self._attached]
 
-    def _take(self, s: Stream):
+    def _take(self, s: LaneStream):
         """The stream's newest frame, or None (a drop, counted): (frame, start, age)."""
         st = s.stats
         st.last_lane = self.lane_id - 1
@@ -391,7 +351,7 @@ class Engine:
             return None
         return frame, start, age
 
-    def _serve(self, group: list[Stream]) -> None:
+    def _serve(self, group: list[LaneStream]) -> None:
         model = self.models[group[0].model]  # one model for the whole run, even if a reload swaps it meanwhile
         taken = []
         for s in group:
@@ -456,7 +416,7 @@ class Engine:
         finally:
             counters[dispatch.LANE_RUN_STARTED] = 0
 
-    def _publish(self, s: Stream, model, frame, outputs, start: int, age: int, inferred: int) -> None:
+    def _publish(self, s: LaneStream, model, frame, outputs, start: int, age: int, inferred: int) -> None:
         st = s.stats
         try:
             payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])

@@ -26,7 +26,8 @@ from edgeinfer.lanes.protocol import (TO_LANE, Attach, Attached, Commit, Detach,
                                       Ready, Short, Stage, Staged, Stall, Stop, from_memfd, receive, send)
 from edgeinfer.support import sandbox
 from edgeinfer.lanes.loop import Engine
-from edgeinfer.support.memtrim import TRIM_DELAY_S, release_freed_memory
+from edgeinfer.lanes.stream import LaneStream
+from edgeinfer.support.memtrim import DeferredTrim
 from edgeinfer.models.runtime import SessionSet, ThreadPlan
 
 MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stream
@@ -70,7 +71,8 @@ class Lane:
         threaded = any(self.entries[m].ort_threads > 1 for m in self.model_names)
         # With extra ORT threads the loop keeps the lane's first CPU and they get the others.
         loop_cpus = self.cpus[:1] if threaded and len(self.cpus) > 1 else self.cpus
-        self.streams = {s.index: s for s in streams if s.model in self.model_names}
+        # This lane's own working state per stream it may serve (the inherited Streams stay as made).
+        self.streams = {s.index: LaneStream(s) for s in streams if s.model in self.model_names}
         bells = [ring.Doorbell(table.memory, table.doorbell_offset(i)) for i in range(table.n_lanes)]
         self.engine = Engine({}, list(self.streams.values()), lane=lane, counters=table.lane_counters(lane),
                              bell=bells[lane], peers=[b for i, b in enumerate(bells) if i != lane],
@@ -84,7 +86,7 @@ class Lane:
         self.models: dict[str, SessionSet] = {}
         self.staged: dict[str, SessionSet] = {}
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
-        self.trim_at: float | None = None  # when to give a replaced model's freed memory back to the kernel
+        self.trim = DeferredTrim()  # gives a replaced model's freed memory back to the kernel
         self.mutes_logged = LogLimiter(MUTE_LOG_S)  # by stream
         self.events_logged = LogLimiter(EVENT_LOG_S)  # by (level, message with its numbers as #)
 
@@ -131,7 +133,7 @@ class Lane:
                 sessions[s] = session
         self.models[name] = model
         self.engine.swap_model(name, model, sessions)
-        self.trim_at = time.monotonic() + TRIM_DELAY_S  # once the loop let go of the old version
+        self.trim.schedule()  # once the loop let go of the old version
 
     def on_discard(self, msg: Discard, fds) -> None:
         self.staged.pop(msg.name, None)
@@ -195,9 +197,7 @@ class Lane:
 
     def chores(self) -> None:
         e = self.engine
-        if self.trim_at is not None and time.monotonic() >= self.trim_at:
-            self.trim_at = None
-            release_freed_memory()
+        self.trim.run_due()
         counters = self.table.lane_counters(self.id)
         held = list(self.models.values()) + list(self.staged.values())
         counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in held)

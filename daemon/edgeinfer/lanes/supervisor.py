@@ -55,7 +55,10 @@ class LaneSet:
         self.cfg = cfg
         self.table = table
         self.zygote = zygote
-        self.streams = streams            # every Stream, by index order
+        self.streams = streams            # every Stream (lanes/stream.py), by index order
+        # The rings handed to the lanes, by stream index: (reader, epoch, geometry). A restarted lane gets them
+        # again from here; a reload stages the geometries in use from here.
+        self.attached: dict[int, tuple] = {}
         self.lanes = [LaneHandle(i, p) for i, p in enumerate(plans)]
         self.runtimes: dict[str, object] = {}  # model name → the verified ModelRuntime being served
         self.on_dropped = on_dropped      # (stream, epoch, why): a lane gave up on, or refused, a ring
@@ -161,6 +164,7 @@ class LaneSet:
 
     def attach(self, stream, reader, epoch: int, geometry) -> None:
         """Hands a producer's ring (generation `epoch`) to every live lane holding the stream's model."""
+        self.attached[stream.index] = (reader, epoch, geometry)
         for ln in self.holding(stream.model):
             if ln.sock is not None:
                 self._send_attach(ln, stream, reader, epoch, geometry)
@@ -175,6 +179,9 @@ class LaneSet:
             os.close(fused)
 
     def detach(self, stream, epoch: int) -> None:
+        held = self.attached.get(stream.index)
+        if held is not None and held[1] == epoch:
+            del self.attached[stream.index]
         for ln in self.holding(stream.model):
             if ln.sock is not None:
                 send(ln.sock, Detach(stream.index, epoch), wait_s=REPLY_WAIT_S)
@@ -317,15 +324,15 @@ class LaneSet:
         try:
             self._spawn(ln)
             for name in ln.plan.models:
-                geometries = sorted({s.geometry_key for s in self.streams if s.model == name and s.ring is not None})
+                geometries = self.geometries_attached(name)
                 errors = self.stage(name, self.runtimes[name], geometries, [ln]) if ln.sock is not None \
                     else {"": "gone"}
                 if errors:
                     raise BundleError("; ".join(errors.values()))
                 send(ln.sock, Commit(name))
-            for s in self.streams:
-                if s.model in ln.plan.models and s.ring is not None:
-                    self._send_attach(ln, s, s.ring, s.attach_count, s.geometry_key)
+            for index, (reader, epoch, geometry) in self.attached.items():
+                if self.streams[index].model in ln.plan.models:
+                    self._send_attach(ln, self.streams[index], reader, epoch, geometry)
             ln.state = "ready"
             log.info("%s restarted (pid %d, restart %d)", ln.name, ln.pid, ln.restarts)
         except (BundleError, OSError, RuntimeError) as e:
@@ -334,6 +341,10 @@ class LaneSet:
             self._close(ln)
             ln.state = "down"
             ln.last_error = str(e)
+
+    def geometries_attached(self, model: str) -> list:
+        """The geometries of the rings of `model`'s streams that the lanes serve now."""
+        return sorted({g for i, (_r, _e, g) in self.attached.items() if self.streams[i].model == model})
 
     # ---------------------------------------------------------------- health
 

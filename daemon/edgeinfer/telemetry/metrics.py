@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from edgeinfer.abi import ring
 from edgeinfer.abi.hist import STAGES, cumulative_at
 from edgeinfer.telemetry.httplistener import HttpListener, Response, SharedRender
+from edgeinfer.telemetry.snapshot import Snapshot
 
 # Histogram buckets for 100 µs - 1 s (seconds).
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
@@ -34,14 +35,15 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], hist, stage: in
 
 
 class DaemonCollector:
-    """Reads the daemon's state (the dispatch table the lanes write) on every scrape."""
+    """Reads a snapshot of the daemon's state (the dispatch table the lanes write, live) on every scrape."""
 
-    def __init__(self, daemon):
-        self.daemon = daemon
+    def __init__(self, snapshot: Callable[[], Snapshot], health: "Health"):
+        self.snapshot = snapshot
+        self.health = health
 
     def collect(self):
-        d = self.daemon
-        streams = list(d.streams)
+        d = self.snapshot()
+        streams = d.streams
         stage = HistogramMetricFamily("edgeinfer_stage_duration_seconds",
                                       "Time per pipeline stage per frame (wait, age = capture to start, inference, "
                                       "decode, publish).", labels=["stream", "model", "stage"])
@@ -74,7 +76,7 @@ class DaemonCollector:
             rolling.add_sample(rolling.name + "_count", {"stream": s.name, "model": s.model}, n)
             rolling.add_sample(rolling.name + "_sum", {"stream": s.name, "model": s.model}, total_s)
             connected.add_metric(ids, 1.0 if s.connected else 0.0)
-            readers.add_metric(ids, float(s.reader_count))
+            readers.add_metric(ids, float(s.readers))
             last_lane.add_metric(ids, float(s.stats.last_lane))
         yield from (stage, e2e, frames, rolling, connected, readers, last_lane)
 
@@ -84,22 +86,21 @@ class DaemonCollector:
         refused = CounterMetricFamily("edgeinfer_ingress_refusals",
                                       "Connections refused, by stream ((unknown) for names not configured), role "
                                       "(producer, reader) and reason.", labels=["stream", "role", "reason"])
-        if d.ingress is not None:
-            for (st, role, reason), n in sorted(d.ingress.refuse_count().items()):
-                refused.add_metric([st, role, reason], n)
+        for (st, role, reason), n in sorted(d.refusals.items()):
+            refused.add_metric([st, role, reason], n)
         yield refused
         loop = d.loop
         yield GaugeMetricFamily("edgeinfer_control_plane_loop_age_seconds",
                                 "Seconds since the control plane's loop (handshakes, lanes' news, watchdog) last "
                                 "turned; it turns every 50 ms or so, and grows live during a stall.",
-                                value=loop.age())
+                                value=loop.age_s)
         yield CounterMetricFamily("edgeinfer_control_plane_stalls",
                                   "Turns of the control plane's loop that took longer than 1 s (each logged with its "
                                   "length when it ended).", value=loop.stalls)
         yield CounterMetricFamily("edgeinfer_control_plane_stall_seconds",
                                   "Time the control plane's loop spent in those stalls.", value=loop.stalled_s)
-        if d.ingress is not None:
-            closer = d.ingress.closer
+        if d.fds is not None:
+            closer = d.fds
             yield GaugeMetricFamily("edgeinfer_fd_closer_waiting",
                                     "Fds sent by clients (and their connections) handed to the fd closer thread and "
                                     "not closed yet.", value=float(closer.waiting))
@@ -109,26 +110,26 @@ class DaemonCollector:
                                       value=closer.slow)
             yield CounterMetricFamily("edgeinfer_ingress_intake_pauses",
                                       f"Times the ingress took nothing in because {closer.limit} fds were still "
-                                      "closing.", value=d.ingress.closer_saturations)
+                                      "closing.", value=closer.saturations)
         yield CounterMetricFamily("edgeinfer_producers_restored",
                                   "Producers served on from systemd's fd store when this daemon started.",
                                   value=d.restored)
         yield CounterMetricFamily("edgeinfer_state_write_failures",
                                   "Failed writes of the state directory's files (the anti-rollback state, the "
                                   "known-good record: full or read-only state directory).",
-                                  value=d.models.state_write_failures)
+                                  value=d.registry.state_write_failures)
         yield CounterMetricFamily("edgeinfer_segment_truncations",
                                   "Reads of frame-ring pages that were gone (absorbed; the stream was dropped). A "
                                   "sealed ring cannot shrink, so this stays 0: defence in depth.",
                                   value=ring.sigbus_absorbed())
-        h = d.health
+        h = self.health
         yield GaugeMetricFamily("edgeinfer_healthy", "1 when every lane made progress within its deadline.",
                                 value=1.0 if h.healthy() else 0.0)
         yield GaugeMetricFamily("edgeinfer_ready", "1 when every model is verified and loaded, the lanes run (and a "
                                 "stream is attached, if required).", value=1.0 if h.ready() else 0.0)
 
     @staticmethod
-    def _lanes(d):
+    def _lanes(d: Snapshot):
         up = GaugeMetricFamily("edgeinfer_lane_up", "1 while the lane runs its loop.", labels=["lane"])
         realtime = GaugeMetricFamily("edgeinfer_realtime_active", "1 when the lane's loop runs with a real-time "
                                      "policy.", labels=["lane"])
@@ -156,8 +157,7 @@ class DaemonCollector:
         wakeups = CounterMetricFamily("edgeinfer_lane_wakeups", "Times the lane's loop woke with a ring ready: a "
                                       "frame nobody took yet (a camera's doorbell or flags alone never count).",
                                       labels=["lane"])
-        lanes = d.lanes.status(0) if d.lanes else {}
-        for name, ln in lanes.items():
+        for name, ln in d.lanes.items():
             up.add_metric([name], 1.0 if ln["state"] == "ready" else 0.0)
             realtime.add_metric([name], 1.0 if ln["realtime"] else 0.0)
             progress.add_metric([name], float(ln["progress"]))
@@ -177,7 +177,7 @@ class DaemonCollector:
                     copies, mutes, wakeups)
 
     @staticmethod
-    def _models(d):
+    def _models(d: Snapshot):
         info = GaugeMetricFamily("edgeinfer_model_info", "The version of each model being served (value 1).",
                                  labels=["model", "name", "version", "sha256"])
         failures = CounterMetricFamily("edgeinfer_model_reload_failures", "Reloads refused, by model and reason.",
@@ -188,31 +188,35 @@ class DaemonCollector:
         fallback = GaugeMetricFamily("edgeinfer_model_known_good_fallback", "1 while the model serves its last "
                                      "known-good bundle because the configured one was refused at start (the log "
                                      "and /healthz say why).", labels=["model"])
-        for name, m in d.models.served.items():
-            if m.runtime is not None:
-                info.add_metric([name, m.runtime.name, m.runtime.version, m.runtime.bundle.sha256], 1.0)
+        for m in d.models:
+            name = m.name
+            if m.served is not None:
+                info.add_metric([name, *m.served], 1.0)
             for reason, n in m.failures.items():
                 failures.add_metric([name, reason], n)
             reloads.add_metric([name], m.reloads)
-            threads.add_metric([name], float(m.entry.ort_threads))
+            threads.add_metric([name], float(m.ort_threads))
             fallback.add_metric([name], 1.0 if m.fallback else 0.0)
         yield from (info, failures, reloads, threads, fallback)
 
 
 class Health:
-    """Liveness from the lanes' progress counters, readiness from start-up state.
-    The control plane calls tick() often; the HTTP thread only reads."""
+    """Liveness from the lanes' progress counters, readiness from start-up state. The control plane sets
+    model_ready; the HTTP thread only reads."""
 
-    def __init__(self, daemon, deadline_s: float, requires_stream: bool):
-        self.daemon = daemon
+    def __init__(self, lanes, models, streams, deadline_s: float, requires_stream: bool):
+        """lanes: the LaneSet (stuck lanes); models: the model registry (its `served`: fallbacks); streams: the
+        streams' states (`connected`)."""
+        self.lanes = lanes
+        self.models = models
+        self.streams = streams
         self.deadline_s = deadline_s
         self.requires_stream = requires_stream
         self.model_ready = False
 
     def stuck(self) -> list[str]:
         """Lanes that are down or made no progress within the deadline."""
-        lanes = self.daemon.lanes
-        return lanes.stuck(self.deadline_s) if lanes is not None else []
+        return self.lanes.stuck(self.deadline_s)
 
     def healthy(self) -> bool:
         if not self.model_ready:
@@ -222,7 +226,7 @@ class Health:
     def fallbacks(self) -> dict[str, dict]:
         """The models serving their last known-good bundle because the configured one was refused at start."""
         out = {}
-        for name, m in list(self.daemon.models.served.items()):
+        for name, m in list(self.models.served.items()):
             fb, rt = m.fallback, m.runtime
             if fb and rt is not None:
                 out[name] = {"configured": fb["configured"], "refused": fb["kind"], "reason": fb["reason"],
@@ -232,7 +236,7 @@ class Health:
     def ready(self) -> bool:
         if not (self.model_ready and self.healthy()):
             return False
-        return not self.requires_stream or any(s.connected for s in self.daemon.streams)
+        return not self.requires_stream or any(s.connected for s in self.streams)
 
 
 class MetricsServer:
@@ -245,12 +249,11 @@ class MetricsServer:
     # from /metrics saw 0.43-1.7 s (a render from before the kill); liveness never waits for it (the key).
     METRICS_CACHE_S = 0.1
 
-    def __init__(self, daemon, listen: str):
+    def __init__(self, snapshot: Callable[[], Snapshot], health: Health, listen: str):
         host, _, port = listen.rpartition(":")
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(DaemonCollector(daemon))
+        self.registry.register(DaemonCollector(snapshot, health))
         self.registry.register(self)
-        health = daemon.health
         registry = self.registry
 
         def metrics() -> Response:
@@ -266,8 +269,8 @@ class MetricsServer:
 
         def liveness():  # a scrape never gets a cached render that this has changed since
             return (health.healthy(), health.ready(),
-                    tuple(id(m.runtime) for m in daemon.models.served.values()),
-                    tuple(s.connected for s in daemon.streams))
+                    tuple(id(m.runtime) for m in health.models.served.values()),
+                    tuple(s.connected for s in health.streams))
 
         self.metrics_route = SharedRender(metrics, self.METRICS_CACHE_S, key=liveness)
         self.listener = HttpListener(host.strip("[]"), int(port), {

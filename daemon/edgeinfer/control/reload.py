@@ -1,0 +1,110 @@
+"""Reloading models while serving: bundle by bundle, each swapped between two frames or refused alone.
+
+A reload (SIGHUP, `systemctl reload`, or the bundle watch when a model's path
+moves) verifies each bundle again (registry.py: signature, anti-rollback,
+limits), loads it in every lane that holds the model next to the version being
+served, for the geometries in use and those declared, and swaps it in. Any
+failure leaves that model's old version serving; no other model is touched.
+The configuration itself applies on restart only: a file that changed since
+the start is said, with what changed.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from edgeinfer.abi import ring
+from edgeinfer.abi.vocabulary import Geometry
+from edgeinfer.models.bundle import BundleError
+from edgeinfer.support.memtrim import DeferredTrim
+
+log = logging.getLogger("edgeinferd")
+
+
+def declared_geometries(cfg, model: str) -> list:
+    """The frame geometries the configuration declares for `model`'s streams (their sessions are built at start)."""
+    return sorted({Geometry(s.pixel_format, s.height, s.width) for s in cfg.streams
+                   if s.width is not None and cfg.model_of(s) == model})
+
+
+class Reloader:
+    def __init__(self, cfg, config_path: str | None, *, models, lanes, streams: list, notifier, trim: DeferredTrim,
+                 status_line: Callable[[], str]):
+        """models: the registry; lanes: the LaneSet; streams: every Stream (their result rings' capacity);
+        notifier: sd_notify (RELOADING=1 … READY=1); trim: scheduled after a swap; status_line: STATUS= after."""
+        self.cfg, self.config_path = cfg, config_path
+        self.models, self.lanes, self.streams, self.notifier, self.trim = models, lanes, streams, notifier, trim
+        self.status_line = status_line
+
+    def reload(self, only_moved: bool = False) -> dict[str, bool]:
+        """RELOADING=1 … READY=1 around reloading every model whose bundle changed (SIGHUP: re-read each;
+        only_moved: those whose path now resolves elsewhere). {model: accepted} of those tried."""
+        self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={ring.monotonic_ns() // 1000}",
+                           "STATUS=reloading model bundles")
+        if not only_moved:
+            self._say_config_changes()
+        try:
+            return {name: self._reload(name) for name in self.models.served
+                    if not only_moved or self.models.changed(name)}
+        finally:
+            self.notifier.send("READY=1", "STATUS=" + self.status_line())
+
+    def _say_config_changes(self) -> None:
+        """A reload reloads model bundles only: the configuration (its streams above all) applies on restart. A
+        file that changed since the start is said, with what changed and what to do, so that a stream added for
+        a new camera is not silently left unserved."""
+        if not self.config_path:
+            return
+        from edgeinfer.config.schema import ConfigError, load_config
+        try:
+            now = load_config(self.config_path)
+        except (ConfigError, OSError) as e:
+            log.error("reload: %s: a restart would fail, serving on with the configuration of the start: %s",
+                      self.config_path, e)
+            return
+        old_streams, new_streams = ({s.name: s for s in c.streams} for c in (self.cfg, now))
+        added = sorted(new_streams.keys() - old_streams.keys())
+        removed = sorted(old_streams.keys() - new_streams.keys())
+        changed = sorted(n for n in old_streams.keys() & new_streams.keys() if old_streams[n] != new_streams[n])
+        sections = [k for k in type(now).model_fields if k != "streams" and getattr(now, k) != getattr(self.cfg, k)]
+        if not (added or removed or changed or sections):
+            return
+        what = "; ".join(f"{label}: {', '.join(names)}" for label, names in (
+            ("streams added", added), ("streams removed", removed), ("streams changed", changed),
+            ("sections changed", sections)) if names)
+        log.warning("reload: %s changed since the start (%s): a reload reloads model bundles only; streams and the "
+                    "other settings change only on restart: systemctl restart edgeinferd (cameras keep their rings "
+                    "and connections across it)", self.config_path, what)
+
+    def _reload(self, name: str) -> bool:
+        """Verify → load in every lane holding it, next to the serving version → swap between two frames.
+        On any failure this model's old version keeps serving; no other model is touched."""
+        served = self.models.served[name]
+        old = served.runtime
+        try:
+            new = self.models.load(name)
+            if new.bundle.sha256 == old.bundle.sha256 and new.bundle.meta == old.bundle.meta:
+                self.models.unchanged(name, new)
+                return True  # unchanged: nothing to do
+            need = new.decoder.payload_capacity
+            small = {s.name: s.writer.payload_capacity for s in self.streams
+                     if s.model == name and s.writer.payload_capacity < need}
+            if small:  # result rings are made once, at start: a record that does not fit is never cut short
+                raise BundleError(f"{new.bundle.path}: its results take up to {need} bytes per record, more than "
+                                  f"the result rings of {', '.join(small)} hold ({min(small.values())}); restart "
+                                  "edgeinferd to serve it")
+            geometries = sorted(set(self.lanes.geometries_attached(name))
+                                | set(declared_geometries(self.cfg, name)))[-self.cfg.runtime.max_sessions:]
+            errors = self.lanes.stage(name, new, geometries)
+            if errors:
+                raise BundleError("; ".join(f"{lane}: {e}" for lane, e in errors.items()))
+        except (BundleError, OSError) as e:
+            self.models.refuse(name, e)
+            return False
+        self.lanes.commit(name, new)
+        self.models.accept(name, new)
+        served.reloads += 1
+        self.trim.schedule()
+        log.info("model %s: reloaded: now serving %s %s (was %s %s)", name, new.name, new.version, old.name,
+                 old.version)
+        return True

@@ -1,0 +1,75 @@
+"""The daemon's state as its reporters read it: one typed snapshot, built by the control plane on demand.
+
+/metrics (metrics.py), `edgeinferctl status`, the stats file and systemd's
+STATUS= (control/status.py) all read a `Snapshot`, never the daemon's objects.
+Counters the lanes keep in shared memory (each stream's `stats`) are read live
+through it: they are lock-free and written by the lanes only.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamView:
+    name: str
+    model: str
+    stats: object                 # lanes.stats.StreamStats: the dispatch table's counters and histograms
+    connected: bool               # a producer is connected
+    producer: str | None          # who, in words
+    geometry: tuple | None        # (pixel format, height, width) served now
+    attaches: int                 # producers admitted so far
+    readers: int                  # reader connections held
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelView:
+    name: str                     # its name under `models:`
+    bundle: str                   # the configured bundle path
+    ort_threads: int
+    served: tuple | None          # (name, version, sha256) of the version being served, None before the start
+    reloads: int
+    failures: dict                # reload refusals by reason
+    last_error: str | None
+    fallback: dict | None         # serving its last known-good bundle: what was refused and why
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryView:
+    reloads: int
+    reload_failures: int
+    last_reload_error: str | None
+    state_write_failures: int
+    last_state_error: str | None
+    last_known_good_error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopView:
+    age_s: float                  # since the control plane's loop last turned
+    stalls: int
+    stalled_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FdCloserView:
+    waiting: int                  # fds handed to the closer thread, not closed yet
+    slow: int                     # closes that took over 1 s
+    limit: int
+    saturations: int              # times the ingress took nothing in because the closer was full
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    now_ns: int                   # monotonic
+    uptime_s: float
+    streams: tuple[StreamView, ...]
+    models: tuple[ModelView, ...]
+    lanes: dict                   # LaneSet.status(): {lane: {state, pid, progress, busy_ns, ...}}
+    registry: RegistryView
+    refusals: dict                # {(stream, role, reason): count}
+    loop: LoopView
+    fds: FdCloserView | None      # None before the ingress exists
+    restored: int                 # producers served on from systemd's fd store at start
+    chore_errors: int             # control-plane housekeeping failures (logged; serving went on)
+    metrics_address: str | None
