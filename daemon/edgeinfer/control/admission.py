@@ -24,7 +24,7 @@ import time
 from edgeinfer.lanes import dispatch
 from edgeinfer.abi import ring
 from edgeinfer.config.identity import Ids, Peer, host_user
-from edgeinfer.control.ingress import Client, Refusal
+from edgeinfer.control.clients import Client, Refusal
 from edgeinfer.control.streams import StreamState
 from edgeinfer.abi.vocabulary import Geometry
 

@@ -13,7 +13,8 @@ import socket
 from edgeinfer.abi import ring
 from edgeinfer.control.admission import Admission
 from edgeinfer.control.fdcloser import FdCloser
-from edgeinfer.control.ingress import Client, Ingress, Refusal, peer_of
+from edgeinfer.control.clients import Client, Refusal, peer_of
+from edgeinfer.control.ingress import Ingress
 
 log = logging.getLogger("edgeinferd")
 
