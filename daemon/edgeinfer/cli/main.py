@@ -130,7 +130,7 @@ from edgeinfer.abi.constants import INGRESS_SOCKET as _INGRESS_SOCKET, RESULTS_S
 def _cmd_results(args) -> int:
     from edgeinfer.abi import ring
     from edgeinfer.abi.payloads import describe
-    from edgeinfer.cli.labels import LabelSource
+    from edgeinfer.config.labels import LabelSource
     labels = LabelSource(args.bundle, args.config, lambda msg: print(f"edgeinferctl: {msg}", file=sys.stderr))
     reader = ring.ResultReader.connect(args.stream, socket=args.socket, from_oldest=args.from_oldest)
     n = 0
