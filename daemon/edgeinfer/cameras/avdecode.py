@@ -3,7 +3,7 @@
 The ffmpeg program does not say what the RTCP sender reports say: libavformat turns each report's
 NTP/RTP pair into a wall clock per packet (AV_PKT_DATA_PRFT, "producer reference time") and the
 program drops it. This child reads it, and otherwise does what the ffmpeg program does for the
-producer (daemon/edgeinfer/cameras/ffmpeg.py runs it in its place for rtsp:// sources):
+producer (daemon/edgeinfer/cameras/ffmpeg/ runs it in its place for rtsp:// sources):
 
     python -m edgeinfer.producers.avdecode --option rtsp_transport=tcp … [--size WxH] PIX_FMT URL
 
