@@ -39,11 +39,11 @@ def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
 def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime: dict | None = None,
                  trust_dir: str | None = None, metrics: dict | None = None, shm: dict | None = None,
                  state_dir: str | None = None, ingress: dict | None = None, models: dict | None = None,
-                 lanes: list | None = None) -> str:
+                 lanes: list | None = None, pools: dict | None = None) -> str:
     """An edgeinferd.yaml for a test. Streams name their producer and readers (default: this process's
     user); the sockets live in `tmp_path` unless `ingress` says otherwise (a value None leaves a key out).
     models: {name: bundle path or {bundle: ..., ort_threads: ...}} instead of the one `bundle_path`;
-    lanes: [{cpus: [...], models: [...]}]."""
+    lanes: [{cpus: [...], models: [...]}]; pools: {name: {model, user, streams, ...}} (the gateway's streams)."""
     uid = os.getuid()
     lines = ["model:\n" + (f"  bundle: {bundle_path}\n" if bundle_path else "") +
              f"  warmup_runs: 1\n  trust_dir: {trust_dir or TRUST_DIR}\n  state_dir: {state_dir or tmp_path / 'state'}"]
@@ -53,7 +53,9 @@ def write_config(tmp_path: Path, bundle_path: str, streams: list[dict], runtime:
             for name, m in models.items()))
     if lanes is not None:
         lines.append("lanes: " + json.dumps(lanes))
-    lines.append("streams:")
+    if pools:
+        lines.append("pools:\n" + "\n".join(f"  {name}: {json.dumps(pool)}" for name, pool in pools.items()))
+    lines.append("streams:" if streams else "streams: []")
     for s in streams:
         s = {"producer": f"{{user: {uid}}}", "readers": f"{{users: [{uid}]}}", **s}
         lines.append("  - " + "\n    ".join(f"{k}: {v}" for k, v in s.items() if v is not None))

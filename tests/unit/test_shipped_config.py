@@ -32,7 +32,8 @@ ABI1_KEYS = {("shm", "dir"): "shm.dir", ("shm", "allowed_uids"): "shm.allowed_ui
 # Set to something other than their default, on purpose: with no producer, a stream falls back to the
 # trust of 0.1 (any member of group edgeinfer) and warns at every start; the file names the daemon's user.
 # `models` has no default but the daemon needs one: the file names the package's bundle.
-EXAMPLES = {("streams", "producer"), ("models",)}
+# `streams` defaults to none (a host may have pools only): the file shows one example camera.
+EXAMPLES = {("streams", "producer"), ("models",), ("streams",)}
 # A commented-out key: '#', one space, then `key:` where the key would stand.
 # A list item of a commented-out example ("# - key:") counts too.
 COMMENTED_KEY = re.compile(r"^(\s*)# ((?:- )?[a-z_][a-z0-9_]*:(?: |$))", re.M)
@@ -63,7 +64,8 @@ def file_keys(data, schema: dict, path: tuple = (), entry: bool = False) -> set[
         for item in data:
             out |= file_keys(item, schema, path)
     elif isinstance(data, dict):
-        by_name = not entry and path in schema and typing.get_origin(schema[path].annotation) is dict
+        by_name = not entry and path in schema and any(  # dict[...], or dict[...] | None
+            typing.get_origin(a) is dict for a in (schema[path].annotation, *typing.get_args(schema[path].annotation)))
         for k, v in data.items():
             if by_name:  # a mapping of entries by name (models:): each entry's keys under the map's path
                 out |= file_keys(v, schema, path, entry=True)

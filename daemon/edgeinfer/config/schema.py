@@ -253,20 +253,63 @@ class MetricsConfig(_Strict):
 LEGACY_PRODUCER_GROUP = "edgeinfer"
 
 
+POOL_STREAMS_MAX = 32
+_POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+
+
+class PoolConfig(_Strict):
+    """pools.NAME: the streams of a front (the gateway, docs/operations.md): `streams` rings of one model, named
+    NAME-0 … NAME-(streams-1), each produced and read by `user` alone. The front keeps one request in flight per
+    stream, so a pool's share of the lanes is its streams' share, whatever the network sends."""
+
+    model: str | None = None  # the entry of `models:` (may be left out when there is one model)
+    user: str | int           # the front's user: the only producer and the only reader of the pool's streams
+    streams: int = Field(4, ge=1, le=POOL_STREAMS_MAX)
+    max_age_ms: float = Field(10000.0, gt=0, le=600000)  # at least the longest deadline the front accepts
+    priority: int = Field(0, ge=0, le=99)
+
+    @field_validator("user")
+    @classmethod
+    def _user_exists(cls, v):
+        user_id(v)  # a user that does not exist is an error here, with its line
+        return v
+
+    def stream_names(self, pool: str) -> list[str]:
+        return [f"{pool}-{i}" for i in range(self.streams)]
+
+
+STREAMS_MAX = 64
+
+
 class Config(_Strict):
     model: ModelConfig = ModelConfig()
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     lanes: list[LaneConfig] | None = None  # None: one lane per usable CPU (see lane_plan)
-    streams: list[StreamConfig] = Field(min_length=1, max_length=64)
+    streams: list[StreamConfig] = Field(default_factory=list, max_length=STREAMS_MAX)
+    pools: dict[str, PoolConfig] | None = None  # the fronts' streams (pool_streams); None: no front
     runtime: RuntimeConfig = RuntimeConfig()
     ingress: IngressConfig = IngressConfig()
     shm: ShmConfig = ShmConfig()
     metrics: MetricsConfig = MetricsConfig()
     _warnings: list[str] = PrivateAttr(default_factory=list)
 
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, v: dict | None) -> dict | None:
+        bad = [n for n in v or {} if not _POOL_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"pool names are 1-32 letters, digits, '_' or '-', starting with a letter or digit: "
+                             f"{bad}")
+        return v
+
     @model_validator(mode="after")
     def _unique(self):
-        names = [s.name for s in self.streams]
+        if not self.streams and not self.pools:
+            raise ValueError("configure at least one stream (streams:) or pool (pools:)")
+        names = [s.name for s in self.all_streams()]
+        if len(names) > STREAMS_MAX:
+            raise ValueError(f"{len(names)} streams with the pools' ({len(self.streams)} in streams:), more than "
+                             f"{STREAMS_MAX}")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"stream names must be unique; repeated: {dup}")
@@ -283,6 +326,16 @@ class Config(_Strict):
         if self.model.bundle is None:
             return {}
         return {LEGACY_MODEL_NAME: ModelEntry(bundle=self.model.bundle, ort_threads=self.runtime.ort_threads)}
+
+    def pool_streams(self) -> list[StreamConfig]:
+        """Every pool's streams, as stream entries: NAME-i, produced and read by the pool's user alone."""
+        return [StreamConfig(name=name, model=pool.model, producer=Identity(user=pool.user),
+                             readers=Acl(users=[pool.user]), max_age_ms=pool.max_age_ms, priority=pool.priority)
+                for pname, pool in (self.pools or {}).items() for name in pool.stream_names(pname)]
+
+    def all_streams(self) -> list[StreamConfig]:
+        """The streams the daemon serves: those of `streams:`, then the pools' (pool_streams)."""
+        return [*self.streams, *self.pool_streams()]
 
     def model_of(self, stream: StreamConfig) -> str:
         if stream.model is not None:
@@ -324,6 +377,13 @@ class Config(_Strict):
             if not _MODEL_NAME.fullmatch(name):
                 out.append((("models", name), "a model name is 1-63 letters, digits, '_' or '-', starting with a "
                             "letter or digit"))
+        for name, pool in (self.pools or {}).items():
+            if pool.model is not None and pool.model not in entries:
+                out.append((("pools", name, "model"), f"no model {pool.model!r} is configured (models: "
+                            f"{', '.join(sorted(entries))})"))
+            elif pool.model is None and len(entries) > 1:
+                out.append((("pools", name), f"pool {name} names no model, and {len(entries)} are configured: "
+                            f"add model: NAME"))
         for i, s in enumerate(self.streams):
             if s.model is not None and s.model not in entries:
                 out.append((("streams", i, "model"), f"no model {s.model!r} is configured (models: "

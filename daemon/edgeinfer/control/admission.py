@@ -56,7 +56,7 @@ class Admission:
         self.streams = {s.name: s for s in streams}
         self.producer_ids: dict[str, Ids] = {}
         self.reader_ids: dict[str, Ids] = {}
-        by_name = {s.name: s for s in cfg.streams}
+        by_name = {s.name: s for s in cfg.all_streams()}
         for s in streams:
             sc = by_name[s.name]
             self.producer_ids[s.name] = cfg.producer_of(sc).resolve()

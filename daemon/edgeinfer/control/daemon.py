@@ -177,9 +177,10 @@ class Daemon:
     def _make_streams(self) -> None:
         """Every stream's result ring (sized for its model's payload) and its place in the dispatch table."""
         cfg = self.cfg
-        self.table = DispatchTable(len(cfg.streams), len(self.plans))
+        streams = cfg.all_streams()  # those of `streams:`, then the pools' (config/schema.py)
+        self.table = DispatchTable(len(streams), len(self.plans))
         runtimes = self.model_runtimes
-        for i, s in enumerate(cfg.streams):
+        for i, s in enumerate(streams):
             model = cfg.model_of(s)
             writer = ring.ResultWriter.create(runtimes[model].decoder.payload_capacity,
                                               records=cfg.shm.result_records, label=f"edgeinfer-results:{s.name}")

@@ -23,7 +23,7 @@ log = logging.getLogger("edgeinferd")
 
 def declared_geometries(cfg, model: str) -> list:
     """The frame geometries the configuration declares for `model`'s streams (their sessions are built at start)."""
-    return sorted({Geometry(s.pixel_format, s.height, s.width) for s in cfg.streams
+    return sorted({Geometry(s.pixel_format, s.height, s.width) for s in cfg.all_streams()
                    if s.width is not None and cfg.model_of(s) == model})
 
 
