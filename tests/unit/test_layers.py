@@ -22,7 +22,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "daemon"  # tests/unit/ -> the repository
 
 RANKS = {"abi": 0, "support": 0, "models": 1, "config": 2, "lanes": 3, "telemetry": 3, "cameras": 3,
-         "control": 4, "cli": 5}
+         "control": 4, "fronts": 4, "cli": 5}
 NATIVE = {"edgeinfer._ring": "abi", "edgeinfer._hist": "abi", "edgeinfer._harden": "support"}  # module → its importer
 COMPAT = ("edgeinfer.ring", "edgeinfer.payloads", "edgeinfer.producers")
 

@@ -9,6 +9,7 @@ import sys
 # ring.h's defaults, without importing the native core for --help.
 from edgeinfer.abi.constants import INGRESS_SOCKET as _INGRESS_SOCKET, RESULTS_SOCKET as _RESULTS_SOCKET
 from edgeinfer.abi.vocabulary import MODEL_FORMATS, RTSP_CLOCKS as _RTSP_CLOCKS
+from edgeinfer.cli.commands.gateway import cmd_gateway
 from edgeinfer.cli.commands.camera import cmd_camera_add, cmd_camera_list, cmd_camera_run, cmd_camera_test
 from edgeinfer.cli.commands.model import (cmd_keys_generate, cmd_model_allow_downgrade, cmd_model_bench,
                                           cmd_model_bundle, cmd_model_quantize, cmd_model_self_sign,
@@ -230,6 +231,12 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=float(os.environ.get("DEMO_SECONDS", "0") or 0),
                    help="stop after N seconds (default: until Ctrl-C; env DEMO_SECONDS)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("gateway", help="the network fronts: Open Inference Protocol (gRPC) and Frigate's detector "
+                       "(ExecStart of edgeinfer-gateway.service)")
+    p.add_argument("--config", default="/etc/edgeinfer/gateway.yaml", help="the gateway's configuration")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_gateway)
 
     args = ap.parse_args(argv)
     try:

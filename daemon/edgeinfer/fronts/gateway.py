@@ -1,0 +1,158 @@
+"""edgeinfer-gateway: the network fronts' process (edgeinfer-gateway.service, or `edgeinferctl gateway`).
+
+It runs as its own unprivileged user, which the daemon's pools name as the only
+producer and reader of their streams: to edgeinferd it is a camera and a
+reader, nothing more (shared/ARCHITECTURE.md §8). Start order: read both
+configurations (plan.py) → open the pools' rings (service.py; they connect
+whenever edgeinferd is there) → start the fronts → READY=1. The main thread
+then keeps: reconnects rings, warms models, pings the watchdog while the fronts
+serve, and stops on SIGTERM/SIGINT. A crash here stops no camera.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from edgeinfer.config.labels import LabelSource
+from edgeinfer.config.schema import load_config
+from edgeinfer.fronts.metrics import FrontMetrics, MetricsListener
+from edgeinfer.fronts.oip import InferenceService, start_server
+from edgeinfer.fronts.plan import make_plan
+from edgeinfer.fronts.service import Models
+from edgeinfer.fronts.settings import GatewayConfig, load_gateway_config
+from edgeinfer.support.signals import STOP, Signals
+from edgeinfer.support.systemd import Notifier, Watchdog
+
+log = logging.getLogger("edgeinfer-gateway")
+
+KEEP_INTERVAL_S = 0.1
+STATUS_INTERVAL_S = 5.0
+
+
+class Liveness:
+    """The watchdog's evidence (support/systemd.Watchdog's `watchdog_ok`): the keeper turned since the last ping and
+    every front's serving thread is alive."""
+
+    def __init__(self):
+        self.turned_at = time.monotonic()
+        self.threads: dict[str, threading.Thread] = {}
+
+    def watchdog_ok(self, since: float) -> bool:
+        return self.turned_at > since and all(t.is_alive() for t in self.threads.values())
+
+    def problems(self) -> list[str]:
+        out = [f"{name} front stopped" for name, t in self.threads.items() if not t.is_alive()]
+        if time.monotonic() - self.turned_at > 5.0:
+            out.append("the keeper is stuck")
+        return out
+
+
+class Gateway:
+    def __init__(self, gw: GatewayConfig, version: str, signals: Signals | None = None):
+        self.gw = gw
+        self.version = version
+        self.signals = signals if signals is not None else Signals()
+        self.notifier = Notifier()
+        self.metrics = FrontMetrics()
+        self.live = Liveness()
+        self.models: Models | None = None
+        self.grpc = None
+        self.frigate = None
+        self.listener: MetricsListener | None = None
+
+    def start(self) -> None:
+        gw = self.gw
+        daemon = load_config(gw.daemon_config)
+        plans = make_plan(gw, daemon)
+        if gw.grpc.enabled and not gw.grpc.loopback() and gw.grpc.tls is None:
+            log.warning("grpc.listen %s is not loopback and has no TLS: frames and results cross the network in "
+                        "the clear, and anyone who reaches it may use the models (set grpc.tls)", gw.grpc.listen)
+        labels = LabelSource(config=gw.daemon_config, warn=lambda m: log.warning("%s", m))
+        try:
+            self.models = Models(plans, ingress_socket=daemon.ingress.socket,
+                                 results_socket=daemon.ingress.results_socket, labels=labels)
+            largest = max(s.frame_bytes for s in self.models._slots)
+            if gw.grpc.enabled:
+                self.grpc = start_server(InferenceService(self.models, gw.grpc, self.metrics, self.version), gw.grpc,
+                                         largest)
+            if gw.frigate.enabled:
+                from edgeinfer.fronts.frigate import FrigateFront
+                self.frigate = FrigateFront(self.models, gw.frigate, self.metrics)
+                self.frigate.start()
+                self.live.threads["frigate"] = self.frigate.thread
+            if gw.metrics.enabled:
+                self.listener = MetricsListener(self.metrics, gw.metrics.listen,
+                                                lambda: (not self.live.problems(), self.live.problems()))
+                self.listener.start()
+                log.info("gateway metrics and health on http://%s", self.listener.address)
+        except BaseException:
+            self.close()
+            raise
+        for name, plan in plans.items():
+            log.info("model %s: pool %s, %s, sizes %s", name, plan.pool,
+                     ", ".join(f"{w}x{h}: {len(s)} ring(s)" for (w, h), s in plan.streams.items()),
+                     plan.pixel_format)
+
+    def status_line(self) -> str:
+        parts = [f"{name}: {'ready' if m.ready else 'waiting for edgeinferd'}" + (f" ({m.version})" if m.version else "")
+                 for name, m in self.models.served.items()]
+        return "; ".join(parts)
+
+    def serve(self) -> int:
+        self.notifier.send("READY=1", "STATUS=" + self.status_line())
+        watchdog = Watchdog(self.notifier, self.live, 0.0)
+        next_status = time.monotonic() + STATUS_INTERVAL_S
+        while not self.signals.requested(*STOP):
+            self.models.keep()
+            for name, m in self.models.served.items():
+                self.metrics.ready.labels(name).set(1.0 if m.ready else 0.0)
+            self.live.turned_at = time.monotonic()
+            watchdog.tick()
+            if self.notifier.enabled and time.monotonic() >= next_status:
+                next_status += STATUS_INTERVAL_S
+                self.notifier.send("STATUS=" + self.status_line())
+            time.sleep(KEEP_INTERVAL_S)
+        return 0
+
+    def close(self) -> None:
+        try:
+            self.notifier.send("STOPPING=1")
+        except OSError:
+            pass
+        if self.grpc is not None:
+            self.grpc.stop(grace=1.0).wait(5.0)
+            self.grpc = None
+        if self.frigate is not None:
+            self.frigate.stop()
+            self.frigate = None
+        if self.models is not None:
+            self.models.close()
+            self.models = None
+        if self.listener is not None:
+            self.listener.stop()
+            self.listener = None
+
+
+def run(config_path: str, version: str) -> int:
+    """`edgeinferctl gateway`: runs until SIGTERM or SIGINT. Exit 2: a configuration that cannot serve."""
+    from edgeinfer.fronts.plan import PlanError
+    from edgeinfer.support.yamlconf import ConfigError
+    signals = Signals(signal.SIGTERM, signal.SIGINT)
+    try:
+        gw = load_gateway_config(config_path)
+        gateway = Gateway(gw, version, signals)
+        gateway.start()
+    except (ConfigError, PlanError) as e:
+        log.error("%s", e)
+        return 2
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        return 1
+    try:
+        return gateway.serve()
+    finally:
+        gateway.close()
+
+
