@@ -8,22 +8,35 @@ Readers:   ResultReader.connect(stream) / ResultReader.watch(stream) → read() 
            The daemon hands over the stream's result ring (read-only for everyone but it).
 The daemon: FrameReader(fd) from a received ring, ResultWriter.create(...), WaitSet.
 
-This is the only module that imports the native core.
+This module is the API's one name (`edgeinfer.ring` is this module): it holds the readers' side
+(ResultReader, wait_any) and re-exports the rest, each in a module of its own: ring.h's names (errors,
+constants, pixel formats: ringdefs.py), the cameras' side (framewriter.py), the daemon's (daemonside.py).
+Only the modules of abi/ import the native core.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from typing import Iterator
 
-import numpy as np
-
 from edgeinfer import _ring
-from edgeinfer.abi import vocabulary as _vocabulary
-from edgeinfer.abi.vocabulary import YUV_BASES, yuv_format_name
-from edgeinfer._ring import (  # noqa: F401  (re-exported: the error types are part of the API)
+from edgeinfer.abi.daemonside import FrameReader, ResultWriter  # noqa: F401  (re-exported: the daemon's API)
+from edgeinfer.abi.framewriter import FrameWriter  # noqa: F401  (re-exported: the cameras' API)
+from edgeinfer.abi.ringdefs import (  # noqa: F401  (re-exported: ring.h's names are part of the API)
+    COLORIMETRIES,
+    COLORIMETRY_NAMES,
+    INGRESS_SOCKET,
+    MAX_WAIT,
+    PIXEL_FORMAT_NAMES,
+    PIXEL_FORMATS,
+    RESULTS_SOCKET,
+    ROLE_PRODUCER,
+    ROLE_READER,
+    STATUS,
+    STREAM_NAME_MAX,
+    TAKE_CORRUPT,
+    TAKE_SHORT,
     AbiMismatch,
     AccessDenied,
     BadArgument,
@@ -46,265 +59,21 @@ from edgeinfer._ring import (  # noqa: F401  (re-exported: the error types are p
     TruncatedRing,
     TryAgain,
     WaitSet,
+    _waitset,
+    error_for,
+    format_name,
+    frame_bytes,
+    monotonic_ns,
+    parse_pixel_format,
+    peer_cred,
+    recv_hello,
+    send_reply,
+    sigbus_absorbed,
+    sock_alive,
+    stream_name_ok,
+    transient,
 )
-
-INGRESS_SOCKET = _ring.INGRESS_SOCKET
-RESULTS_SOCKET = _ring.RESULTS_SOCKET
-PIXEL_FORMATS = dict(_ring.PIXEL_FORMATS)
-PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
-COLORIMETRIES = dict(_ring.COLORIMETRIES)
-COLORIMETRY_NAMES = {code: name for name, code in COLORIMETRIES.items()}
-# ring.h's codes and the names the schemas take (vocabulary) are one list, in one order.
-assert tuple(sorted(COLORIMETRIES, key=COLORIMETRIES.get)) == _vocabulary.COLORIMETRIES, COLORIMETRIES
-MAX_WAIT = _ring.MAX_WAIT
-STREAM_NAME_MAX = _ring.STREAM_NAME_MAX
-STATUS = dict(_ring.STATUS)
-ROLE_PRODUCER, ROLE_READER = _ring.ROLE_PRODUCER, _ring.ROLE_READER
-TAKE_SHORT, TAKE_CORRUPT = _ring.TAKE_SHORT, _ring.TAKE_CORRUPT
-monotonic_ns = _ring.monotonic_ns
-sigbus_absorbed = _ring.sigbus_absorbed  # defence in depth: a sealed ring cannot shrink, so this stays 0
-stream_name_ok = _ring.stream_name_ok
-error_for = _ring.error_for
-recv_hello, send_reply, peer_cred, sock_alive = _ring.recv_hello, _ring.send_reply, _ring.peer_cred, _ring.sock_alive
-
-
-def transient(error: BaseException) -> bool:
-    """A failure that passes by itself (no daemon yet, the stream's previous producer not gone yet, a
-    busy daemon, a system call short of memory or fds for a moment): retry. Anything else needs someone to
-    change the configuration or the client (ring.h's ei_error_transient: the same rule)."""
-    return isinstance(error, (DaemonUnavailable, StreamBusy, TryAgain, ConnectionClosed, HandshakeTimeout)) or \
-        (type(error) is OSError and error.errno is not None and _ring.errno_transient(error.errno))
-
-
-def parse_pixel_format(pixel_format: str | int) -> tuple[int, int]:
-    """(ring.h pixel format, colorimetry) of a name: "bgr24", "nv12" (BT.601 limited), "nv12:bt709", ..."""
-    if isinstance(pixel_format, int):
-        return pixel_format, 0
-    base, _, colour = pixel_format.lower().partition(":")
-    if base not in PIXEL_FORMATS:
-        raise ValueError(f"unknown pixel format {pixel_format!r}; one of {sorted(PIXEL_FORMATS)}")
-    if colour and (base not in YUV_BASES or colour not in COLORIMETRIES):
-        raise ValueError(f"pixel format {pixel_format!r}: only {', '.join(YUV_BASES)} take a colorimetry, one of "
-                         f"{', '.join(COLORIMETRIES)} (e.g. nv12:bt709)")
-    return PIXEL_FORMATS[base], COLORIMETRIES.get(colour, 0)
-
-
-def frame_bytes(pixel_format: str | int, width: int, height: int, row_stride: int = 0) -> int:
-    """The bytes of one whole frame, which is what a slot's payload_len must say: ring.h's
-    ei_frame_payload_len, the one definition (nv12/i420: width × height × 3/2; yuyv: × 2; gray8/rgb/bgr:
-    row_stride × height, packed rows when row_stride is 0)."""
-    code, _colour = parse_pixel_format(pixel_format)
-    n = _ring.frame_payload_len(code, width, height, row_stride)
-    if not n:
-        raise ValueError(f"unknown pixel format {pixel_format!r}")
-    return n
-
-
-def format_name(layout: dict) -> str:
-    """The pixel format's name of a ring's layout (a YUV one with its colorimetry: vocabulary.yuv_format_name)."""
-    name = PIXEL_FORMAT_NAMES[layout["pixel_format"]]
-    return yuv_format_name(name, COLORIMETRY_NAMES[layout["colorimetry"]]) if name in YUV_BASES else name
-
-
-# ------------------------------------------------------------------ producer
-
-
-class FrameWriter:
-    """A camera's end of a frame ring. Never blocks on the daemon."""
-
-    def __init__(self, producer: _ring.FrameProducer, stream: str | None = None):
-        self._p = producer
-        self.stream = stream
-        self._frame_id = 0
-        self._frame_bytes = producer.layout["frame_bytes"]
-
-    @classmethod
-    def create(cls, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
-               row_stride: int = 0, label: str = "edgeinfer-frames") -> "FrameWriter":
-        """A ring of its own, handed to nobody yet (`fd`): for in-process use and tests."""
-        code, colour = parse_pixel_format(pixel_format)
-        return cls(_ring.FrameProducer(label, width, height, code, row_stride, slots, colour))
-
-    @classmethod
-    def connect(cls, stream: str, width: int, height: int, pixel_format: str | int = "bgr24", *, slots: int = 4,
-                row_stride: int = 0, socket: str = INGRESS_SOCKET, wait: float = 10.0) -> "FrameWriter":
-        """Creates the ring and hands it to the daemon as `stream`, waiting up to `wait` seconds for
-        the daemon to accept it. A refusal that will not pass by itself (this process may not produce
-        the stream, a geometry the model cannot serve) is raised; no daemon yet is not: the writer
-        publishes anyway and connects when the daemon comes (see `connection`)."""
-        if not stream_name_ok(stream):
-            raise BadArgument(f"invalid stream name {stream!r}: 1-{STREAM_NAME_MAX} of letters, digits, '_' or "
-                              f"'-', starting with a letter or digit")
-        w = cls.create(width, height, pixel_format, slots=slots, row_stride=row_stride,
-                       label=f"edgeinfer-frames:{stream}")
-        w.stream = stream
-        try:
-            w._p.connect(socket, stream)
-            if wait > 0:
-                try:
-                    w._p.wait_connected(wait)
-                except RingError as e:
-                    if not transient(e):
-                        raise
-        except BaseException:
-            w.close()
-            raise
-        return w
-
-    @property
-    def fd(self) -> int:
-        """The ring's sealed memfd (the writer's own: dup it to keep it)."""
-        return self._p.fd
-
-    @property
-    def layout(self) -> dict:
-        return self._p.layout
-
-    @property
-    def connection(self) -> dict:
-        """The connection to the daemon: state (disconnected | handshake | connected), last_error (the
-        daemon's words for the last refusal, or why the last attempt failed), accepted, attempts."""
-        return self._p.connection
-
-    @property
-    def connected(self) -> bool:
-        return self._p.connection_state == "connected"
-
-    @property
-    def connection_state(self) -> str:
-        """disconnected | handshake | connected."""
-        return self._p.connection_state
-
-    def step(self) -> str:
-        """Advances the connection by whatever is due (publish() does it too); never blocks."""
-        return self._p.step()
-
-    def begin(self) -> np.ndarray:
-        """A writable uint8 view of a free slot: (height, width, channels); a YUV frame's (rows, width, bytes per
-        pixel), its chroma rows after the Y rows (vocabulary.frame_shape)."""
-        return self._p.images[self._p.begin()]
-
-    def begin_flat(self) -> np.ndarray:
-        """The same slot as a flat uint8 array of payload_capacity bytes (for readinto)."""
-        return self._p.flats[self._p.begin()]
-
-    def publish(self, capture_ns: int | None = None, frame_id: int | None = None, *,
-                realtime_ns: int | None = None, length: int | None = None) -> int:
-        """Publishes the slot from begin(); returns the frame's sequence number.
-        capture_ns is CLOCK_MONOTONIC (default: now); frame_id defaults to a counter;
-        length (bytes written) defaults to the whole frame (frame_bytes); any other is refused here
-        (BadArgument, nothing published: the daemon would count it `short` and serve nothing of it)."""
-        if frame_id is None:
-            self._frame_id += 1
-            frame_id = self._frame_id
-        return self._p.publish(monotonic_ns() if capture_ns is None else capture_ns,
-                               time.time_ns() if realtime_ns is None else realtime_ns, frame_id,
-                               self._frame_bytes if length is None else length)
-
-    def close(self) -> None:
-        """Tells the daemon the stream ended (the ring is marked closed) and drops the connection."""
-        self._p.close()
-
-    def __enter__(self) -> "FrameWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-# ------------------------------------------------------------------ the daemon's side of a frame ring
-
-
-class FrameReader:
-    """The consumer of one frame ring, from the fd its producer handed over.
-    The fd is checked before anything is mapped: a sealed memfd (it can never
-    shrink), of exactly the size its header declares, open read-write."""
-
-    def __init__(self, fd: int, name: str = "frame ring", max_size: int = 1 << 40, join: bool = False):
-        """join: another process of the daemon (a lane) consumes it too: its shared consumer line is kept."""
-        self._c = _ring.FrameConsumer(fd, name, max_size, join)
-        self.name = name
-        self.frames_acquired = 0
-        self.frames_skipped = 0  # published frames never taken (newest frame wins)
-
-    @property
-    def native(self) -> _ring.FrameConsumer:
-        return self._c
-
-    @property
-    def layout(self) -> dict:
-        return self._c.layout
-
-    @property
-    def fd(self) -> int:
-        return self._c.fd
-
-    @property
-    def closed(self) -> bool:
-        """The producer closed the ring cleanly."""
-        return self._c.closed
-
-    @property
-    def truncated(self) -> bool:
-        return self._c.truncated
-
-    @property
-    def counters(self) -> dict:
-        return self._c.counters
-
-    @property
-    def status(self) -> int:
-        """Why the last take() returned None: 0 nothing new, TAKE_SHORT, TAKE_CORRUPT."""
-        return self._c.status
-
-    def wait(self, timeout: float, spin: float = 0.0) -> bool:
-        """True when a frame not taken yet is there (GIL released while asleep)."""
-        c = self._c
-        return c.has_frame() or bool(_waitset.wait((c,), timeout, spin)) and c.has_frame()
-
-    def take(self) -> Frame | None:
-        """Holds the newest complete frame if `latest` changed; None otherwise (see status)."""
-        f = self._c.take()
-        if f is not None:
-            self.frames_skipped += f.skipped
-            self.frames_acquired += 1
-        return f
-
-    acquire_latest = take
-
-    def next_frame(self, timeout: float, spin: float = 0.0) -> Frame | None:
-        """wait() then take(): the newest frame not taken yet, or None after `timeout`."""
-        return self.take() if self.wait(timeout, spin) else None
-
-    def slot_address(self, slot: int) -> int:
-        """Address of a slot's payload in our mapping (for zero-copy checks)."""
-        return self._c.slot_address(slot)
-
-    def slot_state(self, slot: int) -> tuple[int, int]:
-        return self._c.slot_state(slot)
-
-    def close(self) -> None:
-        self._c.close()
-
-    def __enter__(self) -> "FrameReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _PerThreadWaitSet(threading.local):
-    """A WaitSet fills its C array in place and then sleeps without the GIL: two threads sharing one would
-    overwrite each other's array (readers used from several threads crashed on it). One per thread."""
-
-    def __init__(self):
-        self.ws = _ring.WaitSet()
-
-    def wait(self, *args):
-        return self.ws.wait(*args)
-
-
-_waitset = _PerThreadWaitSet()
+from edgeinfer.abi.vocabulary import YUV_BASES, yuv_format_name  # noqa: F401  (re-exported)
 
 
 def wait_any(readers, timeout: float, spin: float = 0.0) -> list:
@@ -340,60 +109,6 @@ class ResultRecord:
     model_version: str
     payload: bytes
     missed: int  # records overwritten before this one could be read
-
-
-class ResultWriter:
-    """The daemon's end of a result ring: a memfd sealed read-only for every
-    mapping but the writer's own, handed to readers by fd."""
-
-    def __init__(self, producer: _ring.ResultProducer):
-        self._p = producer
-
-    @classmethod
-    def create(cls, payload_capacity: int, *, records: int = 64, label: str = "edgeinfer-results",
-               generation: int = 1) -> "ResultWriter":
-        return cls(_ring.ResultProducer(label, records, payload_capacity, generation))
-
-    @property
-    def fd(self) -> int:
-        """The sealed memfd to hand to readers (the writer's own)."""
-        return self._p.fd
-
-    @property
-    def payload_capacity(self) -> int:
-        return self._p.payload_capacity
-
-    def drop_fd(self) -> None:
-        """Closes this process's fd of the ring, keeping the mapping (the lanes' zygote)."""
-        self._p.drop_fd()
-
-    def resume(self) -> None:
-        """Continue from the ring's head (lanes sharing this writer take turns writing)."""
-        self._p.resume()
-
-    def set_wake(self, wake: bool) -> None:
-        """FUTEX_WAKE on every record (while readers are connected), or not at all."""
-        self._p.set_wake(wake)
-
-    def write(self, *, frame_seq: int = 0, frame_id: int = 0, capture_ns: int = 0, capture_realtime_ns: int = 0,
-              start_ns: int = 0, done_ns: int | None = None, status: int = RESULT_OK, kind: int = 0,
-              payload=b"", item_count: int = 0, model_name: str = "", model_version: str = "") -> int:
-        """Publishes one record; returns its number (1-based)."""
-        buf = np.frombuffer(payload, dtype=np.uint8) if not isinstance(payload, np.ndarray) \
-            else payload.reshape(-1).view(np.uint8)
-        return self._p.write(frame_seq, frame_id, capture_ns, capture_realtime_ns, start_ns,
-                             monotonic_ns() if done_ns is None else done_ns, status, kind, buf, item_count,
-                             model_name.encode(), model_version.encode())
-
-    def close(self) -> None:
-        """Marks the ring closed: readers see it at once."""
-        self._p.close()
-
-    def __enter__(self) -> "ResultWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class ResultReader:

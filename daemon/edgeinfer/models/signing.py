@@ -10,142 +10,36 @@ loaded, whatever happens to the files on disk meanwhile.
 Every refusal names the file and the reason. Interoperable both ways with the
 stock `model_signing` CLI (`model_signing sign key BUNDLE --private_key K
 --signature BUNDLE/model.sig`).
+
+This module verifies (load_verified_bundle, the only loader the daemon uses). The trust store and keys
+(trust.py) and signing (sign.py) have modules of their own; their names are re-exported here.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
-import errno
 import hashlib
 import json
 import os
 import pathlib
-import shutil
-import stat
 import tempfile
-from typing import Callable
 
-from edgeinfer.models.bundle import MODEL_FILE, SIG_FILE, Bundle, BundleError, OpenBundle, SizeLimits, parse_bundle
-
-
-class SignatureError(BundleError):
-    """A bundle refused by signature verification; the message says which file and why."""
+from edgeinfer.models.bundle import SIG_FILE, Bundle, OpenBundle, SizeLimits, parse_bundle
+from edgeinfer.models.sign import self_sign, sign_bundle, throwaway_signed_copy  # noqa: F401  (re-exported)
+from edgeinfer.models.trust import (  # noqa: F401  (re-exported: importers name them from here)
+    TRUST_ENTRY_MAX,
+    SignatureError,
+    TrustStore,
+    _validity_problem,
+    copy_trust,
+    generate_keys,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Signer:
     key_file: str      # the trust-store file that verified the bundle
     fingerprint: str   # sha256 of the public key (DER), hex
-
-
-TRUST_ENTRY_MAX = 1 << 20  # a public key or a CA certificate is a few KiB
-_GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
-
-
-def _unsafe(st: os.stat_result, what: str) -> str | None:
-    """Why a trust-store entry or directory with this stat could have been written
-    by someone other than root or the daemon's user; None if it could not."""
-    euid = os.geteuid()
-    if st.st_uid not in (0, euid):
-        return f"{what} owned by uid {st.st_uid}, not root or the daemon's user (uid {euid})"
-    if st.st_mode & _GROUP_OR_OTHER_WRITE:
-        return f"{what} mode 0o{st.st_mode & 0o7777:o} is writable by group or others"
-    return None
-
-
-class TrustStore:
-    """The public keys (PEM `BEGIN PUBLIC KEY`) and CA certificates (PEM `BEGIN
-    CERTIFICATE`) in a directory, e.g. /etc/edgeinfer/trust/. CA certificates
-    that are expired or not yet valid are not trusted.
-
-    Only what root or the daemon's user alone could have put there is trusted: a
-    directory owned by anyone else or writable by group or others refuses the
-    whole store (anyone could add a key); an entry that is a symbolic link, owned
-    by anyone else or writable by group or others is refused on its own, and
-    named with its reason in `refused` (logged by the callers, and part of every
-    "not signed by a trusted key" refusal). The bytes checked here are the bytes
-    verification uses (`pem`): the files are not opened again."""
-
-    def __init__(self, directory: str):
-        self.directory = directory
-        self.keys: list[str] = []
-        self.cas: list[str] = []
-        self.pem: dict[str, bytes] = {}   # path → the bytes read from it
-        self.refused: list[str] = []      # "PATH: reason" of each entry not trusted
-        try:
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as e:
-            raise SignatureError(f"{directory}: trust store unreadable ({e.strerror}): every bundle is refused") \
-                from None
-        try:
-            problem = _unsafe(os.fstat(dfd), "directory")  # the directory read is the one checked
-            if problem:
-                raise SignatureError(f"{directory}: trust store {problem}: anyone who can write there could add a "
-                                     "key; every bundle is refused")
-            for name in sorted(os.listdir(dfd)):
-                self._add(dfd, name)
-        finally:
-            os.close(dfd)
-        if not self.keys and not self.cas:
-            raise SignatureError(f"{directory}: no public keys or CA certificates in the trust store: "
-                                 "every bundle is refused" + (f" (refused: {'; '.join(self.refused)})"
-                                                              if self.refused else ""))
-
-    def _add(self, dfd: int, name: str) -> None:
-        path = os.path.join(self.directory, name)
-        try:  # O_NOFOLLOW, then fstat of the fd: what is checked is what is read
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                self.refused.append(f"{path}: a symbolic link; trust-store entries must be regular files")
-            return  # vanished, or a socket: not an entry
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a directory's fd with a bare errno
-            os.close(fd)
-            return  # a subdirectory or a FIFO: not an entry
-        with os.fdopen(fd, "rb") as f:
-            problem = _unsafe(st, "file")
-            if problem is None and st.st_size > TRUST_ENTRY_MAX:
-                problem = f"{st.st_size} bytes, larger than a key or certificate ({TRUST_ENTRY_MAX} bytes)"
-            if problem:
-                self.refused.append(f"{path}: {problem}")
-                return
-            data = f.read(TRUST_ENTRY_MAX)
-        if b"BEGIN PUBLIC KEY" in data:
-            self.keys.append(path)
-        elif b"BEGIN CERTIFICATE" in data and _currently_valid_pem(data):
-            self.cas.append(path)
-        else:
-            return
-        self.pem[path] = data
-
-    def private_copies(self, paths: list[str], tmp: str) -> list[pathlib.Path]:
-        """The bytes read from `paths`, written to files in the private directory `tmp` for model-signing."""
-        out = []
-        for i, path in enumerate(paths):
-            copy = pathlib.Path(tmp) / f"trust-{i}.pem"
-            copy.write_bytes(self.pem[path])
-            out.append(copy)
-        return out
-
-
-def _currently_valid_pem(data: bytes) -> bool:
-    from cryptography import x509
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError:
-        return False
-    return bool(certs) and all(_validity_problem(c) is None for c in certs)
-
-
-def _validity_problem(cert) -> str | None:
-    import datetime
-    now = datetime.datetime.now(datetime.timezone.utc)
-    if cert.not_valid_after_utc < now:
-        return f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
-    if cert.not_valid_before_utc > now:
-        return f"not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
-    return None
 
 
 def _signature_certificates(sig: bytes) -> list:
@@ -308,120 +202,3 @@ def load_verified_bundle(path: str, trust: TrustStore, limits: SizeLimits = Size
         files = opened.read_all()
     signer = verify_files(path, files, trust)
     return parse_bundle(path, files), signer
-
-
-def sign_bundle(path: str, private_key: str, certificate: str | None = None, chain: tuple = ()) -> str:
-    """Signs every file of the bundle directory into BUNDLE/model.sig (what the
-    stock CLI does with --signature BUNDLE/model.sig); with `certificate` (and
-    its intermediate `chain`), a certificate signature."""
-    import model_signing
-
-    if not os.path.isdir(path):
-        raise BundleError(f"{path}: a model bundle is a directory")
-    if not os.path.exists(os.path.join(path, MODEL_FILE)):
-        raise BundleError(f"{os.path.join(path, MODEL_FILE)}: missing from the bundle")
-    sig = os.path.join(path, SIG_FILE)
-    hashing = model_signing.hashing.Config().set_ignored_paths(paths=[SIG_FILE], ignore_git_paths=True)
-    try:
-        config = model_signing.signing.Config()
-        if certificate and not chain:
-            raise BundleError(f"{certificate}: a certificate signature carries its chain: give the issuing CA "
-                              "certificate(s) with --chain")
-        if certificate:
-            config = config.use_certificate_signer(private_key=private_key, signing_certificate=certificate,
-                                                   certificate_chain=list(chain))
-        else:
-            config = config.use_elliptic_key_signer(private_key=private_key)
-        config.set_hashing_config(hashing).sign(pathlib.Path(path), pathlib.Path(sig))
-    except (ValueError, TypeError, OSError) as e:
-        raise BundleError(f"{private_key}: cannot sign with this key: {e}") from None
-    return sig
-
-
-def generate_keys(out_dir: str, name: str = "edgeinfer", curve: str = "P-256") -> tuple[str, str]:
-    """A new EC key pair: NAME.key (0600) and NAME.pub (0644) in out_dir."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    curves = {"P-256": ec.SECP256R1(), "P-384": ec.SECP384R1()}
-    if curve not in curves:
-        raise ValueError(f"curve {curve!r}: one of {sorted(curves)} (model signing has no Ed25519)")
-    os.makedirs(out_dir, exist_ok=True)
-    key_path, pub_path = os.path.join(out_dir, f"{name}.key"), os.path.join(out_dir, f"{name}.pub")
-    for p in (key_path, pub_path):
-        if os.path.exists(p):
-            raise FileExistsError(f"{p} exists; refusing to overwrite a key")
-    key = ec.generate_private_key(curves[curve])
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    fd = os.open(pub_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pub)
-    return key_path, pub_path
-
-
-def throwaway_signed_copy(bundle: str, workdir: str, name: str) -> tuple[str, str]:
-    """For local runs (demo, benchmarks): a copy of `bundle` in workdir/bundle,
-    signed with a new key pair made for it, and a trust store (workdir/trust)
-    holding only that key. Returns (signed bundle, trust dir)."""
-    trust = os.path.join(workdir, "trust")
-    signed = os.path.join(workdir, "bundle")
-    self_sign(bundle, signed, trust, name)
-    return signed, trust
-
-
-def self_sign(bundle: str, out: str, trust_dir: str, key_name: str | None = None,
-              check: Callable[[str, str], object] | None = None) -> str:
-    """A first run's signature (`edgeinferctl model self-sign`): copies `bundle` to `out` (which must
-    not exist; the source is left as it is), signs the copy with a new P-256 key pair made for it, and
-    installs the public key as trust_dir/KEY_NAME.pub (default: self-signed-NAME-VERSION from
-    model.yaml; an existing entry is never overwritten). The private key lives only in a private
-    temporary directory and is deleted once the copy is signed: that key can sign nothing else.
-    Nothing of the daemon's checks is relaxed: `check(out, trust_dir)` (e.g. bundlecheck.check_bundle)
-    then verifies the result as the daemon would. On any failure, that check's included, the copy and
-    the installed key are removed again. Returns the installed key's path."""
-    from edgeinfer.models.bundle import load_unverified_bundle
-
-    if key_name is not None and (not key_name or "/" in key_name or key_name.startswith(".")):
-        raise ValueError(f"key name {key_name!r}: a file name in the trust store (no '/', not starting with '.')")
-    if os.path.lexists(out):
-        raise FileExistsError(f"{out} exists; self-sign writes a new copy of the bundle there")
-    if not os.path.isdir(bundle):
-        raise BundleError(f"{bundle}: a model bundle is a directory")
-    pub_dest = None
-    try:
-        shutil.copytree(bundle, out, symlinks=True)  # a symlink stays one: the daemon's checks refuse it
-        if key_name is None:
-            meta = load_unverified_bundle(out).meta
-            key_name = f"self-signed-{meta.name}-{meta.version}"
-        if os.path.lexists(os.path.join(trust_dir, key_name + ".pub")):
-            raise FileExistsError(f"{os.path.join(trust_dir, key_name + '.pub')} exists; refusing to replace a "
-                                  "trusted key (give another --key-name)")
-        with tempfile.TemporaryDirectory(prefix="edgeinfer-self-sign-") as keys:  # 0700, removed with the key
-            key, pub = generate_keys(keys, key_name)
-            sign_bundle(out, key)
-            pub_dest = copy_trust(pub, trust_dir)
-        if check is not None:
-            check(out, trust_dir)
-        return pub_dest
-    except BaseException:
-        if pub_dest is not None:
-            os.unlink(pub_dest)
-        shutil.rmtree(out, ignore_errors=True)
-        raise
-
-
-def copy_trust(pub_path: str, trust_dir: str) -> str:
-    """Installs a public key in a trust store with modes the store accepts (whatever the umask)."""
-    os.makedirs(trust_dir, mode=0o755, exist_ok=True)
-    dest = os.path.join(trust_dir, os.path.basename(pub_path))
-    with open(pub_path, "rb") as src:
-        data = src.read()
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return dest
