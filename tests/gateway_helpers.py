@@ -73,3 +73,28 @@ def gateway_log(proc) -> str:
     if proc.poll() is None:
         return "(running)"
     return (proc.stderr.read() if proc.stderr else "")
+
+
+def gateway_metrics_url(proc, timeout: float = 10.0) -> str:
+    """http://HOST:PORT of the gateway's /metrics, from its log."""
+    import re
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"metrics and health on (http://\S+)", gateway_log(proc))
+        if m:
+            return m.group(1)
+        time.sleep(0.1)
+    pytest.fail("the gateway did not say where its metrics are")
+
+
+def metric(url: str, name: str, **labels) -> float:
+    """One sample of a Prometheus exposition at url + /metrics (0 when absent)."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == str(v) for k, v in labels.items()):
+                total += s.value
+    return total

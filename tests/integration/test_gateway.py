@@ -3,16 +3,19 @@ daemon: the same fused graph as a camera's frame, every error code as a client m
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import numpy as np
 import pytest
 
-from daemon_helpers import camera, results, start_daemon, write_config
+from daemon_helpers import camera, results, start_daemon, stop_daemon, wait_for, write_config
 from edgeinfer.cameras.synthetic import make_frames
-from gateway_helpers import start_gateway, write_gateway_config
+from gateway_helpers import gateway_metrics_url, metric, start_gateway, write_gateway_config
 
 tc = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (requirements/dev.txt)")
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
 @pytest.fixture
@@ -93,3 +96,162 @@ def test_tritonclient_gets_what_the_local_abi_path_publishes_bit_for_bit(served)
     rows = np.frombuffer(local.payload, np.float32, local.item_count * 6).reshape(-1, 6)
     assert len(rows) > 0 and got.as_numpy("detections").tobytes() == rows.tobytes()
     assert {b.decode() for b in got.as_numpy("labels")} == {"text"}
+
+
+# ------------------------------------------------------------------ every error code, as a client meets it
+
+def _status(call) -> tuple[str, str]:
+    """(status code name, message) of a tritonclient call that must fail."""
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    return e.value.status(), e.value.message()
+
+
+def _raw_infer(address: str, request) -> tuple[str, str]:
+    """A hand-made ModelInferRequest (what tritonclient would refuse to build) through grpcio."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            stub.ModelInfer(request, timeout=10)
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
+    pytest.fail("a malformed request was answered")
+
+
+def test_invalid_argument_and_not_found_say_what_was_expected(served):
+    from tritonclient.grpc import service_pb2 as pb
+    daemon, gateway, client, address, *_ = served
+    frame = np.zeros((224, 224, 3), np.uint8)
+    code, msg = _status(lambda: _infer(client, "orient", np.zeros((168, 224, 3), np.uint8)))
+    assert code == "StatusCode.INVALID_ARGUMENT"  # 224x168: a size it does not take
+    assert "224x168" in msg and "224x224, 320x240" in msg
+    inp = tc.InferInput("frame_rgb24", [224, 224, 3], "FP32")
+    inp.set_data_from_numpy(frame.astype(np.float32))
+    code, msg = _status(lambda: client.infer("orient", [inp]))
+    assert code == "StatusCode.INVALID_ARGUMENT" and "datatype 'FP32'" in msg and "UINT8" in msg
+    code, msg = _status(lambda: _infer(client, "orient", np.zeros((224, 224, 4), np.uint8)))
+    assert code == "StatusCode.INVALID_ARGUMENT" and "shape [224, 224, 4]" in msg
+    code, msg = _status(lambda: _infer(client, "orient", frame, fmt="bgr24"))
+    assert code == "StatusCode.INVALID_ARGUMENT" and "frame_rgb24" in msg
+    code, msg = _status(lambda: _infer(client, "orient", frame,
+                                       outputs=[tc.InferRequestedOutput("scores")]))
+    assert code == "StatusCode.INVALID_ARGUMENT" and "no output scores" in msg and "classes" in msg
+    # What tritonclient would not send: shapes and bytes that disagree.
+    req = pb.ModelInferRequest(model_name="orient")
+    req.inputs.add(name="frame_rgb24", datatype="UINT8", shape=[224, 224, 3])
+    req.raw_input_contents.append(b"\0" * (224 * 224 * 3 - 1))
+    code, msg = _raw_infer(address, req)
+    assert code == "INVALID_ARGUMENT" and "[150527] bytes" in msg and "150528 bytes" in msg
+    req = pb.ModelInferRequest(model_name="orient")
+    req.inputs.add(name="frame_rgb24", datatype="UINT8", shape=[224, -224, 3])
+    assert _raw_infer(address, req)[0] == "INVALID_ARGUMENT"
+    code, msg = _status(lambda: _infer(client, "nope", frame))
+    assert code == "StatusCode.NOT_FOUND" and "orient" in msg and "det" in msg
+    code, msg = _status(lambda: _infer(client, "orient", frame, model_version="9.9"))
+    assert code == "StatusCode.NOT_FOUND" and "0.0.11" in msg
+    code, _ = _status(lambda: client.get_model_metadata("nope"))
+    assert code == "StatusCode.NOT_FOUND"
+    assert _infer(client, "orient", frame, model_version="0.0.11").as_numpy("classes").shape[1] == 2
+    url = gateway_metrics_url(gateway)
+    assert metric(url, "edgeinfer_front_requests_total", front="grpc", code="INVALID_ARGUMENT") >= 7
+    assert metric(url, "edgeinfer_front_refusals_total", front="grpc", reason="size") >= 1
+
+
+def test_deadline_shedding_and_client_limit_when_the_lanes_stall(served):
+    """While every lane stalls (the daemon's fault hook): a request whose deadline passes gets DEADLINE_EXCEEDED
+    and its frame is never run (the daemon counts it stale, not processed); requests beyond the rings and their
+    waiting room are shed at once (RESOURCE_EXHAUSTED); the front stays up and serves after."""
+    daemon, gateway, client, address, *_ = served
+    frame = np.zeros((416, 416, 3), np.uint8)
+    processed_before = sum(metric(daemon.metrics_url, "edgeinfer_frames_total", stream=f"gw-d-{i}",
+                                  outcome="processed") for i in range(2))
+    daemon.send_signal(signal.SIGUSR1)  # every lane stops for a while (then is killed and restarted)
+    time.sleep(0.3)
+    outcomes, threads = [], []
+
+    def one(timeout):
+        try:
+            _infer(client, "det", frame, client_timeout=timeout)
+            outcomes.append("OK")
+        except InferenceServerException as e:
+            outcomes.append(e.status())
+    url = gateway_metrics_url(gateway)
+    for _ in range(2):  # both rings of the detector's pool, each frame waiting for a lane
+        threads.append(threading.Thread(target=one, args=(1.5,)))
+        threads[-1].start()
+    wait_for(lambda: metric(url, "edgeinfer_front_in_flight", front="grpc", model="det") == 2, 10, "2 in flight")
+    for _ in range(3):  # two more wait for a ring (the pool's streams: 2), the third is shed at once
+        threads.append(threading.Thread(target=one, args=(1.5,)))
+        threads[-1].start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes).count("StatusCode.DEADLINE_EXCEEDED") == 4, outcomes
+    assert outcomes.count("StatusCode.RESOURCE_EXHAUSTED") == 1, outcomes
+    assert metric(url, "edgeinfer_front_refusals_total", front="grpc", reason="shed") == 1
+    # Served again once the lanes are back; the two frames that waited past their deadline were never run.
+    wait_for(lambda: _ok(client, "det", frame), 60, "the detector answering again")
+    stale = sum(metric(daemon.metrics_url, "edgeinfer_frames_total", stream=f"gw-d-{i}", outcome=o)
+                for i in range(2) for o in ("stale", "overload"))
+    processed = sum(metric(daemon.metrics_url, "edgeinfer_frames_total", stream=f"gw-d-{i}", outcome="processed")
+                    for i in range(2))
+    assert stale >= 2
+    assert processed - processed_before == 1  # the answer above, nothing of the requests that timed out
+
+
+def _ok(client, model, frame) -> bool:
+    try:
+        _infer(client, model, frame, client_timeout=5)
+        return True
+    except InferenceServerException:
+        return False
+
+
+def test_unavailable_while_the_daemon_restarts_then_served_again(served, children):
+    daemon, gateway, client, address, config, tmp_path = served
+    frame = np.zeros((224, 224, 3), np.uint8)
+    assert _ok(client, "orient", frame)
+    assert stop_daemon(daemon) == 0
+    code, msg = _status(lambda: _infer(client, "orient", frame, client_timeout=5))
+    assert code == "StatusCode.UNAVAILABLE" and "retry" in msg
+    assert gateway.poll() is None  # the front is not taken down with the daemon
+    start_daemon(children, config, log_file=str(tmp_path / "daemon2.log"))
+    wait_for(lambda: _ok(client, "orient", frame), 60, "the gateway serving through the new daemon")
+    url = gateway_metrics_url(gateway)
+    assert metric(url, "edgeinfer_front_requests_total", front="grpc", code="UNAVAILABLE") >= 1
+
+
+def test_client_limit(tmp_path, children, bundles):
+    """A client (by address here; by certificate subject under mTLS) with max_inflight_per_client requests in
+    flight gets RESOURCE_EXHAUSTED for the next, while another model's rings are free."""
+    uid = os.getuid()
+    config = write_config(tmp_path, None, models={"orient": bundles("orientation")}, streams=[],
+                          pools={"gw": {"model": "orient", "user": uid, "streams": 4}},
+                          runtime={"fault_injection": "true"})
+    daemon = start_daemon(children, config, log_file=str(tmp_path / "daemon.log"))
+    gw_config, address = write_gateway_config(tmp_path, config, grpc={"max_inflight_per_client": 2})
+    gateway = start_gateway(children, gw_config, address, log_file=str(tmp_path / "gateway.log"))
+    client = tc.InferenceServerClient(address)
+    frame = np.zeros((224, 224, 3), np.uint8)
+    daemon.send_signal(signal.SIGUSR1)
+    time.sleep(0.3)
+    outcomes = []
+
+    def one():
+        try:
+            _infer(client, "orient", frame, client_timeout=2.0)
+            outcomes.append("OK")
+        except InferenceServerException as e:
+            outcomes.append((e.status(), e.message()))
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    url = gateway_metrics_url(gateway)
+    wait_for(lambda: metric(url, "edgeinfer_front_in_flight", front="grpc", model="orient") == 2, 10, "2 in flight")
+    code, msg = _status(lambda: _infer(client, "orient", frame, client_timeout=2.0))
+    for t in threads:
+        t.join(30)
+    assert code == "StatusCode.RESOURCE_EXHAUSTED" and "max_inflight_per_client" in msg, (code, msg, outcomes)
+    assert metric(url, "edgeinfer_front_refusals_total", reason="client_limit") == 1
+    client.close()
