@@ -8,7 +8,7 @@ rank do not import each other):
   1  models            bundles, checks, signing, runtime, fusion, decoders, tools
   2  config            the schema names models (bundles and their size limits), never the reverse
   3  lanes, telemetry, cameras   the lanes never import control; telemetry sits below control
-  4  control           the daemon's wiring and serve loop
+  4  control, fronts   the daemon's wiring and serve loop; the network gateway (a process of its own)
   5  cli               edgeinferd, edgeinferctl, status views, the demo
 The native modules edgeinfer._ring and edgeinfer._hist are imported by abi only, edgeinfer._harden (the lanes'
 sandbox) by support only. The compatibility names at
