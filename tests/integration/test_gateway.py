@@ -255,3 +255,117 @@ def test_client_limit(tmp_path, children, bundles):
     assert code == "StatusCode.RESOURCE_EXHAUSTED" and "max_inflight_per_client" in msg, (code, msg, outcomes)
     assert metric(url, "edgeinfer_front_refusals_total", reason="client_limit") == 1
     client.close()
+
+
+# ------------------------------------------------------------------ TLS and mutual TLS
+
+def _pki(tmp_path):
+    """A CA, the server's certificate (for 127.0.0.1 / localhost), and two clients' (CN alice, CN bob), as PEM files;
+    and a client certificate of another CA."""
+    import datetime
+    import ipaddress
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def cert(subject, key, issuer, issuer_key, ca=False, sans=()):
+        b = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(name(issuer))
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if sans:
+            b = b.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+        return b.sign(issuer_key, hashes.SHA256())
+
+    def write(stem, key, crt):
+        (tmp_path / f"{stem}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                                 serialization.PrivateFormat.PKCS8,
+                                                                 serialization.NoEncryption()))
+        (tmp_path / f"{stem}.crt").write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+    out = {}
+    for ca_name in ("ca", "other-ca"):
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        write(ca_name, ca_key, cert(ca_name, ca_key, ca_name, ca_key, ca=True))
+        out[ca_name] = ca_key
+    ca_key = out["ca"]
+    key = ec.generate_private_key(ec.SECP256R1())
+    write("server", key, cert("edgeinfer", key, "ca", ca_key, sans=(x509.DNSName("localhost"),
+                                                                     x509.IPAddress(ipaddress.ip_address("127.0.0.1")))))
+    for cn, issuer in (("alice", "ca"), ("bob", "ca"), ("mallory", "other-ca")):
+        key = ec.generate_private_key(ec.SECP256R1())
+        write(cn, key, cert(cn, key, issuer, out[issuer]))
+    return {k: str(tmp_path / k) for k in ("ca", "server", "alice", "bob", "mallory")}
+
+
+def test_mutual_tls_serves_clients_the_ca_signed_and_no_other(tmp_path, children, bundles):
+    pki = _pki(tmp_path)
+    uid = os.getuid()
+    config = write_config(tmp_path, None, models={"orient": bundles("orientation")}, streams=[],
+                          pools={"gw": {"model": "orient", "user": uid, "streams": 2}},
+                          runtime={"fault_injection": "true"})
+    daemon = start_daemon(children, config, log_file=str(tmp_path / "daemon.log"))
+    gw_config, address = write_gateway_config(tmp_path, config, grpc={
+        "tls": {"cert": pki["server"] + ".crt", "key": pki["server"] + ".key", "client_ca": pki["ca"] + ".crt"},
+        "max_inflight_per_client": 1})
+    gateway = start_gateway(children, gw_config, address, log_file=str(tmp_path / "gateway.log"), wait_ready=0)
+    frame = np.zeros((224, 224, 3), np.uint8)
+
+    def client(who):
+        kw = {"root_certificates": pki["ca"] + ".crt"}
+        if who:
+            kw.update(private_key=pki[who] + ".key", certificate_chain=pki[who] + ".crt")
+        return tc.InferenceServerClient(address, ssl=True, **kw)
+    alice = client("alice")
+    wait_for(lambda: _ready(alice), 90, "the gateway ready over mutual TLS")
+    assert alice.infer("orient", [_input(frame)]).as_numpy("classes").shape[1] == 2
+    for who in (None, "mallory"):  # no certificate; a certificate of another CA
+        c = client(who)
+        code, _ = _status(lambda: c.infer("orient", [_input(frame)], client_timeout=5))
+        assert code == "StatusCode.UNAVAILABLE"  # the TLS handshake fails: nothing reaches the front
+        c.close()
+    plain = tc.InferenceServerClient(address)
+    assert _status(lambda: plain.is_server_live(client_timeout=5))[0] == "StatusCode.UNAVAILABLE"
+    plain.close()
+    # The per-client limit counts by certificate subject: alice and bob (one address) each get their one request.
+    url = gateway_metrics_url(gateway)
+    bob = client("bob")
+    daemon.send_signal(signal.SIGUSR1)
+    time.sleep(0.3)
+    outcomes = []
+
+    def one(c):
+        try:
+            c.infer("orient", [_input(frame)], client_timeout=3)
+            outcomes.append("OK")
+        except InferenceServerException as e:
+            outcomes.append(e.status())
+    threads = [threading.Thread(target=one, args=(c,)) for c in (alice, bob)]
+    for th in threads:
+        th.start()
+    wait_for(lambda: metric(url, "edgeinfer_front_in_flight", front="grpc", model="orient") == 2, 10,
+             "alice and bob in flight at once")
+    code, msg = _status(lambda: alice.infer("orient", [_input(frame)], client_timeout=3))
+    assert code == "StatusCode.RESOURCE_EXHAUSTED" and "max_inflight_per_client" in msg
+    for th in threads:
+        th.join(30)
+    alice.close()
+    bob.close()
+
+
+def _ready(client) -> bool:
+    try:
+        return client.is_server_ready(client_timeout=2)
+    except InferenceServerException:
+        return False
+
+
+def _input(frame):
+    inp = tc.InferInput("frame_rgb24", list(frame.shape), "UINT8")
+    inp.set_data_from_numpy(frame)
+    return inp
