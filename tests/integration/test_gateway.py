@@ -200,6 +200,15 @@ def test_deadline_shedding_and_client_limit_when_the_lanes_stall(served):
     assert processed - processed_before == 1  # the answer above, nothing of the requests that timed out
 
 
+def _http(url: str) -> int:
+    import urllib.error
+    import urllib.request
+    try:
+        return urllib.request.urlopen(url, timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def _ok(client, model, frame) -> bool:
     try:
         _infer(client, model, frame, client_timeout=5)
@@ -212,13 +221,18 @@ def test_unavailable_while_the_daemon_restarts_then_served_again(served, childre
     daemon, gateway, client, address, config, tmp_path = served
     frame = np.zeros((224, 224, 3), np.uint8)
     assert _ok(client, "orient", frame)
+    url = gateway_metrics_url(gateway)
+    assert _http(url + "/readyz") == 200 and _http(url + "/healthz") == 200
     assert stop_daemon(daemon) == 0
     code, msg = _status(lambda: _infer(client, "orient", frame, client_timeout=5))
     assert code == "StatusCode.UNAVAILABLE" and "retry" in msg
     assert gateway.poll() is None  # the front is not taken down with the daemon
+    wait_for(lambda: not client.is_model_ready("orient"), 10, "ModelReady false while the daemon is gone")
+    assert _http(url + "/readyz") == 503 and _http(url + "/healthz") == 200  # alive, not ready
     start_daemon(children, config, log_file=str(tmp_path / "daemon2.log"))
     wait_for(lambda: _ok(client, "orient", frame), 60, "the gateway serving through the new daemon")
-    url = gateway_metrics_url(gateway)
+    wait_for(lambda: client.is_model_ready("orient"), 15, "every ring of the model reconnected")
+    assert _http(url + "/readyz") == 200
     assert metric(url, "edgeinfer_front_requests_total", front="grpc", code="UNAVAILABLE") >= 1
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import signal
 import socket
 import time
@@ -38,7 +37,7 @@ from edgeinfer.models.runtime import ModelRuntime
 from edgeinfer.support import sandbox
 from edgeinfer.support.memtrim import DeferredTrim
 from edgeinfer.support.signals import STOP, Signals
-from edgeinfer.support.sockets import bind_listener
+from edgeinfer.support.sockets import bind_listener, raise_fd_limit
 from edgeinfer.support.systemd import Notifier, Watchdog, listen_fds
 from edgeinfer.telemetry.metrics import Health, MetricsServer
 from edgeinfer.telemetry.snapshot import Snapshot
@@ -105,7 +104,7 @@ class Daemon:
 
     def start(self) -> None:
         cfg = self.cfg
-        _raise_fd_limit()
+        raise_fd_limit()  # every connection costs an fd; the caps in ingress.py keep the count bounded
         for w in cfg.warnings:
             log.warning("%s", w)
         if cfg.runtime.fault_injection:
@@ -321,17 +320,6 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.stop()
             self.metrics = None
-
-
-def _raise_fd_limit() -> None:
-    """Soft RLIMIT_NOFILE up to the hard limit: every connection costs an fd, and select() is not used
-    (the caps in ingress.py keep the count bounded)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass
 
 
 def _close_quietly(fd: int) -> None:

@@ -23,6 +23,7 @@ from edgeinfer.fronts.plan import make_plan
 from edgeinfer.fronts.service import Models
 from edgeinfer.fronts.settings import GatewayConfig, load_gateway_config
 from edgeinfer.support.signals import STOP, Signals
+from edgeinfer.support.sockets import raise_fd_limit
 from edgeinfer.support.systemd import Notifier, Watchdog
 
 log = logging.getLogger("edgeinfer-gateway")
@@ -64,6 +65,7 @@ class Gateway:
 
     def start(self) -> None:
         gw = self.gw
+        raise_fd_limit()  # every network connection costs an fd
         daemon = load_config(gw.daemon_config)
         plans = make_plan(gw, daemon)
         if gw.grpc.enabled and not gw.grpc.loopback() and gw.grpc.tls is None:
@@ -84,7 +86,8 @@ class Gateway:
                 self.live.threads["frigate"] = self.frigate.thread
             if gw.metrics.enabled:
                 self.listener = MetricsListener(self.metrics, gw.metrics.listen,
-                                                lambda: (not self.live.problems(), self.live.problems()))
+                                                lambda: (not self.live.problems(), self.live.problems()),
+                                                self.not_ready)
                 self.listener.start()
                 log.info("gateway metrics and health on http://%s", self.listener.address)
         except BaseException:
@@ -94,6 +97,13 @@ class Gateway:
             log.info("model %s: pool %s, %s, sizes %s", name, plan.pool,
                      ", ".join(f"{w}x{h}: {len(s)} ring(s)" for (w, h), s in plan.streams.items()),
                      plan.pixel_format)
+
+    def not_ready(self) -> list[str]:
+        """/readyz: the models not ready yet (no warm-up frame came back through the daemon), and any problem."""
+        models = self.models.served.items() if self.models is not None else ()
+        return [f"model {name}: " + (m.warm_error or "waiting for edgeinferd" if not m.warm else
+                                     "edgeinferd not reachable") for name, m in models if not m.ready] + \
+            self.live.problems()
 
     def status_line(self) -> str:
         parts = [f"{name}: {'ready' if m.ready else 'waiting for edgeinferd'}" + (f" ({m.version})" if m.version else "")

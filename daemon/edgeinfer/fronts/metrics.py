@@ -47,9 +47,10 @@ class FrontMetrics:
 
 
 class MetricsListener:
-    """/metrics and /healthz (`healthy()`: the fronts' threads and the keeper are alive) on a bounded listener."""
+    """/metrics, /healthz (`healthy()`: the fronts' threads and the keeper are alive) and /readyz (`not_ready()`:
+    nothing, once every model answered a warm-up frame through the daemon) on a bounded listener."""
 
-    def __init__(self, metrics: FrontMetrics, listen: str, healthy):
+    def __init__(self, metrics: FrontMetrics, listen: str, healthy, not_ready):
         host, _, port = listen.rpartition(":")
 
         def render():
@@ -59,7 +60,13 @@ class MetricsListener:
             ok, why = healthy()
             return (200 if ok else 503), "application/json", json.dumps({"ok": ok, "problems": why}).encode() + b"\n"
 
-        self.listener = HttpListener(host.strip("[]"), int(port), {"/metrics": render, "/healthz": health})
+        def ready():
+            why = not_ready()
+            return (503 if why else 200), "application/json", json.dumps({"ok": not why, "problems": why}).encode() + \
+                b"\n"
+
+        self.listener = HttpListener(host.strip("[]"), int(port), {"/metrics": render, "/healthz": health,
+                                                                   "/readyz": ready})
         self.address = self.listener.address
 
     def start(self) -> None:

@@ -160,13 +160,16 @@ class SizePool:
             self.cond.notify_all()
 
     def keep(self) -> None:
-        """Steps the free slots' connections (reconnection after a daemon restart)."""
+        """Steps the free slots' connections (reconnection after a daemon restart): the frame ring's, and the result
+        ring's by reading it (on a free slot, whatever it holds is a late answer nobody waits for)."""
         with self.cond:
             idle = list(self.free)
         for slot in idle:
             if slot.lock.acquire(blocking=False):
                 try:
                     slot.writer.step()
+                    while slot.reader.read(0.0) is not None:
+                        pass
                 finally:
                     slot.lock.release()
 

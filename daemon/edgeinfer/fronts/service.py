@@ -34,8 +34,13 @@ class ServedModel:
         self.pools = pools
         self.version: str | None = None       # the version that answered last
         self.outputs: list[Output] | None = None  # as last answered (a tensors model's metadata)
-        self.ready = False
+        self.warm = False                     # a warm-up frame came back through the daemon
         self.warm_error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Warm, and every size's rings are connected to edgeinferd now."""
+        return self.warm and all(p.connected for p in self.pools.values())
 
     @property
     def sizes_said(self) -> str:
@@ -110,7 +115,7 @@ class Models:
         for m in self.served.values():
             for pool in m.pools.values():
                 pool.keep()
-            if not m.ready and all(p.connected for p in m.pools.values()):
+            if not m.warm and all(p.connected for p in m.pools.values()):
                 self._warm(m)
 
     def _warm(self, m: ServedModel) -> None:
@@ -124,7 +129,7 @@ class Models:
                     log.warning("model %s: warm-up frame %dx%d not answered: %s", m.plan.name, w, h, e)
                 m.warm_error = str(e)
                 return
-        m.ready, m.warm_error = True, None
+        m.warm, m.warm_error = True, None
         log.info("model %s: ready (version %s; sizes %s; pool %s)", m.plan.name, m.version, m.sizes_said, m.plan.pool)
 
     def close(self) -> None:

@@ -1,10 +1,11 @@
 """The daemon's Unix listeners (ingress, results) and a calibration source's: bound with their mode and group
-set before anyone can connect."""
+set before anyone can connect; and the fd limit a server of many connections needs."""
 from __future__ import annotations
 
 import errno
 import grp
 import os
+import resource
 import socket
 import stat
 
@@ -40,3 +41,14 @@ def bind_listener(path: str, group: str | int | None) -> socket.socket:
     os.chmod(path, 0o660)
     s.listen(128)
     return s
+
+
+def raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: a server's every connection costs an fd (the daemon's and the
+    gateway's caps keep the count bounded; select() is not used)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
