@@ -383,3 +383,41 @@ def _input(frame):
     inp = tc.InferInput("frame_rgb24", list(frame.shape), "UINT8")
     inp.set_data_from_numpy(frame)
     return inp
+
+
+# ------------------------------------------------------------------ batching across a front's rings
+
+def test_a_batching_model_batches_the_fronts_ready_requests(tmp_path, children, bundles):
+    """batch: 4 on one lane; 8 clients at once: the lane runs the pool's ready frames of one size as one batch
+    (counted), and every answer equals that frame's answer alone (compared with the gateway's own, unbatched)."""
+    uid = os.getuid()
+    config = write_config(tmp_path, None, models={"orient": {"bundle": bundles("orientation"), "batch": 4}},
+                          streams=[], pools={"gw": {"model": "orient", "user": uid, "streams": 4}},
+                          lanes=[{"cpus": [sorted(os.sched_getaffinity(0))[-1]]}])
+    daemon = start_daemon(children, config, log_file=str(tmp_path / "daemon.log"))
+    gw_config, address = write_gateway_config(tmp_path, config)
+    start_gateway(children, gw_config, address, log_file=str(tmp_path / "gateway.log"))
+    frames = [f for f, _ in make_frames(224, 224, pages=2)]
+    alone = []
+    with tc.InferenceServerClient(address) as c:
+        for f in frames:  # one at a time: no batch can form
+            alone.append(_infer(c, "orient", f).as_numpy("classes"))
+    batches_before = metric(daemon.metrics_url, "edgeinfer_lane_batches_total")
+    got: dict[int, list] = {i: [] for i in range(len(frames))}
+
+    def client(k: int):
+        with tc.InferenceServerClient(address) as c:
+            for i in range(12):
+                j = (i + k) % len(frames)
+                got[j].append(_infer(c, "orient", frames[j], client_timeout=30).as_numpy("classes"))
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sum(len(v) for v in got.values()) == 96
+    for j, answers in got.items():
+        for a in answers:
+            assert (a[:, 0] == alone[j][:, 0]).all()  # the same classes, in the same order
+            np.testing.assert_allclose(a[:, 1], alone[j][:, 1], atol=1e-5)
+    assert metric(daemon.metrics_url, "edgeinfer_lane_batches_total") > batches_before

@@ -116,6 +116,13 @@ class Slot:
             self.reader.close()
 
 
+class _Waiter:
+    __slots__ = ("slot",)
+
+    def __init__(self):
+        self.slot: Slot | None = None
+
+
 class SizePool:
     """The slots of one model and frame size; at most `max_waiting` requests wait for one."""
 
@@ -126,38 +133,41 @@ class SizePool:
         self.waiting = 0
         self.in_flight = 0
         self.cond = threading.Condition()
-        self._queue: collections.deque = collections.deque()  # tickets of waiting requests, first come first served
+        self._queue: collections.deque = collections.deque()  # waiting requests, first come first served
 
     def acquire(self, deadline_ns: int) -> Slot:
         with self.cond:
             if self.free and not self._queue:
                 self.in_flight += 1
                 return self.free.popleft()
-            if self.waiting >= self.max_waiting:
+            if len(self._queue) >= self.max_waiting:
                 raise FrontError("RESOURCE_EXHAUSTED", f"all {len(self.slots)} rings of this model and size are busy "
-                                 f"and {self.waiting} requests wait: retry later", "shed")
-            ticket = object()
-            self._queue.append(ticket)
-            self.waiting += 1
-            try:
-                while not (self.free and self._queue[0] is ticket):
-                    left = (deadline_ns - time.monotonic_ns()) / 1e9
-                    if left <= 0:
-                        raise FrontError("DEADLINE_EXCEEDED", "the deadline passed while the request waited for a "
-                                         "ring (it was not run)", "deadline_waiting")
-                    self.cond.wait(left)
-                self.in_flight += 1
-                return self.free.popleft()
-            finally:
-                self._queue.remove(ticket)
-                self.waiting -= 1
-                self.cond.notify_all()
+                                 f"and {len(self._queue)} requests wait: retry later", "shed")
+            waiter = _Waiter()
+            self._queue.append(waiter)
+            self.waiting = len(self._queue)
+            while waiter.slot is None:
+                left = (deadline_ns - time.monotonic_ns()) / 1e9
+                if left <= 0:
+                    self._queue.remove(waiter)
+                    self.waiting = len(self._queue)
+                    raise FrontError("DEADLINE_EXCEEDED", "the deadline passed while the request waited for a "
+                                     "ring (it was not run)", "deadline_waiting")
+                self.cond.wait(left)
+            self.in_flight += 1
+            return waiter.slot
 
     def release(self, slot: Slot) -> None:
+        """The slot goes to the first request waiting (handed over: it leaves the line now), else back to free."""
         with self.cond:
-            self.free.append(slot)
             self.in_flight -= 1
-            self.cond.notify_all()
+            if self._queue:
+                waiter = self._queue.popleft()
+                waiter.slot = slot
+                self.waiting = len(self._queue)
+                self.cond.notify_all()
+            else:
+                self.free.append(slot)
 
     def keep(self) -> None:
         """Steps the free slots' connections (reconnection after a daemon restart): the frame ring's, and the result

@@ -1,0 +1,85 @@
+"""The gateway's line for a model's rings (fronts/pool.py SizePool): first come first served, a slot handed to
+the first waiter the moment it is freed, at most max_waiting waiting, shed beyond, a waiter's deadline honoured.
+The slots are stand-ins: the line never touches them."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from edgeinfer.fronts.pool import FrontError, SizePool
+
+
+def _deadline(s: float) -> int:
+    return time.monotonic_ns() + int(s * 1e9)
+
+
+def _wait_until(predicate, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_first_come_first_served_and_a_freed_slot_is_handed_over_at_once():
+    a, b = object(), object()
+    pool = SizePool([a, b], max_waiting=2)
+    held = [pool.acquire(_deadline(1)), pool.acquire(_deadline(1))]
+    assert set(map(id, held)) == {id(a), id(b)} and pool.in_flight == 2
+    order = []
+
+    def wait(name):
+        slot = pool.acquire(_deadline(5))
+        order.append((name, slot))
+    first = threading.Thread(target=wait, args=("first",))
+    first.start()
+    _wait_until(lambda: pool.waiting == 1)
+    second = threading.Thread(target=wait, args=("second",))
+    second.start()
+    _wait_until(lambda: pool.waiting == 2)
+    pool.release(held[0])
+    # Handed over: the first waiter left the line at release, so a newcomer now is third in line, not shed.
+    assert pool.waiting == 1
+    third = threading.Thread(target=wait, args=("third",))
+    third.start()
+    _wait_until(lambda: pool.waiting == 2)
+    first.join(5)
+    assert order[0] == ("first", held[0])
+    pool.release(held[1])
+    second.join(5)
+    assert order[1] == ("second", held[1])
+    pool.release(order[0][1])
+    third.join(5)
+    assert [n for n, _ in order] == ["first", "second", "third"] and pool.waiting == 0
+
+
+def test_a_full_line_sheds_and_a_waiter_past_its_deadline_leaves_it():
+    pool = SizePool([object()], max_waiting=1)
+    slot = pool.acquire(_deadline(1))
+    errors = []
+
+    def wait():
+        try:
+            pool.acquire(_deadline(0.3))
+        except FrontError as e:
+            errors.append(e)
+    t = threading.Thread(target=wait)
+    t.start()
+    _wait_until(lambda: pool.waiting == 1)
+    with pytest.raises(FrontError) as shed:
+        pool.acquire(_deadline(1))
+    assert shed.value.code == "RESOURCE_EXHAUSTED" and shed.value.reason == "shed"
+    t.join(5)
+    assert errors and errors[0].code == "DEADLINE_EXCEEDED" and errors[0].reason == "deadline_waiting"
+    assert pool.waiting == 0
+    pool.release(slot)
+    assert pool.acquire(_deadline(1)) is slot  # back in the free list: nobody waited
+
+
+def test_no_waiting_room_sheds_at_once():
+    pool = SizePool([object()], max_waiting=0)
+    pool.acquire(_deadline(1))
+    with pytest.raises(FrontError) as e:
+        pool.acquire(_deadline(5))
+    assert e.value.code == "RESOURCE_EXHAUSTED" and pool.waiting == 0
