@@ -62,3 +62,26 @@ def test_rtsp_clock_bench_runs_both_decoders_to_its_summary():
         pytest.skip(missing)
     s = _summary(["bench/rtsp_clock.py", "--quick"], timeout=300)
     assert set(s["cpu_ms_per_frame"]) == {"sender", "stream"} and all(v > 0 for v in s["cpu_ms_per_frame"].values())
+
+
+def test_fronts_bench_runs_every_row_of_both_models_to_its_summary():
+    """bench/fronts.py: the local path, the gRPC front, the plain servicer, the Frigate front and its ZeroMQ
+    reference (when the gateway has a Frigate front), and the open-loop load with a camera beside it."""
+    from conftest import require_root
+    require_root("the bench starts edgeinferd with SCHED_FIFO lanes")
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (requirements/dev.txt)")
+    s = _summary(["bench/fronts.py", "--seconds", "0.5", "--clients", "1,2"], timeout=400)
+    frigate = "frigate" not in s["skipped"]
+    for model, closed in (("orientation", ["local", "grpc", "plain"]),
+                          ("detector", ["local", "grpc", "plain", "zmq"] + (["frigate"] if frigate else []))):
+        rows = s["models"][model]["rows"]
+        keys = {"local"} | {f"{k}/{c}" for k in closed if k != "local" for c in (1, 2)}
+        loads = {"grpc@150%"} | ({"frigate@150%"} if frigate and model == "detector" else set())
+        assert set(rows) == keys | loads, (model, sorted(rows))
+        for key in keys:
+            assert rows[key]["n"] > 0 and rows[key]["rps"] > 0 and rows[key]["errors"] == {}, (model, key, rows[key])
+        for key in loads:
+            r = rows[key]
+            assert r["sent"] == r["answered"]["n"] + r["shed"] + sum(r["errors"].values()), (model, key, r)
+            assert r["camera"]["published"] > 0 and 0 <= r["camera"]["processed"] <= r["camera"]["published"]
+        assert "grpc_p50_over_local_us" in s["models"][model]["targets"]
