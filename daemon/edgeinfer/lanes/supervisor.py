@@ -12,7 +12,6 @@ the watchdog stops being fed and systemd restarts the daemon.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import select
@@ -20,6 +19,7 @@ import signal
 import time
 
 from edgeinfer.lanes import dispatch
+from edgeinfer.lanes.handle import LaneHandle
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
 from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
@@ -28,26 +28,6 @@ from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Attach, Attached, C
 log = logging.getLogger("edgeinferd")
 
 REPLY_TIMEOUT_S = 60.0  # a lane building and warming a model's sessions (the watchdog is fed meanwhile)
-
-
-class LaneHandle:
-    def __init__(self, index: int, plan):
-        self.index = index
-        self.plan = plan                  # LaneConfig: cpus, models
-        self.pid = 0
-        self.pidfd: int | None = None
-        self.sock = None
-        self.state = "starting"           # starting, ready, down
-        self.restarts = 0                 # in total
-        self.recent: collections.deque = collections.deque()  # monotonic times of recent restarts
-        self.last_progress = -1
-        self.progress_at = time.monotonic()
-        self.seen = (-1, self.progress_at)  # /healthz's own (progress, when first seen): never the control plane's
-        self.last_error: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"lane{self.index}"
 
 
 class LaneSet:
@@ -372,21 +352,7 @@ class LaneSet:
                    else len(ln.recent) < self.cfg.runtime.lane_restarts for ln in self.lanes)
 
     def status(self, now_ns: int) -> dict:
-        out = {}
-        for ln in self.lanes:
-            c = self.table.lane_counters(ln.index)
-            out[ln.name] = {"state": ln.state, "pid": ln.pid, "cpus": list(ln.plan.cpus),
-                            "models": list(ln.plan.models), "restarts": ln.restarts,
-                            "progress": int(c[dispatch.LANE_PROGRESS]), "busy_ns": int(c[dispatch.LANE_BUSY_NS]),
-                            "frames": int(c[dispatch.LANE_FRAMES]), "realtime": bool(c[dispatch.LANE_REALTIME]),
-                            "tid": int(c[dispatch.LANE_TID]), "runs_cancelled": int(c[dispatch.LANE_CANCELLED]),
-                            "sessions": int(c[dispatch.LANE_SESSIONS]),
-                            "session_evictions": int(c[dispatch.LANE_EVICTIONS]),
-                            "batches": int(c[dispatch.LANE_BATCHES]), "batch_copies": int(c[dispatch.LANE_COPIES]),
-                            "doorbell_mutes": int(c[dispatch.LANE_DOORBELL_MUTES]),
-                            "wakeups": int(c[dispatch.LANE_WAKEUPS]),
-                            "last_error": ln.last_error}
-        return out
+        return {ln.name: ln.status(self.table.lane_counters(ln.index)) for ln in self.lanes}
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self.stopped = True

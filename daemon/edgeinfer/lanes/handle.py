@@ -1,0 +1,39 @@
+"""A lane as the control plane holds it: its process, socket and state, its restarts, its progress as last seen,
+and what the status says of it (supervisor.py drives it)."""
+from __future__ import annotations
+
+import collections
+import time
+
+from edgeinfer.lanes import dispatch
+
+
+class LaneHandle:
+    def __init__(self, index: int, plan):
+        self.index = index
+        self.plan = plan                  # LaneConfig: cpus, models
+        self.pid = 0
+        self.pidfd: int | None = None
+        self.sock = None
+        self.state = "starting"           # starting, ready, down
+        self.restarts = 0                 # in total
+        self.recent: collections.deque = collections.deque()  # monotonic times of recent restarts
+        self.last_progress = -1
+        self.progress_at = time.monotonic()
+        self.seen = (-1, self.progress_at)  # /healthz's own (progress, when first seen): never the control plane's
+        self.last_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"lane{self.index}"
+
+    def status(self, c) -> dict:
+        """What the status dict and /metrics say of this lane; `c`: its counters in the dispatch table."""
+        return {"state": self.state, "pid": self.pid, "cpus": list(self.plan.cpus), "models": list(self.plan.models),
+                "restarts": self.restarts, "progress": int(c[dispatch.LANE_PROGRESS]),
+                "busy_ns": int(c[dispatch.LANE_BUSY_NS]), "frames": int(c[dispatch.LANE_FRAMES]),
+                "realtime": bool(c[dispatch.LANE_REALTIME]), "tid": int(c[dispatch.LANE_TID]),
+                "runs_cancelled": int(c[dispatch.LANE_CANCELLED]), "sessions": int(c[dispatch.LANE_SESSIONS]),
+                "session_evictions": int(c[dispatch.LANE_EVICTIONS]), "batches": int(c[dispatch.LANE_BATCHES]),
+                "batch_copies": int(c[dispatch.LANE_COPIES]), "doorbell_mutes": int(c[dispatch.LANE_DOORBELL_MUTES]),
+                "wakeups": int(c[dispatch.LANE_WAKEUPS]), "last_error": self.last_error}
