@@ -18,9 +18,10 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev libseccomp-dev
 # gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-{base,good,ugly}: a real RTSP server (H.264).
 # faketime: that server with its clock set off ours (the RTCP sender reports' wall clock, trusted and not).
 # uidmap: newuidmap, and /etc/subuid for the test users: one user attacking as its subordinate uids.
+# mosquitto: a real MQTT broker (plain, and TLS with a password file) for the MQTT bridge's tests.
 TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
-	gstreamer1.0-plugins-ugly
+	gstreamer1.0-plugins-ugly mosquitto
 NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgeinfer/*.h) native/consumer.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/harden.pyx native/harden.h setup.py
 EXT_STAMP := daemon/edgeinfer/.native-built
 
