@@ -15,7 +15,8 @@ import pytest
 import zmq
 
 from edgeinfer.fronts import frigate
-from edgeinfer.fronts.frigate import REPLY_BYTES, FrigateFront, choose_model, error_reply, parse_request, split_envelope
+from edgeinfer.fronts.frigate import FrigateFront, choose_model
+from edgeinfer.fronts.frigate_protocol import REPLY_BYTES, error_reply, parse_request, split_envelope
 from edgeinfer.fronts.metrics import FrontMetrics
 from edgeinfer.fronts.plan import PlanError
 from edgeinfer.fronts.pool import FrontError

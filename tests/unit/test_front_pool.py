@@ -11,6 +11,13 @@ import pytest
 from edgeinfer.fronts.pool import FrontError, SizePool
 
 
+class _Slot:
+    """A stand-in ring: connected or not (the line prefers a connected one)."""
+
+    def __init__(self, connected: bool = True):
+        self.connected = connected
+
+
 def _deadline(s: float) -> int:
     return time.monotonic_ns() + int(s * 1e9)
 
@@ -23,7 +30,7 @@ def _wait_until(predicate, timeout=5.0):
 
 
 def test_first_come_first_served_and_a_freed_slot_is_handed_over_at_once():
-    a, b = object(), object()
+    a, b = _Slot(), _Slot()
     pool = SizePool([a, b], max_waiting=2)
     held = [pool.acquire(_deadline(1)), pool.acquire(_deadline(1))]
     assert set(map(id, held)) == {id(a), id(b)} and pool.in_flight == 2
@@ -55,7 +62,7 @@ def test_first_come_first_served_and_a_freed_slot_is_handed_over_at_once():
 
 
 def test_a_full_line_sheds_and_a_waiter_past_its_deadline_leaves_it():
-    pool = SizePool([object()], max_waiting=1)
+    pool = SizePool([_Slot()], max_waiting=1)
     slot = pool.acquire(_deadline(1))
     errors = []
 
@@ -78,8 +85,15 @@ def test_a_full_line_sheds_and_a_waiter_past_its_deadline_leaves_it():
 
 
 def test_no_waiting_room_sheds_at_once():
-    pool = SizePool([object()], max_waiting=0)
+    pool = SizePool([_Slot()], max_waiting=0)
     pool.acquire(_deadline(1))
     with pytest.raises(FrontError) as e:
         pool.acquire(_deadline(5))
     assert e.value.code == "RESOURCE_EXHAUSTED" and pool.waiting == 0
+
+
+def test_a_connected_ring_is_taken_before_one_still_connecting():
+    connecting, connected = _Slot(False), _Slot(True)
+    pool = SizePool([connecting, connected], max_waiting=0)
+    assert pool.acquire(_deadline(1)) is connected and not pool.connected
+    assert pool.acquire(_deadline(1)) is connecting  # the only one left: its request says UNAVAILABLE itself

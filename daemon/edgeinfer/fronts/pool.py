@@ -91,11 +91,10 @@ class Slot:
             frame_id = next(self._ids)
             view = self.writer.begin_flat()
             view[:self.frame_bytes] = frame
-            now = time.monotonic_ns()
+            now = timing.published = time.monotonic_ns()  # before publish(): the lane it wakes may preempt us
             # Stale to the daemon at the request's deadline: a frame not taken by then is never run.
             self.writer.publish(capture_ns=min(now, deadline_ns - self.max_age_ns), frame_id=frame_id,
                                 realtime_ns=time.time_ns())
-            timing.published = time.monotonic_ns()
             until = deadline_ns + int(DEADLINE_GRACE_S * 1e9)
             while True:
                 left = (until - time.monotonic_ns()) / 1e9
@@ -139,7 +138,10 @@ class SizePool:
         with self.cond:
             if self.free and not self._queue:
                 self.in_flight += 1
-                return self.free.popleft()
+                # A connected ring first: after a (re)start some may still wait for the daemon's handshake.
+                slot = next((s for s in self.free if s.connected), self.free[0])
+                self.free.remove(slot)
+                return slot
             if len(self._queue) >= self.max_waiting:
                 raise FrontError("RESOURCE_EXHAUSTED", f"all {len(self.slots)} rings of this model and size are busy "
                                  f"and {len(self._queue)} requests wait: retry later", "shed")
@@ -185,4 +187,5 @@ class SizePool:
 
     @property
     def connected(self) -> bool:
-        return any(s.connected for s in self.slots)
+        """Every ring of this size is connected to edgeinferd."""
+        return all(s.connected for s in self.slots)
