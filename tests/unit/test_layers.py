@@ -8,7 +8,8 @@ rank do not import each other):
   1  models            bundles, checks, signing, runtime, fusion, decoders, tools
   2  config            the schema names models (bundles and their size limits), never the reverse
   3  lanes, telemetry, cameras   the lanes never import control; telemetry sits below control
-  4  control, fronts   the daemon's wiring and serve loop; the network gateway (a process of its own)
+  4  control, fronts, bridges   the daemon's wiring and serve loop; the network gateway and the MQTT bridge
+                       (processes of their own)
   5  cli               edgeinferd, edgeinferctl, status views, the demo
 The native modules edgeinfer._ring and edgeinfer._hist are imported by abi only, edgeinfer._harden (the lanes'
 sandbox) by support only. The compatibility names at
@@ -22,7 +23,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "daemon"  # tests/unit/ -> the repository
 
 RANKS = {"abi": 0, "support": 0, "models": 1, "config": 2, "lanes": 3, "telemetry": 3, "cameras": 3,
-         "control": 4, "fronts": 4, "cli": 5}
+         "control": 4, "fronts": 4, "bridges": 4, "cli": 5}
 NATIVE = {"edgeinfer._ring": "abi", "edgeinfer._hist": "abi", "edgeinfer._harden": "support"}  # module → its importer
 COMPAT = ("edgeinfer.ring", "edgeinfer.payloads", "edgeinfer.producers")
 

@@ -10,6 +10,7 @@ import sys
 from edgeinfer.abi.constants import INGRESS_SOCKET as _INGRESS_SOCKET, RESULTS_SOCKET as _RESULTS_SOCKET
 from edgeinfer.abi.vocabulary import MODEL_FORMATS, RTSP_CLOCKS as _RTSP_CLOCKS
 from edgeinfer.cli.commands.gateway import cmd_gateway
+from edgeinfer.cli.commands.mqtt import cmd_mqtt
 from edgeinfer.cli.commands.camera import cmd_camera_add, cmd_camera_list, cmd_camera_run, cmd_camera_test
 from edgeinfer.cli.commands.model import (cmd_keys_generate, cmd_model_allow_downgrade, cmd_model_bench,
                                           cmd_model_bundle, cmd_model_quantize, cmd_model_self_sign,
@@ -237,6 +238,12 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--config", default="/etc/edgeinfer/gateway.yaml", help="the gateway's configuration")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_gateway)
+
+    p = sub.add_parser("mqtt", help="the MQTT bridge: results of the listed streams to a broker (ExecStart of "
+                       "edgeinfer-mqtt.service)")
+    p.add_argument("--config", default="/etc/edgeinfer/mqtt.yaml", help="the bridge's configuration")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_mqtt)
 
     args = ap.parse_args(argv)
     try:

@@ -1,0 +1,2 @@
+"""Bridges: reader processes that carry results off the host (edgeinfer-mqtt). Rank 4, beside control and fronts:
+to edgeinferd a bridge is one more reader of the result rings, with no privilege the ABI does not grant any reader."""

