@@ -88,3 +88,35 @@ def test_a_result_message_follows_the_published_schema():
         assert msg["latency_ms"] == 50.0 and msg["capture_time"] == "2023-11-14T22:13:20.000000Z"
         assert msg["frame_id"] == 1234 and msg["model"] == {"name": "m", "version": "1.0", "digest": None}
     assert msg["detections"][0]["box"] == [10, 20, 30, 40] and msg["detections"][0]["label"] == "b"
+
+
+def test_a_lapped_ring_is_counted_and_the_rate_limit_drops_what_it_holds_back(tmp_path):
+    from edgeinfer.abi import ring
+    from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION
+    from edgeinfer.bridges.bridge import Bridge, StreamState
+    from edgeinfer.bridges.settings import load_mqtt_config
+    cfg = load_mqtt_config(_write(tmp_path, f"daemon_config: {tmp_path}/none.yaml\nmetrics: {{enabled: false}}\n"
+                                  "streams: {fast: {}, slow: {max_rate_hz: 1}}\n"))
+    bridge = Bridge(cfg)
+    row = np.array([[1, 0.5]], np.float32).tobytes()
+    with ring.ResultWriter.create(64, records=4) as fast, ring.ResultWriter.create(64, records=16) as slow:
+        bridge.streams = [StreamState("fast", ring.ResultReader.from_fd(fast.fd, "fast"), 0, True),
+                          StreamState("slow", ring.ResultReader.from_fd(slow.fd, "slow"), 1, True)]
+        for w in (fast, slow):
+            for i in range(10):
+                w.write(frame_id=i + 1, capture_realtime_ns=1_700_000_000_000_000_000, kind=KIND_CLASSIFICATION,
+                        payload=row, item_count=1, model_name="m", model_version="1")
+        assert bridge.turn() >= 10 + 4 - 1  # all of slow; the newest of fast the ring still held
+
+        def sample(name, **labels):
+            return bridge.metrics.registry.get_sample_value(name, labels) or 0
+        assert sample("edgeinfer_mqtt_results_missed_total", stream="fast") >= 6
+        assert sample("edgeinfer_mqtt_results_missed_total", stream="slow") == 0
+        assert sample("edgeinfer_mqtt_dropped_total", kind="result", reason="rate_limit") == 9
+        queued = [o.message for o in bridge.publisher._queues["result"]]
+        assert [m["frame_id"] for m in queued if m["stream"] == "slow"] == [1]
+        assert [m["frame_id"] for m in queued if m["stream"] == "fast"][-1] == 10
+        for st in bridge.streams:
+            st.reader.close()
+    bridge.streams = []
+    bridge.close()

@@ -20,6 +20,7 @@ from edgeinfer.abi.payloads import describe
 from edgeinfer.abi.vocabulary import RESULT_OK
 from edgeinfer.config.labels import read_meta
 from edgeinfer.models.bundle import BundleError
+from edgeinfer.support.yamlconf import ConfigError
 
 SCHEMA_ID = "https://edgeinfer.invalid/schemas/mqtt-result.schema.json"
 DIGEST_READ = 1 << 20
@@ -51,7 +52,11 @@ class Digests:
         key = (model, version)
         if key not in self._known:
             self._known[key] = None
-            for bundle in self._bundles():
+            try:
+                bundles = list(self._bundles())
+            except (ConfigError, BundleError, OSError):  # the daemon's file unreadable now: no digest, not a crash
+                bundles = []
+            for bundle in bundles:
                 try:
                     meta = read_meta(bundle)
                     if (meta.name, meta.version) == key:
