@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -115,10 +116,11 @@ def _bridge_config(tmp_path, daemon_config: str, port: int, streams: dict, broke
     return str(path)
 
 
-def _start_bridge(children, tmp_path, config: str):
+def _start_bridge(children, tmp_path, config: str, env: dict | None = None):
     log = tmp_path / "bridge.log"
     with open(log, "a") as f:
-        proc = children.spawn([*CTL, "mqtt", "--config", config, "--log-level", "debug"], stdout=f, stderr=f)
+        proc = children.spawn([*CTL, "mqtt", "--config", config, "--log-level", "debug"], stdout=f, stderr=f,
+                              env={**os.environ, **(env or {})})
     proc.log = log
     m = wait_for(lambda: proc.poll() is not None or re.search(r"metrics and health on (http://\S+)", log.read_text()),
                  30, "the bridge's metrics listener")
@@ -228,18 +230,32 @@ def test_tls_with_a_password_file(tmp_path, children, bundles):
     os.chmod(secret, 0o644)
     config = _bridge_config(tmp_path, daemon_config, broker.port, {"cam-a": {}},
                             broker={"tls": {"ca": pki["ca"] + ".crt"}, "username": "bridge",
-                                    "password_file": str(secret)})
+                                    "password_file": str(secret), "protocol": "3.1.1"})
     # A password file every user may read: refused at start.
     r = subprocess.run([*CTL, "mqtt", "--config", config], capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 2 and "readable by every user" in r.stderr, r.stderr
     os.chmod(secret, 0o640)
     sub = Subscriber(broker.port, tls=pki, auth=("bridge", "s3cret"))
+    # systemd's side of sd_notify: READY=1 once started, WATCHDOG=1 while the loop turns.
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(0.2)
     try:
-        bridge = _start_bridge(children, tmp_path, config)
+        bridge = _start_bridge(children, tmp_path, config, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+                                                               "WATCHDOG_USEC": "1000000"})
         wait_for(lambda: len(_results(sub, "cam-a")) >= 5, 30, "cam-a's results over TLS")
-        assert "connected to the broker (connection 1, MQTT 5)" in bridge.log.read_text()
+        assert "connected to the broker (connection 1, MQTT 3.1.1)" in bridge.log.read_text()
+        said: list[str] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and said.count("WATCHDOG=1") < 3:
+            try:
+                said += notify.recv(4096).decode().split("\n")
+            except TimeoutError:
+                pass
+        assert "READY=1" in said and said.count("WATCHDOG=1") >= 3, said
         assert b"online" in [p for p, _, _ in sub.of("edgeinfer/available")]
         assert metric(bridge.metrics_url, "edgeinfer_mqtt_broker_connected") == 1
         assert metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="result") >= 5
     finally:
+        notify.close()
         sub.close()

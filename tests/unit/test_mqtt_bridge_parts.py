@@ -120,3 +120,13 @@ def test_a_lapped_ring_is_counted_and_the_rate_limit_drops_what_it_holds_back(tm
             st.reader.close()
     bridge.streams = []
     bridge.close()
+
+
+def test_the_example_in_operations_md_is_a_valid_file():
+    from edgeinfer.bridges.settings import MqttConfig
+    from edgeinfer.support.yamlconf import load_yaml_model
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text[text.index("### Its file: /etc/edgeinfer/mqtt.yaml"):]
+    example = section[section.index("```yaml\n") + 8:section.index("```\n", section.index("```yaml\n") + 8)]
+    cfg = load_yaml_model(MqttConfig, example, "operations.md")
+    assert cfg.broker.tls.ca and cfg.streams["dock"].max_rate_hz == 2 and not cfg.streams["yard"].results
