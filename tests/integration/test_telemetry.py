@@ -133,11 +133,12 @@ def test_shipped_rules_and_dashboard_are_valid():
     promtool = require_tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(ROOT / "share/prometheus/edgeinfer-rules.yml")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "SUCCESS: 17 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 21 rules found" in r.stdout, r.stdout + r.stderr
     # The lane and model alerts fire on series shaped like the daemon's (promtool's rule unit tests); the
     # drop-rate alert fires on drops, not on a daemon restart (its counters start again, its gap counted once);
-    # the gateway's alerts (shedding, not ready, UNAVAILABLE, p99, down) on series shaped like its fronts'.
-    for case in ("lane_alerts_test.yml", "drop_alert_test.yml", "front_alerts_test.yml"):
+    # the gateway's alerts (shedding, not ready, UNAVAILABLE, p99, down) on series shaped like its fronts'; the MQTT
+    # bridge's (broker down, dropping, stream refused, down) on series shaped like its own.
+    for case in ("lane_alerts_test.yml", "drop_alert_test.yml", "front_alerts_test.yml", "mqtt_alerts_test.yml"):
         t = subprocess.run([promtool, "test", "rules", str(ROOT / "tests/promtool" / case)],
                            capture_output=True, text=True, timeout=60)
         assert t.returncode == 0 and "SUCCESS" in t.stdout, case + ": " + t.stdout + t.stderr
@@ -148,7 +149,9 @@ def test_shipped_rules_and_dashboard_are_valid():
                    "edgeinfer_model_reload_failures_total", "edgeinfer_lane_busy_seconds_total",
                    "edgeinfer_lane_restarts_total", "edgeinfer_front_requests_total",
                    "edgeinfer_front_refusals_total", "edgeinfer_front_in_flight",
-                   "edgeinfer_front_latency_seconds_bucket", "edgeinfer_front_model_ready"):
+                   "edgeinfer_front_latency_seconds_bucket", "edgeinfer_front_model_ready",
+                   "edgeinfer_mqtt_published_total", "edgeinfer_mqtt_dropped_total", "edgeinfer_mqtt_queue_messages",
+                   "edgeinfer_mqtt_broker_connected", "edgeinfer_mqtt_publish_latency_seconds_bucket"):
         assert metric in exprs, metric
 
 
