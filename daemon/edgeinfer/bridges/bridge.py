@@ -11,12 +11,13 @@ Start: configuration → password file → broker connection (in the background)
 is pinged only while this loop turns and paho's network thread lives. SIGTERM/SIGINT: "stopped" (retained) to
 the broker, then disconnect, exit 0.
 
-Where the rules go (issue 26, part 2): `Bridge.handle` is the one place a record becomes messages; an events
-engine fed the same decoded record adds `<prefix>/<stream>/event` (KIND_EVENT: kept before results) and the
-retained `.../state`, and a decision log reads the same stream of decisions.
+`Bridge.handle` is the one place a record becomes messages: the stream's rules (rules.py), fed every decoded
+record whatever the results' rate limit, add `<prefix>/<stream>/event` (KIND_EVENT: kept before results) and the
+retained `.../state` (each stream's states start inactive: a restart carries no episode over).
 """
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
@@ -25,7 +26,8 @@ from edgeinfer.abi import ring
 from edgeinfer.abi.ringdefs import RingError
 from edgeinfer.bridges.messages import Digests, result_message
 from edgeinfer.bridges.metrics import BridgeMetrics, MetricsListener
-from edgeinfer.bridges.publisher import KIND_RESULT, Outgoing, Publisher
+from edgeinfer.bridges.publisher import KIND_EVENT, KIND_RESULT, KIND_STATE, Outgoing, Publisher
+from edgeinfer.bridges.rules import StreamRules, observation
 from edgeinfer.bridges.settings import MqttConfig, load_mqtt_config
 from edgeinfer.config.labels import LabelSource
 from edgeinfer.config.schema import load_config
@@ -41,8 +43,10 @@ STATUS_INTERVAL_S = 5.0
 
 
 class StreamState:
-    def __init__(self, name: str, reader: ring.ResultReader | None, max_rate_hz: float, results: bool):
+    def __init__(self, name: str, reader: ring.ResultReader | None, max_rate_hz: float, results: bool,
+                 rules: StreamRules | None = None):
         self.name = name
+        self.rules = rules   # the stream's events engine (None: no rules)
         self.reader = reader
         self.results = results
         self.interval_ns = int(1e9 / max_rate_hz) if max_rate_hz > 0 else 0
@@ -107,7 +111,10 @@ class Bridge:
                 if reader.last_error is not None:
                     log.warning("stream %s: edgeinferd not there yet (%s): attached when it comes", name,
                                 reader.last_error)
-                self.streams.append(StreamState(name, reader, out.max_rate_hz, out.results))
+                rules = StreamRules(name, cfg.node, out.rules) if out.rules else None
+                self.streams.append(StreamState(name, reader, out.max_rate_hz, out.results, rules))
+                if rules is not None:  # at start no rule is active: a restart does not carry an episode over
+                    self._offer_state(self.streams[-1])
                 log.info("stream %s: results to %s/%s/result%s", name, cfg.prefix, name,
                          f" (at most {out.max_rate_hz:g}/s)" if out.max_rate_hz else "")
             if cfg.metrics.enabled:
@@ -124,21 +131,45 @@ class Bridge:
 
     def handle(self, st: StreamState, rec: ring.ResultRecord) -> None:
         self.metrics.results_read.labels(st.name).inc()
-        if not st.results:
-            return
-        if not st.allow(time.monotonic_ns()):
+        send = st.results and st.allow(time.monotonic_ns())
+        if st.results and not send:
             self.metrics.dropped.labels(KIND_RESULT, "rate_limit").inc()
+        if not send and st.rules is None:
             return
         labels = self.labels.labels(rec.model_name, rec.model_version)
         msg = result_message(rec, st.name, self.cfg.node, labels,
                              self.digests.digest(rec.model_name, rec.model_version))
+        if st.rules is not None:  # every record, whatever the result's rate limit
+            self._offer_events(st, st.rules.feed(observation(msg, rec.frame_id, rec.capture_realtime_ns,
+                                                             msg["model"], msg["ok"])), rec.done_ns)
+        if not send:
+            return
         size = len(rec.payload) * 6 + 600 + MESSAGE_OVERHEAD  # JSON of the decoded floats, without building it twice
         self.publisher.offer(Outgoing(KIND_RESULT, f"{self.cfg.prefix}/{st.name}/result", msg, size,
                                       self.cfg.qos.result, done_ns=rec.done_ns))
         # The events engine (rules) and the decision log take the same record here (issue 26, parts 2 and 3).
 
+    def _offer_events(self, st: StreamState, events: list[dict], done_ns: int = 0) -> None:
+        """Rule events to PREFIX/STREAM/event (qos.event), then the stream's retained state (qos.state)."""
+        for ev in events:
+            self.metrics.events.labels(st.name, ev["rule"], ev["type"]).inc()
+            log.info("stream %s: rule %s: %s %s (frame %d)", st.name, ev["rule"], ev["type"], ev["id"], ev["frame_id"])
+            self.publisher.offer(Outgoing(KIND_EVENT, f"{self.cfg.prefix}/{st.name}/event", dict(ev),
+                                          len(json.dumps(ev)) + MESSAGE_OVERHEAD, self.cfg.qos.event, done_ns=done_ns))
+        if events:
+            self._offer_state(st)
+
+    def _offer_state(self, st: StreamState) -> None:
+        state = st.rules.state()
+        self.publisher.offer(Outgoing(KIND_STATE, f"{self.cfg.prefix}/{st.name}/state", state,
+                                      len(json.dumps(state)) + MESSAGE_OVERHEAD, self.cfg.qos.state, retain=True))
+
     def turn(self) -> int:
         n = 0
+        now_ns = time.time_ns()
+        for st in self.streams:  # end_after_ms episodes of streams that fell silent
+            if st.rules is not None:
+                self._offer_events(st, st.rules.expire(now_ns))
         for st in self.streams:
             r = st.reader
             for _ in range(BATCH):

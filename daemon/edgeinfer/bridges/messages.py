@@ -85,5 +85,6 @@ def finish(msg: dict, now_ns: int) -> bytes:
     """The bytes sent: the message with its publish time and the end-to-end latency (publish − capture, wall)."""
     msg["publish_ns"] = now_ns
     msg["publish_time"] = iso(now_ns)
-    msg["latency_ms"] = round((now_ns - msg["capture_ns"]) / 1e6, 3)
+    if "capture_ns" in msg:  # a retained state has no capture of its own
+        msg["latency_ms"] = round((now_ns - msg["capture_ns"]) / 1e6, 3)
     return json.dumps(msg, separators=(",", ":")).encode()

@@ -22,7 +22,7 @@ class BridgeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.published = Counter("edgeinfer_mqtt_published", "Messages the broker took (QoS 0: written to the "
-                                 "connection; QoS 1, 2: acknowledged), by topic kind (result, event, available).",
+                                 "connection; QoS 1, 2: acknowledged), by topic kind (result, event, state, available).",
                                  ["kind"], registry=r)
         self.dropped = Counter("edgeinfer_mqtt_dropped", "Messages not published, by topic kind and reason "
                                "(rate_limit, queue_full, queue_bytes, too_large, disconnected, not_connected, "
@@ -44,6 +44,8 @@ class BridgeMetrics:
                               "bridge read them (it lapped the bridge), by stream.", ["stream"], registry=r)
         self.refused = Counter("edgeinfer_mqtt_streams_refused", "Streams the daemon refused to let the bridge "
                                "read (its readers do not allow this user), by stream.", ["stream"], registry=r)
+        self.events = Counter("edgeinfer_mqtt_events", "Rule events the engine fired (before the queue), by stream, "
+                              "rule and type (new, update, end).", ["stream", "rule", "type"], registry=r)
         self.attached = Gauge("edgeinfer_mqtt_stream_attached", "1 while the stream's result ring is attached.",
                               ["stream"], registry=r)
 

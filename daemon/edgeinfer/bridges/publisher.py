@@ -2,8 +2,9 @@
 
 - `<prefix>/available`: the broker's last will is "offline" (retained); "online" (retained) on every connection;
   "stopped" (retained) on a clean stop. QoS: qos.availability.
-- The queue is bounded by count and by bytes. Over a bound, per-frame results go first, oldest first (events,
-  once rules exist, only when no result is left); every drop is counted with its reason. `offer` never waits:
+- The queue is bounded by count and by bytes. Over a bound, per-frame results go first, oldest first, then
+  retained states (each superseded by the next of its topic anyway), events only when neither is left; every
+  drop is counted with its reason. Events go to the broker first, then states, then results. `offer` never waits:
   the reader loop calls it and goes on.
 - Messages go to paho only while connected, at most MAX_INFLIGHT not yet written or acknowledged, so paho's own
   buffers stay small; paho's network thread (loop_start) reconnects with backoff (reconnect_delay_set).
@@ -28,12 +29,14 @@ log = logging.getLogger("edgeinfer-mqtt")
 
 MAX_INFLIGHT = 64           # messages handed to paho and not yet written (QoS 0) or acknowledged (QoS 1, 2)
 STOP_FLUSH_S = 2.0          # how long a clean stop waits for "stopped" to reach the broker
-KIND_RESULT, KIND_EVENT = "result", "event"
+KIND_RESULT, KIND_EVENT, KIND_STATE = "result", "event", "state"
+DROP_ORDER = (KIND_RESULT, KIND_STATE, KIND_EVENT)   # over a bound, the first non-empty loses its oldest
+SEND_ORDER = (KIND_EVENT, KIND_STATE, KIND_RESULT)
 
 
 @dataclass
 class Outgoing:
-    kind: str               # "result" (dropped first) or "event"
+    kind: str               # "result" (dropped first), "state" or "event" (kept longest)
     topic: str
     message: dict           # finished (publish time added) when handed to paho
     size: int               # estimated bytes, for the byte bound
@@ -48,8 +51,7 @@ class Publisher:
         self.cfg = cfg
         self.metrics = metrics
         self.available = f"{cfg.prefix}/available"
-        self._queues: dict[str, collections.deque[Outgoing]] = {KIND_RESULT: collections.deque(),
-                                                                KIND_EVENT: collections.deque()}
+        self._queues: dict[str, collections.deque[Outgoing]] = {k: collections.deque() for k in SEND_ORDER}
         self._bytes = 0
         self._lock = threading.Lock()         # the inflight table (paho's thread calls on_publish)
         self._inflight: dict[int, Outgoing] = {}
@@ -158,28 +160,29 @@ class Publisher:
         q = self.cfg.queue
         while self.depth > q.max_messages or self._bytes > q.max_bytes:
             reason = "queue_full" if self.depth > q.max_messages else "queue_bytes"
-            victims = self._queues[KIND_RESULT] or self._queues[KIND_EVENT]
+            victims = next(self._queues[k] for k in DROP_ORDER if self._queues[k])
             v = victims.popleft()
             self._bytes -= v.size
             self.metrics.dropped.labels(v.kind, reason).inc()
 
     @property
     def depth(self) -> int:
-        return len(self._queues[KIND_RESULT]) + len(self._queues[KIND_EVENT])
+        return sum(len(q) for q in self._queues.values())
 
     @property
     def queued_bytes(self) -> int:
         return self._bytes
 
     def pump(self) -> int:
-        """Hands queued messages to paho while connected and under MAX_INFLIGHT (events first); returns how many."""
+        """Hands queued messages to paho while connected and under MAX_INFLIGHT (events, states, results); returns
+        how many."""
         n = 0
         while self.connected:
             with self._lock:
                 if len(self._inflight) >= MAX_INFLIGHT:
                     break
-            q = self._queues[KIND_EVENT] or self._queues[KIND_RESULT]
-            if not q:
+            q = next((self._queues[k] for k in SEND_ORDER if self._queues[k]), None)
+            if q is None:
                 break
             o = q.popleft()
             self._bytes -= o.size

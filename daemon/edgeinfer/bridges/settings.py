@@ -10,7 +10,7 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edgeinfer.abi import constants
 from edgeinfer.support.yamlconf import load_yaml_file
@@ -53,10 +53,43 @@ class Broker(_Strict):
         return str(v) if isinstance(v, (int, float)) else v
 
 
+class Rule(_Strict):
+    """An event rule (rules.py): which items of a decoded result match, how many frames start an episode, how long
+    without a match ends it. Boxes and the region are in frame pixels (docs/decisions/0026-*)."""
+    labels: list[str] | None = Field(None, min_length=1)  # label names (or class ids as text); None: any label
+    threshold: float = Field(0.5, ge=0.0, le=1.0)         # an item's score at or above this
+    min_area: float = Field(0.0, ge=0.0)                  # detections: box width × height, pixels², at least
+    region: tuple[float, float, float, float] | None = None  # detections: [x1, y1, x2, y2] the box centre lies in
+    min_frames: int = Field(1, ge=1, le=1_000_000)        # consecutive matching frames that start an event
+    end_after_frames: int | None = Field(None, ge=1, le=1_000_000)  # frames without a match that end it
+    end_after_ms: float | None = Field(None, gt=0, le=86_400_000)   # or: capture time without a match
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v):
+        if v is not None and not (v[0] < v[2] and v[1] < v[3]):
+            raise ValueError("region is [x1, y1, x2, y2] in frame pixels with x1 < x2 and y1 < y2")
+        return v
+
+    @model_validator(mode="after")
+    def _end(self):
+        if (self.end_after_frames is None) == (self.end_after_ms is None):
+            raise ValueError("give exactly one of end_after_frames and end_after_ms")
+        return self
+
+
 class StreamOut(_Strict):
     results: bool = True                      # publish <prefix>/<stream>/result per result
     max_rate_hz: float = Field(0.0, ge=0.0)   # result messages per second at most (0: no limit); the rest dropped
-    # Here the rules of <prefix>/<stream>/event and .../state will go (issue 26, part 2).
+    rules: dict[str, Rule] = {}               # events on <prefix>/<stream>/event, state on .../state (retained)
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, v: dict) -> dict:
+        for name in v:
+            if not constants.stream_name_ok(name):
+                raise ValueError(f"{name!r} is not a rule name (letters, digits, '_' or '-', as a stream's)")
+        return v
 
 
 class Queue(_Strict):
@@ -67,6 +100,8 @@ class Queue(_Strict):
 class Qos(_Strict):
     availability: Literal[0, 1, 2] = 1
     result: Literal[0, 1, 2] = 0
+    event: Literal[0, 1, 2] = 1
+    state: Literal[0, 1, 2] = 1
 
 
 class BridgeMetrics(_Strict):
