@@ -110,7 +110,7 @@ def _bridge_config(tmp_path, daemon_config: str, port: int, streams: dict, broke
            "broker": {"host": "127.0.0.1", "port": port, "keepalive": 5, "reconnect_min_s": 1, "reconnect_max_s": 1,
                       **(broker or {})},
            "streams": streams, "queue": queue or {"max_messages": 50, "max_bytes": 1 << 20},
-           "metrics": {"listen": "127.0.0.1:0"}}
+           "metrics": {"listen": "127.0.0.1:0"}, "decisions": {"path": str(tmp_path / "decisions.db")}}
     path = tmp_path / "mqtt.yaml"
     path.write_text(json.dumps(doc))
     return str(path)

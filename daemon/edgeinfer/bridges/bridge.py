@@ -24,6 +24,7 @@ import time
 
 from edgeinfer.abi import ring
 from edgeinfer.abi.ringdefs import RingError
+from edgeinfer.bridges.decisions import DecisionLog
 from edgeinfer.bridges.messages import Digests, result_message
 from edgeinfer.bridges.metrics import BridgeMetrics, MetricsListener
 from edgeinfer.bridges.publisher import KIND_EVENT, KIND_RESULT, KIND_STATE, Outgoing, Publisher
@@ -92,11 +93,18 @@ class Bridge:
         self.live = Liveness(self)
         self.labels = LabelSource(config=cfg.daemon_config, warn=lambda m: log.warning("%s", m))
         self.digests = Digests(lambda: [b for b, _ in self.labels._candidates()])
+        self.decisions: DecisionLog | None = None   # the decision log (decisions.py), opened by start()
 
     def start(self) -> None:
         cfg = self.cfg
         daemon = load_config(cfg.daemon_config)
         socket = daemon.ingress.results_socket
+        d = cfg.decisions
+        if d.enabled:  # before the broker: a log that cannot be opened stops the start (exit 1, logged)
+            self.decisions = DecisionLog(d.path, fsync_interval_ms=d.fsync_interval_ms, max_bytes=d.max_bytes,
+                                         max_age_days=d.max_age_days, registry=self.metrics.registry)
+            log.info("decision log %s: events%s, committed every %g ms", d.path, " and results" if d.results
+                     else "", d.fsync_interval_ms)
         self.publisher.start()
         try:
             for name, out in cfg.streams.items():
@@ -134,11 +142,14 @@ class Bridge:
         send = st.results and st.allow(time.monotonic_ns())
         if st.results and not send:
             self.metrics.dropped.labels(KIND_RESULT, "rate_limit").inc()
-        if not send and st.rules is None:
+        keep = self.decisions is not None and self.cfg.decisions.results  # every result to the decision log
+        if not send and st.rules is None and not keep:
             return
         labels = self.labels.labels(rec.model_name, rec.model_version)
         msg = result_message(rec, st.name, self.cfg.node, labels,
                              self.digests.digest(rec.model_name, rec.model_version))
+        if keep:
+            self.decisions.append_result(msg)  # serialised now: the publisher's later additions are not logged
         if st.rules is not None:  # every record, whatever the result's rate limit
             self._offer_events(st, st.rules.feed(observation(msg, rec.frame_id, rec.capture_realtime_ns,
                                                              msg["model"], msg["ok"])), rec.done_ns)
@@ -153,6 +164,8 @@ class Bridge:
         """Rule events to PREFIX/STREAM/event (qos.event), then the stream's retained state (qos.state)."""
         for ev in events:
             self.metrics.events.labels(st.name, ev["rule"], ev["type"]).inc()
+            if self.decisions is not None:
+                self.decisions.append_event(ev)
             log.info("stream %s: rule %s: %s %s (frame %d)", st.name, ev["rule"], ev["type"], ev["id"], ev["frame_id"])
             self.publisher.offer(Outgoing(KIND_EVENT, f"{self.cfg.prefix}/{st.name}/event", dict(ev),
                                           len(json.dumps(ev)) + MESSAGE_OVERHEAD, self.cfg.qos.event, done_ns=done_ns))
@@ -189,6 +202,8 @@ class Bridge:
                             missed - st.missed_seen)
                 st.missed_seen = missed
             self.metrics.attached.labels(st.name).set(1 if r.connected else 0)
+        if self.decisions is not None:
+            self.decisions.flush()  # commits what waited fsync_interval_ms (records or not); the loop turns ≤ WAIT_S
         self.publisher.pump()
         self.publisher.keep()
         return n
@@ -230,6 +245,9 @@ class Bridge:
         except OSError:
             pass
         self.publisher.stop()
+        if self.decisions is not None:
+            self.decisions.close()  # commits what waits
+            self.decisions = None
         for st in self.streams:
             st.reader.close()
         self.streams = []

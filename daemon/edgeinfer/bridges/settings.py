@@ -117,6 +117,23 @@ class BridgeMetrics(_Strict):
         return v
 
 
+class Decisions(_Strict):
+    """The decision log on the host (bridges/decisions.py; docs/decisions/0027-decision-log-format.md)."""
+    enabled: bool = True
+    path: str = "/var/lib/edgeinfer-mqtt/decisions.db"
+    results: bool = False                                   # every result too, not only the rules' events
+    fsync_interval_ms: float = Field(200, ge=0, le=60_000)  # what a power cut may lose, at most (plus one turn)
+    max_bytes: int = Field(256 << 20, ge=1 << 20, le=1 << 40)
+    max_age_days: float = Field(30, gt=0, le=3650)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("the decision log's path is absolute")
+        return v
+
+
 class MqttConfig(_Strict):
     daemon_config: str = "/etc/edgeinfer/edgeinferd.yaml"  # the results socket and the bundles (labels, digests)
     broker: Broker = Broker()
@@ -126,6 +143,7 @@ class MqttConfig(_Strict):
     queue: Queue = Queue()
     qos: Qos = Qos()
     metrics: BridgeMetrics = BridgeMetrics()
+    decisions: Decisions = Decisions()
 
     @field_validator("streams")
     @classmethod
