@@ -1,7 +1,8 @@
 """The decision log (bridges/decisions.py) against crashes and from the operator's side: a writer process killed
 with SIGKILL at random moments leaves a database that opens, passes `PRAGMA integrity_check` and holds only whole
 records, every commit it reported still there; rotation keeps the size bound under the same kills; the fsync
-interval measured by counting commits."""
+interval measured by counting commits; `edgeinferctl decisions` (a subprocess, read-only) finds an event by stream,
+time and model version while the writer holds the log open."""
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ import subprocess
 import sys
 import time
 
-from edgeinfer.bridges.decisions import DecisionLog
+from edgeinfer.bridges.decisions import DecisionLog, DecisionReader
 
+CTL = [sys.executable, "-c", "import sys; from edgeinfer.cli.ctl import edgeinferctl_main as m; sys.exit(m())"]
 KILLS = 20
 FIELDS = {"id", "type", "stream", "rule", "peak_score", "start_ns", "capture_ns", "model", "run", "seq", "pad"}
 
@@ -120,3 +122,48 @@ def test_the_fsync_interval_bounds_what_waits_measured_by_commits(tmp_path):
     assert 9 <= s["commits"] <= 12                          # 2 s / 200 ms = 10, +1 at close
     assert s["max_commit_delay_ms"] < 200 + 50              # each commit's own fsync included
 
+
+def test_edgeinferctl_decisions_finds_an_event_by_stream_time_and_version(tmp_path):
+    path = str(tmp_path / "decisions.db")
+    log = DecisionLog(path, fsync_interval_ms=0)            # held open: the bridge writing
+    now = time.time_ns()
+    hour = 3600 * 10**9
+    ev = lambda sid, stream, t, v: {"id": sid, "type": "new", "stream": stream, "rule": "person",  # noqa: E731
+                                    "label": "person", "peak_score": 0.91, "start_ns": t, "capture_ns": t,
+                                    "model": {"name": "det", "version": v, "digest": None}}
+    log.append_event(ev("old", "cam0", now - 3 * hour, "2"))
+    log.append_event(ev("wanted", "cam0", now - 60 * 10**9, "2"))
+    log.append_event(ev("other-version", "cam0", now - 50 * 10**9, "3"))
+    log.append_event(ev("other-stream", "cam1", now - 40 * 10**9, "2"))
+    log.append_result({"stream": "cam0", "capture_ns": now - 30 * 10**9, "frame_id": 9, "ok": True,
+                       "model": {"name": "det", "version": "2"}})
+
+    def ctl(*args) -> list[dict]:
+        r = subprocess.run([*CTL, "decisions", "--db", path, *args], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line) for line in r.stdout.splitlines()]
+
+    got = ctl("--stream", "cam0", "--since", "10m", "--model-version", "2", "--kind", "event")
+    assert [g["decision"]["id"] for g in got] == ["wanted"]
+    assert got[0]["decision"] == ev("wanted", "cam0", now - 60 * 10**9, "2")
+    assert got[0]["stream"] == "cam0" and got[0]["model_version"] == "2" and got[0]["time"].endswith("Z")
+    assert [g["decision"].get("id", "result") for g in ctl("--stream", "cam0", "--since", "2h",
+                                                           "--model-version", "2")] == ["wanted", "result"]
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((now - 4 * hour) // 10**9))
+    assert [g["decision"]["id"] for g in ctl("--stream", "cam0", "--since", iso, "--model-version", "2",
+                                             "--kind", "event")] == ["old", "wanted"]
+    assert ctl("--stream", "cam2") == []
+    r = subprocess.run([*CTL, "decisions", "--db", path, "--stream", "cam0", "--since", "10m", "--table"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.splitlines()[0].split() == ["TIME", "STREAM", "KIND", "MODEL", "VERSION",
+                                                                       "WHAT"]
+    assert "new person person peak 0.91 wanted" in r.stdout and "other-version" in r.stdout
+    assert "old" not in r.stdout.replace("other", "")
+    r = subprocess.run([*CTL, "decisions", "--db", path, "--since", "yesterday"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "not a time" in r.stderr
+    r = subprocess.run([*CTL, "decisions", "--db", str(tmp_path / "none.db")], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "no decision log there" in r.stderr
+    log.close()
+    assert DecisionReader(path).query(stream="cam0").__next__()["record"]["id"] == "old"

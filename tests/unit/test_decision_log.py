@@ -216,3 +216,15 @@ def test_a_failing_disk_is_counted_and_the_decisions_wait_up_to_a_bound(tmp_path
     ids = [d["record"]["id"] for d in DecisionReader(path).query()]
     assert ids[-50:] == [f"e{i}" for i in range(30, 80)]       # the newest waited and were written
     assert len(ids) == 1 + 80 - log.dropped and ids[0] == "before"
+
+
+def test_edgeinferctl_decisions_reads_iso_and_relative_times():
+    from edgeinfer.cli.commands.decisions import parse_time
+    now = T0
+    assert parse_time("10m", now) == now - 600 * 10**9
+    assert parse_time("2h", now) == now - 7200 * 10**9 and parse_time("1.5d", now) == now - 129600 * 10**9
+    assert parse_time("2026-11-25T20:00:00Z") == parse_time("2026-11-25T20:00:00") == 1_795_636_800 * 10**9
+    assert parse_time("2026-11-25T21:00:00+01:00") == 1_795_636_800 * 10**9
+    assert parse_time("2026-11-25T20:00:00.250Z") == 1_795_636_800 * 10**9 + 250_000_000
+    with pytest.raises(ValueError, match="not a time"):
+        parse_time("yesterday")

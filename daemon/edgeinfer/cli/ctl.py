@@ -11,6 +11,7 @@ from edgeinfer.abi.constants import INGRESS_SOCKET as _INGRESS_SOCKET, RESULTS_S
 from edgeinfer.abi.vocabulary import MODEL_FORMATS, RTSP_CLOCKS as _RTSP_CLOCKS
 from edgeinfer.cli.commands.gateway import cmd_gateway
 from edgeinfer.cli.commands.mqtt import cmd_mqtt
+from edgeinfer.cli.commands.decisions import cmd_decisions
 from edgeinfer.cli.commands.camera import cmd_camera_add, cmd_camera_list, cmd_camera_run, cmd_camera_test
 from edgeinfer.cli.commands.model import (cmd_keys_generate, cmd_model_allow_downgrade, cmd_model_bench,
                                           cmd_model_bundle, cmd_model_quantize, cmd_model_self_sign,
@@ -244,6 +245,19 @@ def edgeinferctl_main(argv=None) -> int:
     p.add_argument("--config", default="/etc/edgeinfer/mqtt.yaml", help="the bridge's configuration")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_mqtt)
+
+    p = sub.add_parser("decisions", help="query the MQTT bridge's decision log (events, and results if logged), "
+                       "read-only: JSON lines or a table")
+    p.add_argument("--db", default="/var/lib/edgeinfer-mqtt/decisions.db",
+                   help="the decision log (mqtt.yaml's decisions.path; default %(default)s)")
+    p.add_argument("--stream", help="only this stream")
+    p.add_argument("--since", metavar="T", help="from this time on: ISO-8601 (UTC unless it says), or 10m, 2h, 7d ago")
+    p.add_argument("--until", metavar="T", help="before this time (same forms)")
+    p.add_argument("--model-version", metavar="V", help="only decisions of this model version")
+    p.add_argument("--kind", choices=["event", "result"], help="only events or only results")
+    p.add_argument("--limit", type=_positive, default=None, help="at most N decisions")
+    p.add_argument("--table", action="store_true", help="a table instead of JSON lines")
+    p.set_defaults(func=cmd_decisions)
 
     args = ap.parse_args(argv)
     try:
