@@ -228,3 +228,18 @@ def test_edgeinferctl_decisions_reads_iso_and_relative_times():
     assert parse_time("2026-11-25T20:00:00.250Z") == 1_795_636_800 * 10**9 + 250_000_000
     with pytest.raises(ValueError, match="not a time"):
         parse_time("yesterday")
+
+
+def test_pages_a_killed_rotation_left_free_are_given_back_at_the_next_start(tmp_path):
+    path = str(tmp_path / "d.db")
+    log = DecisionLog(path, fsync_interval_ms=60_000, max_bytes=4 << 20)
+    for i in range(1500):
+        log.append_event(dict(_event(eid=f"e{i}"), pad="x" * 900))
+    log.commit()
+    log.db.execute("DELETE FROM decisions WHERE id <= 1000")  # a rotation's DELETE, killed before its vacuum
+    log.db.close()
+    assert os.path.getsize(path) > 1 << 20
+    log = DecisionLog(path, max_bytes=1 << 20)                 # live rows fit 1 MiB; the free pages did not
+    assert log.file_bytes() <= 1 << 20 and log.rotated["size"] == 0
+    log.close()
+    assert os.path.getsize(path) <= 1 << 20

@@ -256,7 +256,8 @@ class DecisionLog:
                                      "LIMIT ?)", (n,))
                     out["size"] += cur.rowcount
                     size = self.size_bytes()
-            if out["age"] or out["size"]:
+            # also pages a rotation killed between its DELETE and its vacuum left free
+            if out["age"] or out["size"] or db.execute("PRAGMA freelist_count").fetchone()[0]:
                 # executescript steps it to the end (execute() would free one page: one step)
                 db.executescript("PRAGMA incremental_vacuum;")
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
