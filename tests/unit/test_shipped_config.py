@@ -140,14 +140,15 @@ def edgeinfer_group(monkeypatch):
             if name == "edgeinfer" else real_pw(name))
 
 
-def not_defaults(m: BaseModel, path: tuple = (), defaults: BaseModel | None = None) -> list[str]:
+def not_defaults(m: BaseModel, path: tuple = (), defaults: BaseModel | None = None,
+                 examples: set[tuple] = EXAMPLES) -> list[str]:
     """Keys of a loaded config whose value is not the schema's default (`defaults`: the default of the
-    model `m` stands for). A required key has no default: its own value stands, and the models in it
-    are checked field by field."""
+    model `m` stands for; `examples`: keys set to something else on purpose). A required key has no
+    default: its own value stands, and the models in it are checked field by field."""
     out = []
     for name, field in type(m).model_fields.items():
         key, v = (*path, name), getattr(m, name)
-        if key in EXAMPLES:
+        if key in examples:
             continue
         if defaults is not None:
             d = getattr(defaults, name)
@@ -156,10 +157,10 @@ def not_defaults(m: BaseModel, path: tuple = (), defaults: BaseModel | None = No
         else:
             for item in v if isinstance(v, list) else [v]:
                 if isinstance(item, BaseModel):
-                    out += not_defaults(item, key)
+                    out += not_defaults(item, key, examples=examples)
             continue
         if isinstance(v, BaseModel) and type(v) is type(d):
-            out += not_defaults(v, key, d)  # name the key itself, not its section
+            out += not_defaults(v, key, d, examples)  # name the key itself, not its section
         elif v != d:
             out.append(f"{'.'.join(key)}: {v!r}, default {d!r}")
     return out
