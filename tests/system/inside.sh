@@ -25,6 +25,8 @@ install -m 0755 /test/linger /usr/local/bin/edgeinfer-linger
 check install apt-get install -y -q /test/edgeinfer.deb
 check user_and_group getent group edgeinfer
 check units_enabled bash -c '[ "$(systemctl is-enabled edgeinferd.service)" = enabled ] && [ "$(systemctl is-enabled edgeinferd.socket)" = enabled ] && echo "service and socket enabled"'
+# The network gateway ships disabled: its unit inactive, its user (sysusers.d) without a shell, its config a conffile.
+check gateway_shipped_disabled bash -c 'u=$(getent passwd edgeinfer-gw) && [ "$(systemctl is-enabled edgeinfer-gateway.service)" = disabled ] && [ "$(systemctl is-active edgeinfer-gateway.service)" = inactive ] && grep -qx /etc/edgeinfer/gateway.yaml /var/lib/dpkg/info/edgeinfer.conffiles && [ "$(echo "$u" | cut -d: -f6,7)" = /:/usr/sbin/nologin ] && echo "unit disabled and inactive; /etc/edgeinfer/gateway.yaml a conffile; user $u"'
 check no_bundle_no_crash_loop bash -c '! systemctl is-failed -q edgeinferd && ! systemctl is-failed -q edgeinferd.socket && echo "service $(systemctl is-active edgeinferd), socket $(systemctl is-active edgeinferd.socket) (condition: no bundle)"'
 
 # Users: two cameras, a reader, and an outsider who is in no edgeinfer role.
@@ -49,6 +51,7 @@ chown -R edgeinfer:edgeinfer /var/lib/edgeinfer
 printf '[Service]\nWatchdogSec=3\nCPUAffinity=0 1\n' > /etc/systemd/system/edgeinferd.service.d/test.conf
 systemctl daemon-reload
 check verify_unit bash -c 'systemd-analyze verify /lib/systemd/system/edgeinferd.service /lib/systemd/system/edgeinferd.socket && echo clean'
+check gateway_verify_unit bash -c 'systemd-analyze verify /lib/systemd/system/edgeinfer-gateway.service && echo clean'
 systemd-analyze security edgeinferd.service > /out/security.txt 2>&1
 check start bash -c 'systemctl start edgeinferd && sleep 1 && systemctl is-active edgeinferd edgeinferd.socket | tr "\n" " "'
 check sockets bash -c 'for s in ingress results; do stat -c "%n %A %U:%G" /run/edgeinfer/$s.sock; done | tee /dev/stderr | grep -c "srw-rw---- root:edgeinfer" | grep -qx 2 && echo "both sockets 0660 root:edgeinfer"'
@@ -356,6 +359,129 @@ PY
 check camera_add_as_told camera_add_as_told
 journalctl -u "edgeinfer-camera@*" --no-pager > /out/camera-journal.txt 2>&1
 
+# ------------------------------------------------------------------ the network gateway (edgeinfer-gateway.service)
+# As docs/operations.md says: a pool of user edgeinfer-gw in edgeinferd.yaml, a restart of edgeinferd, then the unit
+# enabled and started. A client (tritonclient, from the package's venv) sends ModelInfer of one frame of the model's
+# input size (224x224 rgb24) to 127.0.0.1:8001, retrying (bounded) until it is answered.
+gw_infer() {  # gw_infer SECONDS
+    /opt/venvs/edgeinfer/bin/python - "$1" <<'PY'
+import sys, time
+import numpy as np
+import tritonclient.grpc as tc
+limit, t0, tries, last = float(sys.argv[1]), time.monotonic(), 0, None
+frame = np.zeros((224, 224, 3), np.uint8)
+frame[:, 112:] = 255  # half white: an answer that is not the zero frame's warm-up
+while True:
+    tries += 1
+    try:
+        client = tc.InferenceServerClient("127.0.0.1:8001")
+        inp = tc.InferInput("frame_rgb24", list(frame.shape), "UINT8")
+        inp.set_data_from_numpy(frame)
+        r = client.infer("default", [inp], client_timeout=5.0)
+        outs = {o.name: r.as_numpy(o.name) for o in r.get_response().outputs}
+        classes, labels = outs["classes"], [b.decode() for b in outs["labels"]]
+        client.close()
+        assert classes.shape[0] >= 1 and len(labels) == classes.shape[0], outs
+        print(f"ModelInfer answered in {time.monotonic() - t0:.2f} s ({tries} tries): version "
+              f"{r.get_response().model_version}, outputs {sorted(outs)}, top class {labels[0]} ({classes[0][1]:.3f})")
+        break
+    except Exception as e:
+        last = f"{type(e).__name__}: {str(e)[:200]}"
+    if time.monotonic() - t0 > limit:
+        print(f"no answer in {limit:g} s ({tries} tries); last: {last}")
+        sys.exit(1)
+    time.sleep(0.25)
+PY
+}
+gw() { systemctl show -P "$1" edgeinfer-gateway; }
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+wait_active
+/opt/venvs/edgeinfer/bin/python - <<'PY'
+import yaml
+path = "/etc/edgeinfer/edgeinferd.yaml"
+cfg = yaml.safe_load(open(path))
+cfg["pools"] = {"gw": {"model": "default", "user": "edgeinfer-gw", "streams": 2}}
+open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
+PY
+gateway_serves() {
+    systemctl restart edgeinferd || return 1
+    wait_active
+    local t0; t0=$(now_ms)
+    systemctl enable --now edgeinfer-gateway || { journalctl -u edgeinfer-gateway --no-pager -o cat | tail -5; return 1; }
+    local ready=$(( $(now_ms) - t0 )) out pid user
+    out=$(gw_infer 60) || { echo "$out"; journalctl -u edgeinfer-gateway --no-pager -o cat | tail -5; return 1; }
+    pid=$(gw MainPID); user=$(id -un "$(stat -c %u /proc/$pid)")
+    echo "enable --now: READY in $ready ms; $(systemctl is-active edgeinfer-gateway), $(systemctl is-enabled edgeinfer-gateway); runs as $user (groups $(ps -o supgrp= -p "$pid" | tr -d ' ')), seccomp $(awk '/^Seccomp:/ {print $2}' /proc/$pid/status), MemoryDenyWriteExecute=$(gw MemoryDenyWriteExecute); $(stat -c '%n %a %U:%G' /run/edgeinfer-gateway); $out"
+    [ "$user" = edgeinfer-gw ] && [ "$(systemctl is-enabled edgeinfer-gateway)" = enabled ] && [ "$(gw MemoryDenyWriteExecute)" = yes ] && [ "$(stat -c '%a %U' /run/edgeinfer-gateway)" = "711 edgeinfer-gw" ]
+}
+check gateway_serves gateway_serves
+systemd-analyze security edgeinfer-gateway.service > /out/gateway-security.txt 2>&1
+# The daemon restarted under the gateway: its rings reconnect by themselves (or come back from the fd store);
+# systemd restarts nothing of the gateway.
+gateway_daemon_restart() {
+    local p0 n0 t0 out p1 n1
+    p0=$(gw MainPID); n0=$(gw NRestarts); t0=$(now_ms)
+    systemctl restart edgeinferd || return 1
+    out=$(gw_infer 60) || { echo "$out"; return 1; }
+    local served=$(( $(now_ms) - t0 ))
+    sleep 5  # ... and still up a while after
+    p1=$(gw MainPID); n1=$(gw NRestarts)
+    echo "systemctl restart edgeinferd: served again $served ms after the restart began; gateway MainPID $p0 -> $p1, NRestarts $n0 -> $n1, $(systemctl is-active edgeinfer-gateway); $out"
+    [ "$n1" = 0 ] && [ "$p0" = "$p1" ] && [ "$(systemctl is-active edgeinfer-gateway)" = active ]
+}
+check gateway_daemon_restart gateway_daemon_restart
+# SIGKILL: Restart=on-failure brings it back, READY again, served again.
+gateway_sigkill_restart() {
+    local p0 n0 t0 p1="" n1 i out
+    p0=$(gw MainPID); n0=$(gw NRestarts); t0=$(now_ms)
+    systemctl kill -s KILL edgeinfer-gateway || return 1
+    for i in $(seq 1 120); do p1=$(gw MainPID); [ "$(systemctl is-active edgeinfer-gateway)" = active ] && [ "${p1:-0}" != 0 ] && [ "$p1" != "$p0" ] && break; sleep 0.25; done
+    local back=$(( $(now_ms) - t0 ))
+    out=$(gw_infer 60) || { echo "$out"; journalctl -u edgeinfer-gateway --no-pager -o cat | tail -5; return 1; }
+    local served=$(( $(now_ms) - t0 ))
+    n1=$(gw NRestarts)
+    echo "systemctl kill -s KILL: active again (READY) after $back ms, served again after $served ms; MainPID $p0 -> $p1, NRestarts $n0 -> $n1; $out"
+    [ "$n1" = $((n0 + 1)) ] && [ "${p1:-0}" != 0 ] && [ "$p1" != "$p0" ]
+}
+check gateway_sigkill_restart gateway_sigkill_restart
+# pyzmq (Frigate's front) under exactly the gateway unit's sandbox (MemoryDenyWriteExecute=, the system call filter,
+# RestrictAddressFamilies=): a copy of the unit, a oneshot in its own runtime directory, does a REQ/REP round trip
+# over ipc:// and tcp:// and starts a gRPC server. The Frigate front is not enabled in the shipped file.
+cat > /usr/local/bin/edgeinfer-gw-probe <<'PY'
+from concurrent import futures
+import grpc, zmq
+ctx = zmq.Context()
+for endpoint in ("ipc:///run/edgeinfer-gw-probe/frigate.sock", "tcp://127.0.0.1:*"):
+    rep = ctx.socket(zmq.REP)
+    rep.bind(endpoint)
+    req = ctx.socket(zmq.REQ)
+    req.connect(rep.getsockopt(zmq.LAST_ENDPOINT).decode())
+    req.send(b"\0" * 320 * 320 * 3)
+    assert len(rep.recv()) == 320 * 320 * 3
+    rep.send(b"ok")
+    assert req.recv() == b"ok"
+    req.close(); rep.close()
+server = grpc.server(futures.ThreadPoolExecutor(2))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start(); server.stop(0)
+print(f"pyzmq {zmq.pyzmq_version()} (libzmq {zmq.zmq_version()}): REQ/REP over ipc:// and tcp://; grpcio {grpc.__version__}: a server on port {port}")
+PY
+chmod 0644 /usr/local/bin/edgeinfer-gw-probe
+gateway_sandbox_zmq() {
+    sed -e 's|^ExecStart=.*|ExecStart=/opt/venvs/edgeinfer/bin/python /usr/local/bin/edgeinfer-gw-probe|' \
+        -e 's|^Type=notify|Type=oneshot|' -e '/^WatchdogSec=/d' -e '/^Restart=/d' -e '/^WantedBy=/d' \
+        -e 's|^RuntimeDirectory=.*|RuntimeDirectory=edgeinfer-gw-probe|' -e 's|^SyslogIdentifier=.*|SyslogIdentifier=edgeinfer-gw-probe|' \
+        /lib/systemd/system/edgeinfer-gateway.service > /run/systemd/system/edgeinfer-gw-probe.service
+    systemctl daemon-reload
+    systemctl start edgeinfer-gw-probe; local rc=$?
+    local said; said=$(journalctl -t edgeinfer-gw-probe --no-pager -o cat | tail -3 | tr '\n' ' ')
+    echo "MemoryDenyWriteExecute=$(systemctl show -P MemoryDenyWriteExecute edgeinfer-gw-probe), result $(systemctl show -P Result edgeinfer-gw-probe), status $(systemctl show -P ExecMainStatus edgeinfer-gw-probe): $said"
+    rm -f /run/systemd/system/edgeinfer-gw-probe.service; systemctl daemon-reload
+    [ $rc = 0 ] && echo "$said" | grep -q "REQ/REP over ipc:// and tcp://"
+}
+check gateway_sandbox_zmq gateway_sandbox_zmq
+journalctl -u edgeinfer-gateway --no-pager > /out/gateway-journal.txt 2>&1
+
 # ------------------------------------------------------------------ phase 2: upgrade to a newer build, camera running
 wait_active
 runuser -u reader -- edgeinferctl results cam0 --count 1 --timeout 30 > /dev/null
@@ -363,6 +489,7 @@ connects_before=$(grep -c "connected to edgeinfer" /tmp/feed.err)
 inv_before=$(invocation); starts_before=$(starts)
 cfg_sum=$(md5sum < /etc/edgeinfer/edgeinferd.yaml)
 state_sum=$(md5sum < /var/lib/edgeinfer/model-versions.json)
+gw_inv_before=$(gw InvocationID)
 upgrade_keeps_cameras() {
     apt-get install -y -q -o Dpkg::Options::=--force-confold /test/edgeinfer-next.deb > /tmp/apt.log 2>&1 || { tail -5 /tmp/apt.log; return 1; }
     wait_active; sleep 3
@@ -375,6 +502,13 @@ upgrade_keeps_cameras() {
     [ "$(invocation)" != "$inv_before" ] && [ $n = 1 ] && [ $c = 0 ] && [ $r = 3 ] && [ $cfg_kept = yes ] && [ $state_kept = yes ]
 }
 check upgrade_keeps_cameras upgrade_keeps_cameras
+# The gateway running across the upgrade: the postinst try-restarts it onto the new virtualenv; served again.
+gateway_after_upgrade() {
+    local out; out=$(gw_infer 60) || { echo "$out"; return 1; }
+    echo "new invocation: $([ "$(gw InvocationID)" != "$gw_inv_before" ] && echo yes || echo no); $(systemctl is-active edgeinfer-gateway), $(systemctl is-enabled edgeinfer-gateway); $out"
+    [ "$(gw InvocationID)" != "$gw_inv_before" ] && [ "$(systemctl is-enabled edgeinfer-gateway)" = enabled ]
+}
+check gateway_after_upgrade gateway_after_upgrade
 kill $feeder; wait $feeder 2>/dev/null
 
 systemctl stop edgeinfer-camera@$NEW_CAM  # (not reconnecting to the socket while it stops)
@@ -382,6 +516,7 @@ check stop bash -c 'systemctl stop edgeinferd.socket edgeinferd.service 2>/dev/n
 # Purge with cameras running and enabled (no daemon now: they publish into their rings and retry its socket).
 systemctl enable --now edgeinfer-camera@gate1 edgeinfer-camera@$NEW_CAM 2>/dev/null
 cams_before=$(systemctl list-units --plain --no-legend --state=active 'edgeinfer-camera@*' | wc -l)
+gw_before="$(systemctl is-active edgeinfer-gateway) and $(systemctl is-enabled edgeinfer-gateway)"
 check purge bash -c 'apt-get purge -y -q edgeinfer >/dev/null && ! pgrep -x edgeinferd && [ ! -e /usr/bin/edgeinferd ] && [ ! -e /var/lib/edgeinfer ] && echo purged'
 purge_cameras() {
     local active links files users procs
@@ -394,6 +529,16 @@ purge_cameras() {
     [ "$cams_before" -ge 2 ] && [ "$active" = 0 ] && [ "$links" = 0 ] && [ "$files" = 0 ] && [ "$users" = 0 ] && [ "$procs" = 0 ]
 }
 check purge_cameras purge_cameras
+purge_gateway() {
+    local links procs user group
+    links=$(find /etc/systemd/system -name edgeinfer-gateway.service | wc -l)
+    procs=$(pgrep -fc 'edgeinferctl gateway' || true)
+    user=$(getent passwd edgeinfer-gw >/dev/null && echo present || echo gone)
+    group=$(getent group edgeinfer-gw >/dev/null && echo present || echo gone)
+    echo "gateway before: $gw_before; after: $(systemctl is-active edgeinfer-gateway), enable links $links, processes $procs, user $user, group $group, /run/edgeinfer-gateway $([ -e /run/edgeinfer-gateway ] && echo present || echo gone)"
+    [ "$gw_before" = "active and enabled" ] && [ "$links" = 0 ] && [ "$procs" = 0 ] && [ $user = gone ] && [ $group = gone ] && [ ! -e /run/edgeinfer-gateway ]
+}
+check purge_gateway purge_gateway
 
 # ------------------------------------------------------------------ phase 3: upgrade from 0.1.0 (ABI 1)
 if [ ! -e /test/edgeinfer-0.1.0.deb ]; then

@@ -3,8 +3,9 @@ debootstrapped Debian 12 container run by systemd-nspawn (PID 1 here is not
 systemd). The checks run inside (tests/system/inside.sh); this test prepares
 the container, boots it, and asserts each check's line: a fresh install, the
 socket unit, real users refused or served, restarts and kills with the fd store
-(the gap a reader sees, in ms), an upgrade to a newer build with a camera
-running, and an upgrade from 0.1.0 built from its commit.
+(the gap a reader sees, in ms), the network gateway's unit serving tritonclient
+across a daemon restart and its own SIGKILL, an upgrade to a newer build with a
+camera running, and an upgrade from 0.1.0 built from its commit.
 
 The rootfs and the 0.1.0 package are built once into a cache outside the clone
 ($EDGEINFER_CACHE, default ~/.cache/edgeinfer) by tests/system/prepare, which
@@ -27,8 +28,8 @@ from test_rtsp import RtspServer, _gst_rtsp_missing
 CACHE = os.environ.get("EDGEINFER_CACHE",
                        os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "edgeinfer"))
 
-CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop", "first_run_self_sign",
-          "verify_unit", "start", "sockets",
+CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disabled", "no_bundle_no_crash_loop",
+          "first_run_self_sign", "verify_unit", "gateway_verify_unit", "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
           "impersonation_refused", "outsider_refused", "reader_not_allowed", "linger_no_watchdog_restart",
           "reload", "fdstore_restart",
@@ -36,7 +37,8 @@ CHECKS = ["install", "user_and_group", "units_enabled", "no_bundle_no_crash_loop
           "socket_activation", "allow_downgrade_as_root", "refused_reload_then_restart", "camera_add", "camera_unit",
           "camera_stalled_source",
           "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "camera_add_as_told",
-          "upgrade_keeps_cameras", "stop", "purge", "purge_cameras",
+          "gateway_serves", "gateway_daemon_restart", "gateway_sigkill_restart", "gateway_sandbox_zmq",
+          "upgrade_keeps_cameras", "gateway_after_upgrade", "stop", "purge", "purge_cameras", "purge_gateway",
           "upgrade_from_0_1"]
 
 
@@ -137,7 +139,9 @@ def system_run(tmp_path_factory, signing_key):
     results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
     extra = {name: (out / name).read_text() if (out / name).exists() else "" for name in ("journal.txt",
                                                                                        "security.txt",
-                                                                                       "camera-security.txt")}
+                                                                                       "camera-security.txt",
+                                                                                       "gateway-security.txt",
+                                                                                       "gateway-journal.txt")}
     shutil.rmtree(root, ignore_errors=True)
     return results, extra, boot
 
@@ -152,11 +156,13 @@ def test_system_check(system_run, check):
     results, extra, _ = system_run
     line = next((x for x in results.splitlines() if x.split(" ", 2)[1:2] == [check]), None)
     assert line is not None, f"{check} did not run:\n{results}"
-    assert line.startswith("PASS"), f"{line}\n--- journal ---\n{extra['journal.txt'][-4000:]}"
+    journal = extra["gateway-journal.txt" if check.startswith("gateway_") else "journal.txt"]
+    assert line.startswith("PASS"), f"{line}\n--- journal ---\n{journal[-4000:]}"
 
 
 @pytest.mark.parametrize("report, unit", [("security.txt", "edgeinferd.service"),
-                                          ("camera-security.txt", "edgeinfer-camera@gate1.service")])
+                                          ("camera-security.txt", "edgeinfer-camera@gate1.service"),
+                                          ("gateway-security.txt", "edgeinfer-gateway.service")])
 def test_security_exposure_printed_and_within_target(system_run, report, unit):
     _, extra, _ = system_run
     sec = extra[report]
@@ -194,6 +200,11 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
             ("upgrade_from_0_1", "daemon", "apt upgrade from 0.1.0 (ABI 1), an edited config kept", 1,
              "config and state kept; its stream without a producer refused (apt's output and the journal say "
              "why, the daemon does not start); once the producer is named, an ABI 2 camera served"),
+            ("gateway_daemon_restart", "gateway", "`systemctl restart edgeinferd` under a serving gateway (booted "
+             "systemd, tritonclient ModelInfer)", 1, "its rings reconnect by themselves; ModelInfer answered again "
+             "within 60 s; the gateway unit is not restarted (NRestarts 0)"),
+            ("gateway_sigkill_restart", "gateway", "SIGKILL of edgeinfer-gateway (`systemctl kill -s KILL`)", 1,
+             "systemd restarts it (Restart=on-failure, NRestarts +1); READY again; ModelInfer answered again"),
             ("camera_restarts_100", "camera", "a camera unit (edgeinfer-camera@) stopped and started 100 times "
              "(booted systemd)", 100, "every start READY; the daemon serves on; its fds and memory do not grow"),
             ("camera_stalled_source", "camera", "a camera unit whose RTSP server accepts and never answers", 1,
