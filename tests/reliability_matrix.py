@@ -32,7 +32,7 @@ COUNTS = _PROFILES[PROFILE]
 COMMAND = os.environ.get("EDGEINFER_RELIABILITY_COMMAND", "make reliability")  # what produced the report
 
 
-AREAS = ("isolation", "producer", "camera", "daemon", "resource", "bad input", "access", "load", "soak")
+AREAS = ("isolation", "producer", "camera", "daemon", "gateway", "resource", "bad input", "access", "load", "soak")
 
 
 @dataclass
