@@ -13,9 +13,11 @@ package build are not inside any test's timeout.
 """
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
+import tarfile
 
 import pytest
 
@@ -51,17 +53,47 @@ def prepared() -> dict[str, str]:
     return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
 
 
+def _ar_members(path: str) -> list[tuple[str, bytes]]:
+    """The members of an ar archive (a .deb: debian-binary, control.tar.*, data.tar.*), in order."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"!<arch>\n", path
+    members, at = [], 8
+    while at < len(data):
+        header = data[at:at + 60]
+        name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
+        members.append((name, data[at + 60:at + 60 + size]))
+        at += 60 + size + (size & 1)
+    return members
+
+
+def _ar_write(path, members: list[tuple[str, bytes]]) -> None:
+    with open(path, "wb") as f:
+        f.write(b"!<arch>\n")
+        for name, body in members:
+            f.write(f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(body):<10}`\n".encode())
+            f.write(body + (b"\n" if len(body) & 1 else b""))
+
+
 def next_version(deb: str, out) -> str:
-    """The same package under a higher version (the upgrade of a running install to a newer build)."""
-    work = out.parent / "repack"
-    subprocess.run(["dpkg-deb", "-R", deb, str(work)], check=True, timeout=300)
-    control = work / "DEBIAN/control"
-    text = control.read_text()
-    version = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Version: "))
-    control.write_text(text.replace(f"Version: {version}", f"Version: {version}+test1"))
-    subprocess.run(["dpkg-deb", "-Zgzip", "-z1", "-b", str(work), str(out)], check=True, timeout=600,
-                   capture_output=True)
-    shutil.rmtree(work)
+    """The same package under a higher version (the upgrade of a running install to a newer build). Only the
+    control member is rewritten (its `Version:`); the data member is the built one, byte for byte: no 400 MB
+    unpacked and packed again (8-25 s of the fixture, in the test's timeout)."""
+    members = _ar_members(deb)
+    i = next(i for i, (name, _) in enumerate(members) if name.startswith("control.tar"))
+    with tarfile.open(fileobj=io.BytesIO(members[i][1])) as src:
+        entries = [(m, src.extractfile(m).read() if m.isfile() else None) for m in src.getmembers()]
+    control = io.BytesIO()
+    with tarfile.open(fileobj=control, mode="w:gz", format=tarfile.GNU_FORMAT) as dst:
+        for m, body in entries:
+            if m.name in ("./control", "control"):
+                text = body.decode()
+                version = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Version: "))
+                body = text.replace(f"Version: {version}", f"Version: {version}+test1").encode()
+                m.size = len(body)
+            dst.addfile(m, io.BytesIO(body) if body is not None else None)
+    members[i] = ("control.tar.gz", control.getvalue())
+    _ar_write(out, members)
     return str(out)
 
 
