@@ -21,7 +21,10 @@ share of k/(bare run time), k = the CPUs the configuration computes on (1 for on
 run time is a plain onnxruntime session.run of the same model on a tensor of the same input shape, one
 thread, pinned to one CPU at the loops' real-time priority, measured at the start of every round
 (bench/e2e.py's floor_runs). The daemons run with their defaults otherwise (SCHED_FIFO 50, duty ceiling 0.9);
-the cameras are plain processes, not pinned. With R rounds, the rows run in turn R times.
+the cameras are plain processes, not pinned. With R rounds, the rows run in turn R times. Each lane's busy share
+of the saturation window (its busy_ns over the daemon's uptime, from the stats file) is printed per round: under
+overload a work-conserving lane is busy up to its duty ceiling (0.9); a lane left idle while frames of its models
+were pending shows here (tests/integration/test_lanes.py asserts the lanes' counters instead, not a time ratio).
 
 Usage: bench/scale.py [--quick] [--rounds R] [--lanes N] [--cameras C] [--rows ROW,...]   (needs `make models`)
 Prints a table, the accounting and the issue's targets, and a JSON summary as its last line.
@@ -307,6 +310,24 @@ def counters(specs: list[Spec]) -> dict[str, dict]:
     return out
 
 
+def lanes_busy(specs: list[Spec]) -> dict[str, tuple[float, float]]:
+    """{daemon#lane: (its busy_ns in s, the daemon's uptime_s)} from the stats files: a lane's busy share over a
+    window is the first's growth over the second's (one file, one moment: both from the same snapshot)."""
+    out = {}
+    for i, sp in enumerate(specs):
+        st = read_stats(sp.stats)
+        for name, ln in st.get("lanes", {}).items():
+            out[f"{i}:{name}" if len(specs) > 1 else name] = (ln.get("busy_ns", 0) / 1e9, st.get("uptime_s", 0.0))
+    return out
+
+
+def busy_share(before: dict, after: dict) -> dict[str, float]:
+    """Each lane's busy time over the window between two lanes_busy() readings (a lane restarted meanwhile:
+    left out)."""
+    return {k: (after[k][0] - before[k][0]) / (after[k][1] - before[k][1]) for k in after
+            if k in before and after[k][1] > before[k][1] and after[k][0] >= before[k][0]}
+
+
 def wait_counters(specs: list[Spec], streams: list[str], pump, ok=lambda c: True) -> dict[str, dict]:
     """counters() once every stream is there and ok(counters) holds, pumping results meanwhile (bounded)."""
     deadline = time.monotonic() + STATS_TIMEOUT_S
@@ -393,10 +414,12 @@ def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: floa
         res.run_for(warm_s)
         ours = [os.getpid(), *(c.pid for c in cams.procs), *(pid for p in procs for pid in process_tree(p.pid))]
         cpu0 = cpu_ticks(ours)
+        busy0 = lanes_busy(specs)
         t0 = now_ns()
         res.run_for(window_s)
         t1 = now_ns()
         others = others_share(cpu0, cpu_ticks(ours), (t1 - t0) / 1e9)
+        busy = busy_share(busy0, lanes_busy(specs))  # the stats files lag by up to their 1 s period: both ends
         mem = None
         if memory:
             pids = [pid for p in procs for pid in process_tree(p.pid)]
@@ -419,7 +442,7 @@ def phase(specs: list[Spec], procs: list, res: Results, fps: float, warm_s: floa
             "accounting": {"published": sum(published.values()), **delta,
                            "exact": delta["offered"] == sum(published.values()),
                            "dropped_share": 1 - delta["processed"] / max(delta["offered"], 1)},
-            "memory": mem, "others_cpu_share": others}
+            "memory": mem, "others_cpu_share": others, "lanes_busy": busy}
 
 
 def run_row(row: Row, s: Setup, sat_fps: float, warm_s: float, window_s: float) -> dict:
@@ -522,6 +545,7 @@ def summarize(row: Row, rounds: list[dict], bare_s: float, cameras: int) -> dict
         "others_cpu_share": {"saturation": [r["sat"]["others_cpu_share"] for r in rounds],
                              "load_70": [r["load"]["others_cpu_share"] for r in rounds]},
         "missed_records": sum(r["missed"] for r in rounds),
+        "lanes_busy_at_saturation": [r["sat"]["lanes_busy"] for r in rounds],
     }
 
 
@@ -609,6 +633,10 @@ def main() -> int:
                       f"p99 {e2e.q(out['load']['lat_ns']).get('p99', 0) / 1e3:.2f} ms at 70 % "
                       f"({time.monotonic() - t:.0f} s; other work kept {out['sat']['others_cpu_share']:.0%} / "
                       f"{out['load']['others_cpu_share']:.0%} of the CPUs busy in the two windows)", flush=True)
+                if out["sat"]["lanes_busy"]:  # work conservation: each lane busy most of a saturated window
+                    print(f"    lanes busy at saturation (busy_ns over the stats' uptime; the duty ceiling leaves "
+                          f"10 %): {', '.join(f'{k} {v:.0%}' for k, v in sorted(out['sat']['lanes_busy'].items()))}",
+                          flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

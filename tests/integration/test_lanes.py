@@ -109,16 +109,21 @@ def test_overload_every_stream_keeps_its_fair_share_with_exact_accounting(bundle
         st = whole.get("streams", {})
         if not all(st.get(n, {}).get("processed", 0) > 0 for n in names):
             return None
-        st["_uptime_s"], st["_busy_s"] = whole["uptime_s"], [ln["busy_ns"] / 1e9 for ln in whole["lanes"].values()]
+        st["_lanes"] = {k: {c: ln[c] for c in ("frames", "batches", "batch_copies")}
+                        for k, ln in whole["lanes"].items()}
         return st
     before = wait_for(snapshot, 30, "every stream served")
     time.sleep(6.0)
     mid = wait_for(lambda: (st := snapshot()) and st[names[0]]["processed"] > before[names[0]]["processed"] and st,
                    30, "a newer stats file")
-    # Work-conserving under overload: each lane serves most of the window (the duty ceiling leaves it 10 %).
-    # With batch 4 a lane used to claim all four ready streams and leave its peer idle for the whole run:
-    # each lane was busy about half the time and the two served half as much.
-    busy = [(b1 - b0) / (mid["_uptime_s"] - before["_uptime_s"]) for b0, b1 in zip(before["_busy_s"], mid["_busy_s"])]
+    # Work-conserving under overload, by the lanes' counters over the window (not by their busy time: a ratio of
+    # times depends on the machine; bench/scale.py prints each lane's busy share at saturation). Both lanes served
+    # in the window. With batch 4 a lane used to claim all four ready streams and leave its peer idle for the
+    # whole run (each lane busy about half the time, the two serving half as much): with the peer idle, a lane
+    # now takes its share (2 of 4), and with the peer running the peer holds its claims, so a batched run of all
+    # four streams happens only in a race; a lane whose batched runs averaged more than 3 frames took every
+    # ready stream in most of them and left its idle peer nothing.
+    window = {k: {c: mid["_lanes"][k][c] - before["_lanes"][k][c] for c in ln} for k, ln in before["_lanes"].items()}
     fds = [open_ring_of(p.pid, n) for p, n in zip(prods, names)]
     try:
         assert all(stop(p) for p in prods)
@@ -141,7 +146,10 @@ def test_overload_every_stream_keeps_its_fair_share_with_exact_accounting(bundle
     lanes = _lanes(stats)
     frames = [ln["frames"] for ln in lanes.values()]
     assert all(f >= 0.3 * sum(frames) for f in frames), f"frames per lane {frames}: one lane did most of the work"
-    assert all(b >= 0.65 for b in busy), f"lanes busy {busy} of the window under overload: not work-conserving"
+    assert all(w["frames"] > 0 for w in window.values()), f"a lane served nothing in the window: {window}"
+    if batch > 1:
+        assert all(0 < w["batches"] and w["batch_copies"] <= 3 * w["batches"] for w in window.values()), \
+            f"lanes' batched runs {window}: a lane took every ready stream and left its peer idle"
     for p in prods:
         p.kill()
         p.wait(10)

@@ -95,7 +95,11 @@ linger_attack() {
     runuser -u lingerer -- edgeinfer-linger --ingress /run/edgeinfer/ingress.sock --results /run/edgeinfer/results.sock \
         --stream cam1 --linger 30 --rounds 40 --interval-ms 500 --hold 0 > /tmp/linger.out 2> /tmp/linger.err &
     local att=$!
-    for _ in $(seq 1 50); do  # 25 s of probes: the attack (about 20 s) and after
+    # Probes every 0.5 s for as long as the attack runs (about 20 s), then 5 more after it: not a fixed 50, which
+    # took 25 s on a fast machine and twice that where each probe's Python starts slowly.
+    local after=0
+    while [ $after -lt 5 ] && [ $probes -lt 120 ]; do  # bounded: a hung attacker is waited for below
+        kill -0 $att 2>/dev/null || after=$((after + 1))
         probes=$((probes + 1))
         /opt/venvs/edgeinfer/bin/python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=2)" 2>/dev/null || bad=$((bad + 1))
         sleep 0.5
@@ -115,7 +119,10 @@ check reload bash -c 'systemctl reload edgeinferd && sleep 3 && runuser -u reade
 # Restart and SIGKILL while the camera runs: the fd store keeps its ring and its connection, so it never
 # reconnects; results resume by themselves. The gap is the longest silence a reader saw.
 restart_gaps() {  # $1: restart | kill
-    runuser -u reader -- /opt/venvs/edgeinfer/bin/python /usr/local/bin/edgeinfer-gap cam0 30 /tmp/gap.ready > /tmp/gap.$1 &
+    # The reader follows until told the three are over (at most 90 s), not for a fixed 30 s: that idled after
+    # the last restart on a fast machine and could end before it on a slow one.
+    rm -f /tmp/gap.stop
+    runuser -u reader -- /opt/venvs/edgeinfer/bin/python /usr/local/bin/edgeinfer-gap cam0 90 /tmp/gap.ready /tmp/gap.stop > /tmp/gap.$1 &
     local g=$!
     for _ in $(seq 1 50); do [ -e /tmp/gap.ready ] && break; sleep 0.2; done
     sleep 2
@@ -126,7 +133,8 @@ restart_gaps() {  # $1: restart | kill
         for _ in $(seq 1 100); do [ "$(invocation)" != "$before" ] && wait_active && break; sleep 0.2; done
         sleep 4
     done
-    wait $g; rm -f /tmp/gap.ready
+    touch /tmp/gap.stop
+    wait $g; rm -f /tmp/gap.ready /tmp/gap.stop
     cat /tmp/gap.$1
 }
 for kind in restart kill; do
