@@ -368,7 +368,7 @@ def camera_child(stream: str, side: int, fps: float, ingress: str, results: str)
 class Served:
     """edgeinferd with both models (a local stream, a camera stream, a pool each) and the gateway in front."""
 
-    def __init__(self, work: str, models: list[str], frigate_timeout_ms: int, frigate: bool):
+    def __init__(self, work: str, models: list[str], frigate_timeout_ms: int, frigate: bool, batch: int = 1):
         from conftest import Children
         from daemon_helpers import start_daemon, write_config
         from edgeinfer.models.sign import self_sign
@@ -382,7 +382,7 @@ class Served:
             name, side, _, _ = MODELS[b]
             signed = os.path.join(work, "signed", b)
             self_sign(os.path.join(ROOT, "models", "bundles", b), signed, trust, f"bench-{b}")
-            entries[name] = signed
+            entries[name] = {"bundle": signed, "batch": batch} if batch > 1 else signed
             streams += [{"name": f"loc-{name}", "model": name, "width": side, "height": side, "max_age_ms": 1000},
                         {"name": f"cam-{name}", "model": name, "width": side, "height": side}]
             pools[f"gw-{name}"] = {"model": name, "user": uid, "streams": POOL_STREAMS}
@@ -601,6 +601,8 @@ def main() -> int:
     ap.add_argument("--clients", default="1,4,16", help="concurrent clients of the closed-loop rows")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     ap.add_argument("--camera-fps", type=float, default=20.0)
+    ap.add_argument("--batch", type=int, default=1, help="models.NAME.batch of the daemon (micro-batching the "
+                    "pool's ready requests; the detector has a fixed batch of 1)")
     ap.add_argument("--load", type=float, default=1.5, help="open-loop load, times the saturation throughput")
     ap.add_argument("--ref-workers", type=int, default=os.cpu_count(), help="the plain servicer's threads")
     ap.add_argument("--frigate-timeout-ms", type=int, default=5000,
@@ -626,7 +628,7 @@ def main() -> int:
     import zmq
     load_key = f"{a.load * 100:.0f}%"
     summary = {"machine": f"{os.cpu_count()} CPUs, {os.uname().release}", "seconds": a.seconds, "clients": clients,
-               "camera_fps": a.camera_fps, "load": a.load, "models": {}, "skipped": {}}
+               "camera_fps": a.camera_fps, "load": a.load, "batch": a.batch, "models": {}, "skipped": {}}
     if "frigate" in rows and not os.path.exists(os.path.join(ROOT, "daemon", "edgeinfer", "fronts", "frigate.py")):
         rows.discard("frigate")
         summary["skipped"]["frigate"] = "no Frigate front"
@@ -637,7 +639,7 @@ def main() -> int:
     served = None
     t_start = time.monotonic()
     try:
-        served = Served(work, models, a.frigate_timeout_ms, frigate="frigate" in rows)
+        served = Served(work, models, a.frigate_timeout_ms, frigate="frigate" in rows, batch=a.batch)
         for m in models:
             res = measure(m, served, rows, clients, a.seconds, a, zctx)
             t = targets(res, load_key)
