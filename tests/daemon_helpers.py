@@ -168,28 +168,32 @@ def results(proc, stream: str, **kw):
 def measured(cmd: list[str], out_dir: str, tag: str, timeout: float = 60.0):
     """Starts `cmd` (stdout and stderr to files); returns a function that waits for it (bounded) and gives
     (exit code, stdout, stderr, rchar, peak RSS bytes): rchar (bytes read by system calls; -1 if /proc could not
-    say) is read while it is a zombie (WNOWAIT), before it is reaped. Killed after `timeout` seconds."""
+    say) and the peak RSS are the command's own, taken by a small launcher (tests/measure_child.py: forked from
+    this test process, the command would report the test's RSS high-water mark as its own). Killed, with the
+    launcher, after `timeout` seconds."""
     out, err = open(os.path.join(out_dir, f"{tag}.out"), "w+"), open(os.path.join(out_dir, f"{tag}.err"), "w+")
-    p = subprocess.Popen(cmd, stdout=out, stderr=err)
+    report = os.path.join(out_dir, f"{tag}.measured.json")
+    if os.path.exists(report):
+        os.unlink(report)
+    p = subprocess.Popen([sys.executable, str(ROOT / "tests/measure_child.py"), report, *cmd], stdout=out,
+                         stderr=err, start_new_session=True)
 
     def finish():
-        deadline = time.monotonic() + timeout
-        while os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            if time.monotonic() > deadline:
-                p.kill()
-                break
-            time.sleep(0.01)
         try:
-            with open(f"/proc/{p.pid}/io") as f:
-                rchar = int(next(x for x in f if x.startswith("rchar:")).split()[1])
-        except OSError:
-            rchar = -1
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        try:
+            with open(report) as f:
+                got = json.load(f)
+        except (OSError, ValueError):
+            got = {"rc": p.returncode, "rchar": -1, "maxrss": 0}
+        p.returncode = got["rc"]
         texts = []
         for f in (out, err):
             f.seek(0)
             texts.append(f.read())
             f.close()
-        return p.returncode, texts[0], texts[1], rchar, usage.ru_maxrss * 1024
+        return got["rc"], texts[0], texts[1], got["rchar"], got["maxrss"]
     return finish

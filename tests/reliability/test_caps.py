@@ -257,7 +257,11 @@ def test_one_streams_readers_cannot_lock_out_another_streams_and_idle_ones_give_
             p = children.spawn([*users.run_as(u), tool, "--socket", arena.results, "--stream", "crowd2", "--attack",
                                 "hold", "--count", "48", "--seconds", "30"], cwd="/")
             outs[("crowd2", u)] = (p, read_line(p, 60), read_line(p, 10))
-        held_all = metric(url, "edgeinfer_stream_readers")
+        # Their connections are admitted as the daemon's loop takes them in: look again for a while (bounded).
+        deadline = time.monotonic() + 15
+        while (held_all := metric(url, "edgeinfer_stream_readers")) < CAPS["max_readers"] and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
         quiet = subprocess.run([*users.run_as(users.cam_a), c_reader, "quiet", "--socket", arena.results, "--count",
                                 "1", "--timeout", "1"], capture_output=True, text=True, timeout=60, cwd="/")
         # Past reader_idle_s, a newcomer on the full stream: the biggest holder's oldest connection gives way.
