@@ -33,7 +33,7 @@ help:
 	@echo "make demo         edgeinferd on the orientation model with two synthetic cameras (DEMO_SECONDS=N)"
 	@echo "make check        the unit tests (tests/unit): no root, no .deb, the build packages only; < 3 min"
 	@echo "make test         the whole suite, what CI runs: unit, integration, reliability (short), system;"
-	@echo "                  installs the test packages and builds the .deb first; needs root; ~30 min"
+	@echo "                  installs the test packages and builds the .deb first; needs root; ~35 min"
 	@echo "make deb          the Debian package, into DEB_BUILD (default build/deb)"
 	@echo "make bench        the ingress benchmark (bench/: the others run by hand)"
 	@echo "make reliability  the reliability campaign, rewriting docs/reliability.md (PROFILE=short|long)"
