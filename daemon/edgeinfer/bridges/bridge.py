@@ -26,7 +26,7 @@ from edgeinfer.abi import ring
 from edgeinfer.abi.ringdefs import RingError
 from edgeinfer.bridges.decisions import DecisionLog
 from edgeinfer.bridges.messages import Digests, result_message
-from edgeinfer.bridges.metrics import BridgeMetrics, MetricsListener
+from edgeinfer.bridges.metrics import BridgeMetrics
 from edgeinfer.bridges.publisher import KIND_EVENT, KIND_RESULT, KIND_STATE, Outgoing, Publisher
 from edgeinfer.bridges.rules import StreamRules, observation
 from edgeinfer.bridges.settings import MqttConfig, load_mqtt_config
@@ -34,6 +34,7 @@ from edgeinfer.config.labels import LabelSource
 from edgeinfer.config.schema import load_config
 from edgeinfer.support.signals import STOP, Signals
 from edgeinfer.support.systemd import Notifier, Watchdog
+from edgeinfer.telemetry.probes import ProbeListener
 
 log = logging.getLogger("edgeinfer-mqtt")
 
@@ -88,7 +89,7 @@ class Bridge:
         self.notifier = Notifier()
         self.metrics = BridgeMetrics()
         self.streams: list[StreamState] = []
-        self.listener: MetricsListener | None = None
+        self.listener: ProbeListener | None = None
         self.publisher = Publisher(cfg, self.metrics, self._status)
         self.live = Liveness(self)
         self.labels = LabelSource(config=cfg.daemon_config, warn=lambda m: log.warning("%s", m))
@@ -126,7 +127,8 @@ class Bridge:
                 log.info("stream %s: results to %s/%s/result%s", name, cfg.prefix, name,
                          f" (at most {out.max_rate_hz:g}/s)" if out.max_rate_hz else "")
             if cfg.metrics.enabled:
-                self.listener = MetricsListener(self.metrics, cfg.metrics.listen, self.live.problems)
+                self.listener = ProbeListener(self.metrics.registry, cfg.metrics.listen,
+                                              {"/healthz": self.live.problems})
                 self.listener.start()
                 log.info("mqtt bridge metrics and health on http://%s", self.listener.address)
         except BaseException:
@@ -240,10 +242,7 @@ class Bridge:
         return 0
 
     def close(self) -> None:
-        try:
-            self.notifier.send("STOPPING=1")
-        except OSError:
-            pass
+        self.notifier.stopping()  # a stop goes on whether systemd hears it or not
         self.publisher.stop()
         if self.decisions is not None:
             self.decisions.close()  # commits what waits

@@ -1,18 +1,14 @@
 """The MQTT bridge's metrics (/metrics, /healthz on its own loopback listener, default 127.0.0.1:9466)."""
 from __future__ import annotations
 
-import json
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from edgeinfer.telemetry.httplistener import HttpListener
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -48,25 +44,3 @@ class BridgeMetrics:
                               "rule and type (new, update, end).", ["stream", "rule", "type"], registry=r)
         self.attached = Gauge("edgeinfer_mqtt_stream_attached", "1 while the stream's result ring is attached.",
                               ["stream"], registry=r)
-
-
-class MetricsListener:
-    def __init__(self, metrics: BridgeMetrics, listen: str, problems):
-        host, _, port = listen.rpartition(":")
-
-        def render():
-            return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
-
-        def health():
-            why = problems()
-            return (503 if why else 200), "application/json", \
-                json.dumps({"ok": not why, "problems": why}).encode() + b"\n"
-
-        self.listener = HttpListener(host.strip("[]"), int(port), {"/metrics": render, "/healthz": health})
-        self.address = self.listener.address
-
-    def start(self) -> None:
-        self.listener.start()
-
-    def stop(self) -> None:
-        self.listener.stop()

@@ -294,9 +294,8 @@ class Daemon:
 
     def close(self) -> None:
         """The one stop path: lanes, result rings, connections, sockets, metrics."""
-        try:
-            self.notifier.send("STOPPING=1", "STATUS=stopping")
-        except OSError as e:  # systemd's socket gone (or a NOTIFY_SOCKET that went away): stop all the same
+        e = self.notifier.stopping("STATUS=stopping")
+        if e is not None:  # systemd's socket gone (or a NOTIFY_SOCKET that went away): stop all the same
             log.warning("cannot tell systemd we are stopping (%s); stopping anyway", e)
         if self.health is not None:
             self.health.model_ready = False

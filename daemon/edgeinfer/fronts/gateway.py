@@ -17,7 +17,7 @@ import time
 
 from edgeinfer.config.labels import LabelSource
 from edgeinfer.config.schema import load_config
-from edgeinfer.fronts.metrics import FrontMetrics, MetricsListener
+from edgeinfer.fronts.metrics import FrontMetrics
 from edgeinfer.fronts.oip import InferenceService, start_server
 from edgeinfer.fronts.plan import make_plan
 from edgeinfer.fronts.service import Models
@@ -25,6 +25,7 @@ from edgeinfer.fronts.settings import GatewayConfig, load_gateway_config
 from edgeinfer.support.signals import STOP, Signals
 from edgeinfer.support.sockets import raise_fd_limit
 from edgeinfer.support.systemd import Notifier, Watchdog
+from edgeinfer.telemetry.probes import ProbeListener
 
 log = logging.getLogger("edgeinfer-gateway")
 
@@ -61,7 +62,7 @@ class Gateway:
         self.models: Models | None = None
         self.grpc = None
         self.frigate = None
-        self.listener: MetricsListener | None = None
+        self.listener: ProbeListener | None = None
 
     def start(self) -> None:
         gw = self.gw
@@ -75,7 +76,7 @@ class Gateway:
         try:
             self.models = Models(plans, ingress_socket=daemon.ingress.socket,
                                  results_socket=daemon.ingress.results_socket, labels=labels)
-            largest = max(s.frame_bytes for s in self.models._slots)
+            largest = self.models.largest_frame_bytes()
             if gw.grpc.enabled:
                 self.grpc = start_server(InferenceService(self.models, gw.grpc, self.metrics, self.version), gw.grpc,
                                          largest)
@@ -85,9 +86,8 @@ class Gateway:
                 self.frigate.start()
                 self.live.threads["frigate"] = self.frigate.thread
             if gw.metrics.enabled:
-                self.listener = MetricsListener(self.metrics, gw.metrics.listen,
-                                                lambda: (not self.live.problems(), self.live.problems()),
-                                                self.not_ready)
+                self.listener = ProbeListener(self.metrics.registry, gw.metrics.listen,
+                                              {"/healthz": self.live.problems, "/readyz": self.not_ready})
                 self.listener.start()
                 log.info("gateway metrics and health on http://%s", self.listener.address)
         except BaseException:
@@ -127,10 +127,7 @@ class Gateway:
         return 0
 
     def close(self) -> None:
-        try:
-            self.notifier.send("STOPPING=1")
-        except OSError:
-            pass
+        self.notifier.stopping()  # a stop goes on whether systemd hears it or not
         if self.grpc is not None:
             self.grpc.stop(grace=1.0).wait(5.0)
             self.grpc = None

@@ -3,13 +3,10 @@ flight, shed, refusals by reason, and the latency of answered requests split int
 daemon (the frame's way through the lanes), and the answer."""
 from __future__ import annotations
 
-import json
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from edgeinfer.fronts.pool import Timing
-from edgeinfer.telemetry.httplistener import HttpListener
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
            5.0, 10.0)
@@ -44,33 +41,3 @@ class FrontMetrics:
     def failed(self, front: str, model: str, code: str, reason: str) -> None:
         self.requests.labels(front, model, code).inc()
         self.refusals.labels(front, reason).inc()
-
-
-class MetricsListener:
-    """/metrics, /healthz (`healthy()`: the fronts' threads and the keeper are alive) and /readyz (`not_ready()`:
-    nothing, once every model answered a warm-up frame through the daemon) on a bounded listener."""
-
-    def __init__(self, metrics: FrontMetrics, listen: str, healthy, not_ready):
-        host, _, port = listen.rpartition(":")
-
-        def render():
-            return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
-
-        def health():
-            ok, why = healthy()
-            return (200 if ok else 503), "application/json", json.dumps({"ok": ok, "problems": why}).encode() + b"\n"
-
-        def ready():
-            why = not_ready()
-            return (503 if why else 200), "application/json", json.dumps({"ok": not why, "problems": why}).encode() + \
-                b"\n"
-
-        self.listener = HttpListener(host.strip("[]"), int(port), {"/metrics": render, "/healthz": health,
-                                                                   "/readyz": ready})
-        self.address = self.listener.address
-
-    def start(self) -> None:
-        self.listener.start()
-
-    def stop(self) -> None:
-        self.listener.stop()

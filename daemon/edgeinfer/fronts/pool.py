@@ -45,12 +45,11 @@ class FrontError(Exception):
 class Timing:
     """Where a request's time went (monotonic ns): waiting for a ring, then the frame's way through the daemon."""
 
-    __slots__ = ("received", "slot", "published", "answered", "record")
+    __slots__ = ("received", "slot", "published", "answered")
 
     def __init__(self):
         self.received = time.monotonic_ns()
         self.slot = self.published = self.answered = 0
-        self.record: ring.ResultRecord | None = None
 
 
 class Slot:

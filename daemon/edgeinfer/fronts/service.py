@@ -68,6 +68,10 @@ class Models:
             self.close()
             raise
 
+    def largest_frame_bytes(self) -> int:
+        """The largest frame any ring takes (the gRPC front's message limit is derived from it)."""
+        return max(s.frame_bytes for s in self._slots)
+
     def get(self, name: str) -> ServedModel:
         m = self.served.get(name)
         if m is None:

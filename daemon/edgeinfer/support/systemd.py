@@ -54,6 +54,15 @@ class Notifier:
         if self.sock is not None:
             self.sock.send("\n".join(fields).encode())
 
+    def stopping(self, *fields: str) -> OSError | None:
+        """STOPPING=1 (and `fields`) on a stop path, which goes on whatever happens: the error, if systemd's
+        socket is gone, for the caller to say or not."""
+        try:
+            self.send("STOPPING=1", *fields)
+        except OSError as e:
+            return e
+        return None
+
     def store_fds(self, name: str, fds: list[int]) -> bool:
         """Keeps copies of `fds` in systemd's fd store under `name` (FDSTORE=1): a restarted daemon gets
         them back (LISTEN_FDS). Needs FileDescriptorStoreMax= in the unit. False without systemd."""
