@@ -33,13 +33,22 @@ RSS_BOUND = 400 << 20    # peak RSS of a checking process (one oversized file re
 MESSAGE_BOUND = 8192     # a refusal is a line or, for model.yaml, up to 20 problems
 
 
+def vm_hwm(pid: int) -> int:
+    """A live process's peak RSS in bytes (VmHWM: its own address space's, nothing inherited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) * 1024
+    except (OSError, StopIteration):  # already gone: its answers' hwm_kib have its peaks
+        return 0
+
+
 class Checker:
     """bundle_checker.py in a child process; a hang or a crash is answered None and the child restarted."""
 
     def __init__(self):
         self.stderr = tempfile.TemporaryFile()
         self.proc = None
-        self.peak_rss = 0  # the largest ru_maxrss of the children that ended
+        self.peak_rss = 0  # the largest VmHWM of the children, read as each ended
         self._start()
 
     def _start(self):
@@ -61,12 +70,16 @@ class Checker:
         return None
 
     def _end(self, kill: bool = False):
+        # The child's own high-water mark, read while it lives: its ru_maxrss would carry this test
+        # process's RSS at the fork (Linux keeps it through exec), and this process is large by now. Each
+        # check resets the mark (bundle_checker.py), and each answer reports it; this covers the time since
+        # the last reset, so a check that hung while growing is seen too.
+        self.peak_rss = max(self.peak_rss, vm_hwm(self.proc.pid))
         if kill:
             self.proc.kill()
         else:
             self.proc.stdin.close()
-        _, _, usage = os.wait4(self.proc.pid, 0)
-        self.peak_rss = max(self.peak_rss, usage.ru_maxrss * 1024)
+        os.wait4(self.proc.pid, 0)
         self.proc.stdout.close()
         if not self.proc.stdin.closed:
             self.proc.stdin.close()

@@ -210,20 +210,14 @@ def test_damaged_bundles_are_refused_with_the_reason(request, matrix, tmp_path, 
 
 
 def _peak_rss(cmd: list[str], timeout: float = 120) -> tuple[int, str, int]:
-    """Runs `cmd`; returns (exit status, stderr, its peak RSS in bytes, from wait4's rusage)."""
+    """Runs `cmd`; returns (exit status, stderr, its own peak RSS in bytes). Through the launcher of
+    daemon_helpers.measured: forked from this test process, the command's ru_maxrss would be this process's
+    RSS at the fork, not its own. Killed after `timeout` (a read that blocks on a FIFO fails the row)."""
     import tempfile
-    import threading
-    with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-        timer = threading.Timer(timeout, p.kill)  # a read that blocks (a FIFO) must fail the row, not hang it
-        timer.start()
-        try:
-            _, status, usage = os.wait4(p.pid, 0)
-        finally:
-            timer.cancel()
-        p.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        return p.returncode, err.read().decode(errors="replace"), usage.ru_maxrss * 1024
+    from daemon_helpers import measured
+    with tempfile.TemporaryDirectory() as d:
+        rc, _, err, _, peak = measured(cmd, d, "cmd", timeout)()
+        return rc, err, peak
 
 
 def test_adversarial_bundles_are_refused_unread(request, matrix, tmp_path, signing_key, bundles):
