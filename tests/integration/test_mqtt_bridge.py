@@ -33,10 +33,19 @@ CTL = [sys.executable, "-c", "import sys; from edgeinfer.cli.ctl import edgeinfe
 class Broker:
     """mosquitto with its own configuration file, on a free loopback port; stop() and start() again on that port."""
 
-    def __init__(self, children, tmp_path, tls: dict | None = None, passwords: str | None = None):
+    def __init__(self, children, tmp_path, tls: dict | None = None, passwords: str | None = None,
+                 persistence: bool = False):
+        """persistence: sessions and their queued messages kept on disk, saved every second (a broker killed with
+        SIGKILL loses at most the last second's changes), and read back at start."""
         self.children, self.port = children, free_port()
-        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "log_dest stderr", "user root",
+        lines = [f"listener {self.port} 127.0.0.1", "log_dest stderr", "user root",
                  f"allow_anonymous {'false' if passwords else 'true'}"]
+        if persistence:
+            store = tmp_path / f"mosquitto-{self.port}.d"
+            store.mkdir()
+            lines += ["persistence true", f"persistence_location {store}/", "autosave_interval 1"]
+        else:
+            lines.append("persistence false")
         if tls:
             lines += [f"cafile {tls['ca']}.crt", f"certfile {tls['server']}.crt", f"keyfile {tls['server']}.key"]
         if passwords:
@@ -61,10 +70,13 @@ class Broker:
 class Subscriber:
     """A paho client subscribed to PREFIX/#; keeps (topic, payload, retain, arrival) of every message; reconnects."""
 
-    def __init__(self, port: int, prefix: str = "edgeinfer", tls: dict | None = None, auth=None):
+    def __init__(self, port: int, prefix: str = "edgeinfer", tls: dict | None = None, auth=None,
+                 session: str | None = None):
+        """session: a client id whose session (its subscription, and QoS 1 messages while it is away) the broker
+        keeps for an hour (MQTT 5 clean start off, session expiry 3600 s)."""
         self.messages: list[tuple[str, bytes, bool, float]] = []
         self.lock = threading.Lock()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5, client_id=session or "")
         if tls:
             self.c.tls_set(ca_certs=tls["ca"] + ".crt")
         if auth:
@@ -72,7 +84,13 @@ class Subscriber:
         self.c.reconnect_delay_set(1, 1)
         self.c.on_connect = lambda c, u, f, rc, p: c.subscribe(f"{prefix}/#", qos=1)
         self.c.on_message = self._message
-        self.c.connect("127.0.0.1", port, keepalive=10)
+        props = None
+        if session:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 3600
+        self.c.connect("127.0.0.1", port, keepalive=10, clean_start=not session, properties=props)
         self.c.loop_start()
 
     def _message(self, c, u, m) -> None:

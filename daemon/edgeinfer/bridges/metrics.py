@@ -21,8 +21,8 @@ class BridgeMetrics:
                                  "connection; QoS 1, 2: acknowledged), by topic kind (result, event, state, available).",
                                  ["kind"], registry=r)
         self.dropped = Counter("edgeinfer_mqtt_dropped", "Messages not published, by topic kind and reason "
-                               "(rate_limit, queue_full, queue_bytes, too_large, disconnected, not_connected, "
-                               "stopped).", ["kind", "reason"], registry=r)
+                               "(rate_limit, queue_full, queue_bytes, too_large, disconnected (QoS 0 only), "
+                               "not_connected, stopped).", ["kind", "reason"], registry=r)
         self.queue_depth = Gauge("edgeinfer_mqtt_queue_messages", "Messages waiting for the broker.", registry=r)
         self.queue_bytes = Gauge("edgeinfer_mqtt_queue_bytes", "Bytes waiting for the broker (estimated).",
                                  registry=r)

@@ -8,6 +8,8 @@
   the reader loop calls it and goes on.
 - Messages go to paho only while connected, at most MAX_INFLIGHT not yet written or acknowledged, so paho's own
   buffers stay small; paho's network thread (loop_start) reconnects with backoff (reconnect_delay_set).
+- Across a lost connection, paho sends every QoS 1 message not yet acknowledged again (at least once: a subscriber
+  may see an event twice, with the same id); QoS 0 messages not yet written are dropped and counted.
 - Protocol 5 falls back to 3.1.1 when the broker refuses 5 (logged), once per process.
 """
 from __future__ import annotations
@@ -127,10 +129,16 @@ class Publisher:
         was = self.connected
         self.connected = False
         self.metrics.connected.set(0)
+        # paho keeps every QoS 1 and 2 message not yet acknowledged and sends it again on the next connection
+        # (flagged DUP: at least once; events carry an id). QoS 0 messages not yet written are gone with the socket.
         with self._lock:
-            lost, self._inflight = list(self._inflight.values()), {}
-        for o in lost:  # QoS 0 not yet written, or QoS 1 not acknowledged: the session is gone with them
+            lost = [mid for mid, o in self._inflight.items() if o.qos == 0]
+            lost = [self._inflight.pop(mid) for mid in lost]
+            kept = len(self._inflight)
+        for o in lost:
             self.metrics.dropped.labels(o.kind, "disconnected").inc()
+        if kept:
+            log.info("%d message(s) not yet acknowledged: sent again on reconnection", kept)
         if was and not self._stopping:
             log.warning("disconnected from the broker (%s); reconnecting with backoff", reason_code)
         self._notify_state()
@@ -187,7 +195,9 @@ class Publisher:
             o = q.popleft()
             self._bytes -= o.size
             info = self.client.publish(o.topic, finish(o.message, time.time_ns()), qos=o.qos, retain=o.retain)
-            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            if info.rc == mqtt.MQTT_ERR_NO_CONN and o.qos > 0:
+                pass  # the connection went while this turn ran: paho keeps it and sends it on reconnection
+            elif info.rc != mqtt.MQTT_ERR_SUCCESS:
                 self.metrics.dropped.labels(o.kind, "not_connected" if info.rc == mqtt.MQTT_ERR_NO_CONN
                                             else f"client_{info.rc}").inc()
                 continue
@@ -234,4 +244,8 @@ class Publisher:
                 pass
         self.client.disconnect()
         self.client.loop_stop()
+        with self._lock:  # what the broker had not acknowledged by now
+            unacked, self._inflight = list(self._inflight.values()), {}
+        for o in unacked:
+            self.metrics.dropped.labels(o.kind, "stopped").inc()
         log.info("stopped: \"stopped\" sent to %s", self.available)
