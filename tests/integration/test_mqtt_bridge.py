@@ -34,7 +34,7 @@ class Broker:
     """mosquitto with its own configuration file, on a free loopback port; stop() and start() again on that port."""
 
     def __init__(self, children, tmp_path, tls: dict | None = None, passwords: str | None = None,
-                 persistence: bool = False):
+                 persistence: bool = False, acl: str | None = None):
         """persistence: sessions and their queued messages kept on disk, saved every second (a broker killed with
         SIGKILL loses at most the last second's changes), and read back at start."""
         self.children, self.port = children, free_port()
@@ -50,6 +50,8 @@ class Broker:
             lines += [f"cafile {tls['ca']}.crt", f"certfile {tls['server']}.crt", f"keyfile {tls['server']}.key"]
         if passwords:
             lines.append(f"password_file {passwords}")
+        if acl:
+            lines += [f"acl_file {acl}", "log_type all"]   # log_type all: every SUBSCRIBE and denial in the log
         self.conf = tmp_path / f"mosquitto-{self.port}.conf"
         self.conf.write_text("\n".join(lines) + "\n")
         self.log = tmp_path / f"mosquitto-{self.port}.log"
@@ -231,18 +233,32 @@ def test_results_availability_rate_limit_refusal_and_a_broker_outage(tmp_path, c
         sub.close()
 
 
-def _passwords(tmp_path, user: str, password: str) -> str:
+def _passwords(tmp_path, **users: str) -> str:
     path = tmp_path / "mosquitto.passwd"
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(path), user, password], check=True, capture_output=True,
-                   timeout=10)
+    for i, (user, password) in enumerate(users.items()):
+        subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(path), user, password],
+                       check=True, capture_output=True, timeout=10)
     return str(path)
+
+
+# docs/operations.md, "Who may write the bridge's topics": only the bridge's broker user writes under the prefix.
+ACL = """user bridge
+topic write edgeinfer/#
+topic read edgeinfer/#
+
+user viewer
+topic read edgeinfer/#
+"""
 
 
 def test_tls_with_a_password_file(tmp_path, children, bundles):
     from test_gateway import _pki
     pki = _pki(tmp_path)
     daemon_config, _daemon_proc = _daemon(tmp_path, children, bundles, streams=("cam-a",))
-    broker = Broker(children, tmp_path, tls=pki, passwords=_passwords(tmp_path, "bridge", "s3cret"))
+    acl = tmp_path / "mosquitto.acl"
+    acl.write_text(ACL)
+    broker = Broker(children, tmp_path, tls=pki, passwords=_passwords(tmp_path, bridge="s3cret", viewer="v1ew"),
+                    acl=str(acl))
     secret = tmp_path / "bridge.password"
     secret.write_text("s3cret\n")
     os.chmod(secret, 0o644)
@@ -253,7 +269,7 @@ def test_tls_with_a_password_file(tmp_path, children, bundles):
     r = subprocess.run([*CTL, "mqtt", "--config", config], capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 2 and "readable by every user" in r.stderr, r.stderr
     os.chmod(secret, 0o640)
-    sub = Subscriber(broker.port, tls=pki, auth=("bridge", "s3cret"))
+    sub = Subscriber(broker.port, tls=pki, auth=("viewer", "v1ew"))
     # systemd's side of sd_notify: READY=1 once started, WATCHDOG=1 while the loop turns.
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify.sock"))
@@ -274,6 +290,30 @@ def test_tls_with_a_password_file(tmp_path, children, bundles):
         assert b"online" in [p for p, _, _ in sub.of("edgeinfer/available")]
         assert metric(bridge.metrics_url, "edgeinfer_mqtt_broker_connected") == 1
         assert metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="result") >= 5
+
+        # As an adversary: another client of the broker (user viewer) writes under the bridge's prefix (a false
+        # event, "offline", a retained state, command-like topics). The broker's ACL refuses every one; and the
+        # bridge subscribes to nothing, so no message can make it publish anything else.
+        forged = {"edgeinfer/available": b"offline", "edgeinfer/cam-a/event": b'{"type": "new"}',
+                  "edgeinfer/cam-a/state": b"{}", "edgeinfer/cam-a/set": b"on", "edgeinfer/reload": b"1",
+                  "edgeinfer/cam-a/result/set": b"{}"}
+        published_before = metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="available")
+        for topic, payload in forged.items():
+            sub.c.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+        wait_for(lambda: broker.log.read_text().count("Denied PUBLISH") >= len(forged), 10, "the broker's denials")
+        wait_for(lambda: len(_results(sub, "cam-a")) >= 10, 30, "cam-a's results after the forgeries")
+        seen = {t for t, p, _r, _t in sub.messages if p in forged.values() and t in forged}
+        assert not seen, seen
+        log = broker.log.read_text()
+        assert "Received SUBSCRIBE from " in log   # the viewer's: the broker logs every subscription
+        assert "Received SUBSCRIBE from edgeinfer-mqtt-test-node" not in log
+        assert metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="available") == published_before
+        late = Subscriber(broker.port, tls=pki, auth=("viewer", "v1ew"))
+        try:
+            wait_for(lambda: late.of("edgeinfer/available"), 10, "the retained availability")
+            assert [p for p, _r, _t in late.of("edgeinfer/available")] == [b"online"]
+        finally:
+            late.close()
     finally:
         notify.close()
         sub.close()
