@@ -761,8 +761,9 @@ cdef class WaitSet:
         cdef uint64_t mask, now
         cdef uint64_t timeout_ns = <uint64_t>(timeout * 1e9) if timeout > 0 else 0
         cdef uint64_t spin_ns = <uint64_t>(spin * 1e9) if spin > 0 else 0
-        if n > EI_MAX_WAIT:
-            raise ValueError(f"can wait on at most {EI_MAX_WAIT} rings at once, got {n}")
+        if n + (bell is not None) > EI_MAX_WAIT:  # ei_wait_any would return 0 at once: a lane spinning, serving none
+            raise ValueError(f"can wait on at most {EI_MAX_WAIT} rings at once (a doorbell counts), got "
+                             f"{n + (bell is not None)}")
         for i in range(n):
             obj = consumers[i]
             if isinstance(obj, FrameConsumer) and (<FrameConsumer>obj).shared:

@@ -380,6 +380,41 @@ def test_a_frame_id_beyond_int64_is_served_and_counters_saturate(bundles, childr
     assert st.overload == 2**63 - 1
 
 
+def test_the_most_streams_on_one_lane_are_each_served_and_one_more_is_refused(bundles, children, tmp_path):
+    """A lane sleeps on all its streams and its mailbox in one wait of at most ring.MAX_WAIT rings. With 64
+    streams on a lane (65 with the mailbox) the wait returned at once, every time: the lane spun and served
+    almost nothing (46 of 1,024 frames, found by bench/mqtt.py). Now the most streams a configuration may
+    have (MAX_WAIT - 1) are each served by one lane, and one more is refused with the reason."""
+    from daemon_helpers import camera, results
+    from edgeinfer.abi import ring
+    from edgeinfer.config.schema import STREAMS_MAX
+    assert STREAMS_MAX == ring.MAX_WAIT - 1
+    names = [f"s{i:02d}" for i in range(STREAMS_MAX + 1)]
+    refused = write_config(tmp_path, bundles("cls-tiny"), [{"name": n} for n in names])
+    r = subprocess.run(edgeinferd_args(refused, "--check-config"), capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and f"more than {STREAMS_MAX}" in r.stderr, r.stderr
+    cfg = write_config(tmp_path, bundles("cls-tiny"), [{"name": n, "max_age_ms": 60000} for n in names[:-1]],
+                       lanes=[{"cpus": [CPUS[0]]}], ingress={"max_readers_per_user": 128})
+    proc = start_daemon(children, cfg)
+    readers = [results(proc, n) for n in names[:-1]]
+    writers = [camera(proc, n, 96, 48) for n in names[:-1]]
+    try:
+        for rnd in range(3):
+            for w in writers:
+                w.begin()
+                w.publish(frame_id=rnd + 1)
+            for n, rd in zip(names, readers):
+                rec = rd.read(20)
+                assert rec is not None and rec.frame_id == rnd + 1 and rec.status == 0, (n, rnd, rec)
+        # The wait itself refuses what it cannot sleep on (it used to return 0 at once).
+        with pytest.raises(ValueError, match="a doorbell counts"):
+            ring.WaitSet().wait([readers[0].native] * ring.MAX_WAIT, 0.01, 0.0, True, ring.Doorbell())
+    finally:
+        for x in writers + readers:
+            x.close()
+    assert stop_daemon(proc) == 0
+
+
 def test_a_recurring_line_is_said_once_a_minute_with_the_rest_counted():
     """The lane's log limiter: an error on every frame, or a camera that keeps ringing, is a journal line a
     minute per kind, and the line after says how many were not said."""

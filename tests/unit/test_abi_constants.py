@@ -31,6 +31,7 @@ def test_the_restated_constants_are_ring_h_s():
     assert constants.INGRESS_SOCKET == _ring.INGRESS_SOCKET
     assert constants.RESULTS_SOCKET == _ring.RESULTS_SOCKET
     assert constants.STREAM_NAME_MAX == _ring.STREAM_NAME_MAX
+    assert constants.MAX_WAIT == _ring.MAX_WAIT
 
 
 def test_the_payload_words_are_the_headers():

@@ -239,7 +239,7 @@ model:
   # Synthetic frames run through each session before it serves (and before READY).
   warmup_runs: 3
 
-# One entry per camera (at most 64).
+# One entry per camera (at most 63).
 streams:
   - name: cam0                 # letters, digits, '_' or '-'; results go to /dev/shm/edgeinfer.<name>.results
     # segment: edgeinfer.cam0  # the frame ring the producer creates (default edgeinfer.<name>)

@@ -1,5 +1,5 @@
-"""ring.h's names that pure-Python code needs without the native core: the sockets' default paths and the
-stream-name rule. `edgeinferd --check-config` and `edgeinferctl --help` run on these alone (a host whose
+"""ring.h's names that pure-Python code needs without the native core: the sockets' default paths, the
+stream-name rule, and how many rings one wait sleeps on (which bounds the streams: config/schema.py). `edgeinferd --check-config` and `edgeinferctl --help` run on these alone (a host whose
 extension is missing or broken can still check its configuration and read the help).
 
 Each restates ring.h; tests/unit/test_abi_constants.py holds every one equal to the native module's."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 INGRESS_SOCKET = "/run/edgeinfer/ingress.sock"  # EI_INGRESS_SOCKET: where cameras hand over their rings
 RESULTS_SOCKET = "/run/edgeinfer/results.sock"  # EI_RESULTS_SOCKET: where readers ask for result rings
 STREAM_NAME_MAX = 64                            # EI_STREAM_NAME_MAX
+MAX_WAIT = 64                                   # EI_MAX_WAIT: rings one ei_wait_any call sleeps on
 
 
 def stream_name_ok(name: str) -> bool:

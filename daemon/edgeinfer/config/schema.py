@@ -108,14 +108,16 @@ class PoolConfig(_Strict):
         return [f"{pool}-{i}" for i in range(self.streams)]
 
 
-STREAMS_MAX = 64
+# A lane sleeps on every stream it may serve and its mailbox's doorbell in one wait of at most MAX_WAIT rings
+# (ring.h's ei_wait_any: a 64-bit mask), and a lane may serve every stream: so at most MAX_WAIT - 1 streams.
+STREAMS_MAX = constants.MAX_WAIT - 1
 
 
 class Config(_Strict):
     model: ModelConfig = ModelConfig()
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     lanes: list[LaneConfig] | None = None  # None: one lane per usable CPU (see lane_plan)
-    streams: list[StreamConfig] = Field(default_factory=list, max_length=STREAMS_MAX)
+    streams: list[StreamConfig] = Field(default_factory=list)  # at most STREAMS_MAX with the pools' (_unique)
     pools: dict[str, PoolConfig] | None = None  # the fronts' streams (pool_streams); None: no front
     runtime: RuntimeConfig = RuntimeConfig()
     ingress: IngressConfig = IngressConfig()
@@ -139,7 +141,8 @@ class Config(_Strict):
         names = [s.name for s in self.all_streams()]
         if len(names) > STREAMS_MAX:
             raise ValueError(f"{len(names)} streams with the pools' ({len(self.streams)} in streams:), more than "
-                             f"{STREAMS_MAX}")
+                             f"{STREAMS_MAX} (a lane waits on all its streams and its mailbox at once, "
+                             f"{constants.MAX_WAIT} rings at most)")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"stream names must be unique; repeated: {dup}")
