@@ -55,6 +55,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import e2e  # noqa: E402  (q, floor_runs, BUNDLE)
+from _proc import cpu_ticks, process_tree  # noqa: E402
 import pytest  # noqa: E402  (daemon_helpers reports a daemon that does not start as pytest.fail)
 from conftest import Children  # noqa: E402
 from daemon_helpers import daemon_log, edgeinferd_args, read_stats, start_daemon, stop_daemon, write_config  # noqa: E402
@@ -339,25 +340,6 @@ def wait_counters(specs: list[Spec], streams: list[str], pump, ok=lambda c: True
         time.sleep(0.05)
 
 
-def process_tree(pid: int) -> list[int]:
-    """pid and its descendants (lanes may be processes of their own)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def memory_kib(pids: list[int]) -> dict:
     """RSS and PSS (smaps_rollup; None where unreadable) summed over `pids`, in KiB."""
     rss, pss, n = 0, 0, 0
@@ -376,22 +358,6 @@ def memory_kib(pids: list[int]) -> dict:
                 continue
         n += 1
     return {"rss_kib": rss, "pss_kib": pss, "processes": n}
-
-
-def cpu_ticks(pids: list[int]) -> tuple[int, int]:
-    """(busy clock ticks of all CPUs, /proc/stat; ticks of `pids`, every thread: utime + stime)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-    busy = sum(v) - v[3] - v[4]
-    mine = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            mine += int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
-            pass
-    return busy, mine
 
 
 def others_share(before: tuple[int, int], after: tuple[int, int], seconds: float) -> float:
