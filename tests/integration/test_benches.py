@@ -85,3 +85,11 @@ def test_fronts_bench_runs_every_row_of_both_models_to_its_summary():
             assert r["sent"] == r["answered"]["n"] + r["shed"] + sum(r["errors"].values()), (model, key, r)
             assert r["camera"]["published"] > 0 and 0 <= r["camera"]["processed"] <= r["camera"]["published"]
         assert "grpc_p50_over_local_us" in s["models"][model]["targets"]
+
+
+@pytest.mark.skipif(not any(__import__("os").path.exists(p) for p in ("/usr/sbin/mosquitto", "/usr/bin/mosquitto")),
+                    reason="mosquitto (make system-packages)")
+def test_mqtt_bench_runs_its_three_windows_to_its_summary():
+    s = _summary(["bench/mqtt.py", "--streams", "2", "--fps", "10", "--seconds", "1", "--rounds", "1"], timeout=300)
+    assert s["received_per_s"][0] > 0 and s["published_per_s"][0] > 0, s
+    assert set(s["lanes_p99_us"]) == {"none", "healthy", "stalled"} and s["stalled_over_none_p99"][0] > 0, s

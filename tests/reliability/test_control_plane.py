@@ -27,8 +27,9 @@ from edgeinfer.abi.vocabulary import OUTCOMES
 from conftest import ROOT, read_line
 from daemon_helpers import read_stats, results, sign_copy, start_daemon, stop_daemon, wait_for, write_config
 from rel_helpers import stop_and_count
+from reliability_matrix import COUNTS
 
-ROUNDS = 7          # quiet and abused windows, alternating, so that drift on a shared machine hits both
+ROUNDS = COUNTS["control_plane_rounds"]  # quiet and abused windows, alternating: drift on a shared machine hits both
 WINDOW_S = 6.0
 RELOAD_EVERY_S = 2.0
 
