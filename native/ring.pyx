@@ -851,7 +851,8 @@ cdef class ResultProducer:
 
     def write(self, uint64_t frame_seq, uint64_t frame_id, uint64_t capture_mono_ns, uint64_t capture_real_ns,
               uint64_t start_mono_ns, uint64_t done_mono_ns, uint32_t status, uint32_t payload_kind,
-              const uint8_t[::1] payload, uint32_t item_count, bytes model_name, bytes model_version):
+              const uint8_t[::1] payload, uint32_t item_count, bytes model_name, bytes model_version,
+              uint32_t frame_width=0, uint32_t frame_height=0):
         """Writes one record; returns its number. The payload must fit the capacity."""
         if self.closed:
             raise RingStateError(f"{self.label}: writer is closed")
@@ -870,6 +871,8 @@ cdef class ResultProducer:
         r.payload_kind = payload_kind
         r.payload_len = <uint32_t>n
         r.item_count = item_count
+        r.frame_width = frame_width
+        r.frame_height = frame_height
         memset(r.model_name, 0, EI_MODEL_NAME_LEN)
         memset(r.model_version, 0, EI_MODEL_VERSION_LEN)
         memcpy(r.model_name, <const char *>model_name, min(len(model_name), EI_MODEL_NAME_LEN))
@@ -976,7 +979,8 @@ cdef class ResultConsumer:
         fields = (self.r.next - 1, rec.frame_seq, rec.frame_id, rec.capture_mono_ns, rec.capture_real_ns,
                   rec.start_mono_ns, rec.done_mono_ns, rec.status, rec.payload_kind, rec.item_count,
                   PyBytes_FromStringAndSize(rec.model_name, EI_MODEL_NAME_LEN).rstrip(b"\0"),
-                  PyBytes_FromStringAndSize(rec.model_version, EI_MODEL_VERSION_LEN).rstrip(b"\0"))
+                  PyBytes_FromStringAndSize(rec.model_version, EI_MODEL_VERSION_LEN).rstrip(b"\0"),
+                  rec.frame_width, rec.frame_height)
         return fields, bytes(self.scratch[:rec.payload_len]), missed
 
     def close(self):

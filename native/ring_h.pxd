@@ -152,6 +152,8 @@ cdef extern from "edgeinfer/ring.h" nogil:
         uint32_t item_count
         char model_name[32]
         char model_version[16]
+        uint32_t frame_width
+        uint32_t frame_height
 
     ctypedef struct ei_result_layout:
         uint64_t total_size       # bytes of the whole ring

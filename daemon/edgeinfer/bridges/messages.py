@@ -2,8 +2,8 @@
 
 A result message carries what the record carries, decoded (payloads.describe, labels by name through the
 daemon's configuration), and the times a consumer needs: capture (the camera's CLOCK_REALTIME) and publish
-(the bridge's), both as ISO-8601 and nanoseconds, and the end-to-end latency between them. Boxes stay in the
-frame's pixels: a record does not carry its frame's size, so they are not normalised here.
+(the bridge's), both as ISO-8601 and nanoseconds, and the end-to-end latency between them. A detection's box is
+normalised to the frame (0-1, by the frame size the record carries since 0.3), and in pixels beside it.
 
 The bundle digest is the sha256 of model.onnx of the configured bundle (or one beside it) whose model.yaml
 names the record's model and version; null when no such bundle is found (the record itself carries only name
@@ -76,9 +76,22 @@ def result_message(rec, stream: str, node: str, labels: list[str] | None, digest
            "model": {"name": rec.model_name, "version": rec.model_version, "digest": digest},
            "inference_ms": round((rec.done_ns - rec.start_ns) / 1e6, 3),
            "daemon_latency_ms": round((rec.done_ns - rec.capture_ns) / 1e6, 3),
-           "missed": rec.missed, "kind": rec.kind, "box_units": "frame_pixels"}
+           "missed": rec.missed, "kind": rec.kind,
+           "frame": {"width": rec.frame_width, "height": rec.frame_height} if rec.frame_width and rec.frame_height
+           else None}
     out.update(describe(rec.kind, rec.payload, rec.item_count, labels or []) if status_ok else {})
+    if "detections" in out:
+        out["detections"] = [normalised(d, out["frame"]) for d in out["detections"]]
     return out
+
+
+def normalised(det: dict, frame: dict | None) -> dict:
+    """A detection with `box` normalised to the frame (x1/w, y1/h, x2/w, y2/h; null when the record did not say
+    the frame's size) and `box_px`, the same corners in the frame's pixels (what the rules' areas and regions use)."""
+    px = det.pop("box")
+    box = None if frame is None else [px[0] / frame["width"], px[1] / frame["height"], px[2] / frame["width"],
+                                      px[3] / frame["height"]]
+    return {"box": box, "box_px": px, **det}
 
 
 def finish(msg: dict, now_ns: int) -> bytes:

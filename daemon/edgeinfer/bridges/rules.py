@@ -57,7 +57,7 @@ class Observation:
 def observation(decoded: dict, frame_id: int, capture_ns: int, model: dict, ok: bool = True) -> Observation:
     """From messages.result_message's decoded part ({"classes": ...} or {"detections": ...})."""
     items = [Item(c["label"], c["score"], c["class_id"]) for c in decoded.get("classes", ())]
-    items += [Item(d["label"], d["score"], d["class_id"], tuple(d["box"])) for d in decoded.get("detections", ())]
+    items += [Item(d["label"], d["score"], d["class_id"], tuple(d["box_px"])) for d in decoded.get("detections", ())]
     return Observation(frame_id, capture_ns, model, tuple(items), ok)
 
 

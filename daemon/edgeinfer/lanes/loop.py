@@ -431,7 +431,8 @@ class Engine:
         writer.write(frame_seq=frame.seq, frame_id=frame.frame_id, capture_ns=frame.capture_ns,
                      capture_realtime_ns=frame.capture_realtime_ns, start_ns=start, done_ns=done,
                      status=RESULT_OK, kind=model.decoder.kind, payload=payload, item_count=items,
-                     model_name=model.name, model_version=model.version)
+                     model_name=model.name, model_version=model.version, frame_width=s.geometry[0],
+                     frame_height=s.geometry[1])
         published = ring.monotonic_ns()
         st.processed += 1
         self.counters[dispatch.LANE_FRAMES] += 1

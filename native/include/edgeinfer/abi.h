@@ -257,7 +257,8 @@ typedef struct ei_result_record_header {
     uint32_t item_count;       /* rows in the payload */
     char model_name[EI_MODEL_NAME_LEN];       /* NUL-padded */
     char model_version[EI_MODEL_VERSION_LEN]; /* NUL-padded */
-    uint8_t reserved[8];
+    uint32_t frame_width;      /* the input frame's size in pixels (boxes are in these); */
+    uint32_t frame_height;     /*   0: not said (a writer before 0.3, where these were reserved zero) */
 } ei_result_record_header;
 
 /* What a record's payload holds (docs/abi.md, payload layouts). Rows are little-endian float32. */
@@ -314,6 +315,7 @@ _Static_assert(sizeof(ei_frame_slot_header) == EI_SLOT_HEADER_SIZE, "slot header
 _Static_assert(sizeof(ei_result_ring_header) == 256, "result header layout");
 _Static_assert(offsetof(ei_result_ring_header, head) == 128, "result header layout");
 _Static_assert(sizeof(ei_result_record_header) == EI_RECORD_HEADER_SIZE, "record header layout");
+_Static_assert(offsetof(ei_result_record_header, frame_width) == 120, "record header layout");
 _Static_assert(sizeof(ei_hello) == 128, "hello layout");
 _Static_assert(sizeof(ei_reply) == 256, "reply layout");
 
