@@ -54,6 +54,9 @@ class StreamState:
         self.interval_ns = int(1e9 / max_rate_hz) if max_rate_hz > 0 else 0
         self.next_ns = 0
         self.missed_seen = 0
+        self.read_counter = None   # its metrics' children, looked up once (a turn visits every stream)
+        self.attached_gauge = None
+        self.attached = None       # what the gauge last said
 
     def allow(self, now_ns: int) -> bool:
         """Rate limit: at most one result message every 1/max_rate_hz seconds."""
@@ -140,7 +143,7 @@ class Bridge:
     # ------------------------------------------------------------------ one record → messages
 
     def handle(self, st: StreamState, rec: ring.ResultRecord) -> None:
-        self.metrics.results_read.labels(st.name).inc()
+        st.read_counter.inc()
         send = st.results and st.allow(time.monotonic_ns())
         if st.results and not send:
             self.metrics.dropped.labels(KIND_RESULT, "rate_limit").inc()
@@ -187,6 +190,9 @@ class Bridge:
                 self._offer_events(st, st.rules.expire(now_ns))
         for st in self.streams:
             r = st.reader
+            if st.read_counter is None:
+                st.read_counter = self.metrics.results_read.labels(st.name)
+                st.attached_gauge = self.metrics.attached.labels(st.name)
             for _ in range(BATCH):
                 try:
                     rec = r.read(0.0)
@@ -203,7 +209,10 @@ class Bridge:
                 log.warning("stream %s: the ring lapped the bridge: %d record(s) missed", st.name,
                             missed - st.missed_seen)
                 st.missed_seen = missed
-            self.metrics.attached.labels(st.name).set(1 if r.connected else 0)
+            attached = r.connected
+            if attached != st.attached:
+                st.attached = attached
+                st.attached_gauge.set(1 if attached else 0)
         if self.decisions is not None:
             self.decisions.flush()  # commits what waited fsync_interval_ms (records or not); the loop turns ≤ WAIT_S
         self.publisher.pump()
