@@ -27,6 +27,8 @@ check user_and_group getent group edgeinfer
 check units_enabled bash -c '[ "$(systemctl is-enabled edgeinferd.service)" = enabled ] && [ "$(systemctl is-enabled edgeinferd.socket)" = enabled ] && echo "service and socket enabled"'
 # The network gateway ships disabled: its unit inactive, its user (sysusers.d) without a shell, its config a conffile.
 check gateway_shipped_disabled bash -c 'u=$(getent passwd edgeinfer-gw) && [ "$(systemctl is-enabled edgeinfer-gateway.service)" = disabled ] && [ "$(systemctl is-active edgeinfer-gateway.service)" = inactive ] && grep -qx /etc/edgeinfer/gateway.yaml /var/lib/dpkg/info/edgeinfer.conffiles && [ "$(echo "$u" | cut -d: -f6,7)" = /:/usr/sbin/nologin ] && echo "unit disabled and inactive; /etc/edgeinfer/gateway.yaml a conffile; user $u"'
+# The MQTT bridge likewise: its unit inactive, its user without a shell, its config a conffile that loads as shipped.
+check mqtt_shipped_disabled bash -c 'u=$(getent passwd edgeinfer-mqtt) && [ "$(systemctl is-enabled edgeinfer-mqtt.service)" = disabled ] && [ "$(systemctl is-active edgeinfer-mqtt.service)" = inactive ] && grep -qx /etc/edgeinfer/mqtt.yaml /var/lib/dpkg/info/edgeinfer.conffiles && [ "$(echo "$u" | cut -d: -f6,7)" = /:/usr/sbin/nologin ] && [ ! -e /var/lib/edgeinfer-mqtt ] && s=$(/opt/venvs/edgeinfer/bin/python -c "from edgeinfer.bridges.settings import load_mqtt_config as l; c = l(\"/etc/edgeinfer/mqtt.yaml\"); print(*c.streams, c.broker.host, c.decisions.path)") && echo "unit disabled and inactive; /etc/edgeinfer/mqtt.yaml a conffile, loads as shipped (streams, broker, log: $s); user $u"'
 check no_bundle_no_crash_loop bash -c '! systemctl is-failed -q edgeinferd && ! systemctl is-failed -q edgeinferd.socket && echo "service $(systemctl is-active edgeinferd), socket $(systemctl is-active edgeinferd.socket) (condition: no bundle)"'
 
 # Users: two cameras, a reader, and an outsider who is in no edgeinfer role.
@@ -52,6 +54,7 @@ printf '[Service]\nWatchdogSec=3\nCPUAffinity=0 1\n' > /etc/systemd/system/edgei
 systemctl daemon-reload
 check verify_unit bash -c 'systemd-analyze verify /lib/systemd/system/edgeinferd.service /lib/systemd/system/edgeinferd.socket && echo clean'
 check gateway_verify_unit bash -c 'systemd-analyze verify /lib/systemd/system/edgeinfer-gateway.service && echo clean'
+check mqtt_verify_unit bash -c 'systemd-analyze verify /lib/systemd/system/edgeinfer-mqtt.service && echo clean'
 systemd-analyze security edgeinferd.service > /out/security.txt 2>&1
 check start bash -c 'systemctl start edgeinferd && sleep 1 && systemctl is-active edgeinferd edgeinferd.socket | tr "\n" " "'
 check sockets bash -c 'for s in ingress results; do stat -c "%n %A %U:%G" /run/edgeinfer/$s.sock; done | tee /dev/stderr | grep -c "srw-rw---- root:edgeinfer" | grep -qx 2 && echo "both sockets 0660 root:edgeinfer"'
@@ -490,6 +493,76 @@ gateway_sandbox_zmq() {
 check gateway_sandbox_zmq gateway_sandbox_zmq
 journalctl -u edgeinfer-gateway --no-pager > /out/gateway-journal.txt 2>&1
 
+# ------------------------------------------------------------------ the MQTT bridge (edgeinfer-mqtt.service)
+# As docs/operations.md says: a stream whose `readers` name user edgeinfer-mqtt (mq0: that user only, not the group),
+# added with a restart of edgeinferd and fed by a camera; Debian's Mosquitto on 127.0.0.1 (the system unit, kept from starting at
+# boot by the test: a plain listener for mosquitto_sub, a TLS one with a certificate for "localhost" for the
+# bridge, so that the unit's sandbox runs paho's TLS and glibc's resolver); mqtt.yaml naming mq0 and cam1 (whose
+# readers refuse the bridge); then the unit enabled and started. mosquitto_sub receives edgeinfer/available and
+# mq0's results; the decision log (results too) is read with `edgeinferctl decisions`.
+read -r MQTT_PORT MQTT_TLS_PORT < /test/mqtt-ports
+mq() { systemctl show -P "$1" edgeinfer-mqtt; }
+mqtt_setup() {
+    grep -q localhost /etc/hosts 2>/dev/null || printf '127.0.0.1 localhost\n::1 localhost ip6-localhost\n' >> /etc/hosts
+    mkdir -p /etc/mosquitto/certs /etc/mosquitto/conf.d
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
+        -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" -keyout /etc/mosquitto/certs/edgeinfer-test.key \
+        -out /etc/mosquitto/certs/edgeinfer-test.crt 2>/dev/null || return 1
+    { chgrp mosquitto /etc/mosquitto/certs/edgeinfer-test.key && chmod 0640 /etc/mosquitto/certs/edgeinfer-test.key; } || chmod 0644 /etc/mosquitto/certs/edgeinfer-test.key
+    install -m 0644 /etc/mosquitto/certs/edgeinfer-test.crt /etc/edgeinfer/mqtt-test-ca.pem
+    printf 'allow_anonymous true\nlistener %s 127.0.0.1\nlistener %s 127.0.0.1\ncafile /etc/mosquitto/certs/edgeinfer-test.crt\ncertfile /etc/mosquitto/certs/edgeinfer-test.crt\nkeyfile /etc/mosquitto/certs/edgeinfer-test.key\n' \
+        "$MQTT_PORT" "$MQTT_TLS_PORT" > /etc/mosquitto/conf.d/edgeinfer-test.conf
+    systemctl start mosquitto || return 1
+    local i; for i in $(seq 1 40); do (exec 3<>/dev/tcp/127.0.0.1/"$MQTT_TLS_PORT") 2>/dev/null && break; sleep 0.25; done
+    /opt/venvs/edgeinfer/bin/python - <<'PY' || return 1
+import yaml
+path = "/etc/edgeinfer/edgeinferd.yaml"
+cfg = yaml.safe_load(open(path))
+cfg["streams"].append({"name": "mq0", "producer": {"user": "cam"}, "readers": {"users": ["edgeinfer-mqtt"]}})
+open(path, "w").write(yaml.safe_dump(cfg, sort_keys=False))
+PY
+    systemctl restart edgeinferd || return 1  # streams, like pools, are read at start
+    wait_active || return 1
+    printf 'broker:\n  host: localhost\n  port: %s\n  tls: {ca: /etc/edgeinfer/mqtt-test-ca.pem}\nstreams:\n  mq0: {}\n  cam1: {}\ndecisions: {results: true}\n' \
+        "$MQTT_TLS_PORT" > /etc/edgeinfer/mqtt.yaml
+}
+mqtt_setup > /tmp/mqtt-setup.txt 2>&1 || echo "mqtt setup failed: $(tail -3 /tmp/mqtt-setup.txt | tr '\n' ' ')" > /tmp/mqtt-setup.failed
+runuser -u cam -- edgeinferctl feed --synthetic --stream mq0 --width 224 --height 224 --fps 10 2> /tmp/feed-mq0.err &
+mq_feeder=$!
+mqtt_publishes() {
+    [ -e /tmp/mqtt-setup.failed ] && { cat /tmp/mqtt-setup.failed; return 1; }
+    local t0 ready avail results pid user n1 db decided refused metrics
+    t0=$(now_ms)
+    systemctl enable --now edgeinfer-mqtt || { journalctl -u edgeinfer-mqtt --no-pager -o cat | tail -5; return 1; }
+    ready=$(( $(now_ms) - t0 ))
+    avail=$(mosquitto_sub -h 127.0.0.1 -p "$MQTT_PORT" -t edgeinfer/available -C 1 -W 30)
+    mosquitto_sub -h 127.0.0.1 -p "$MQTT_PORT" -t edgeinfer/mq0/result -C 5 -W 30 > /tmp/mq0-results.txt
+    results=$(/opt/venvs/edgeinfer/bin/python - /tmp/mq0-results.txt <<'PY'
+import json, sys
+msgs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+assert all(m["stream"] == "mq0" and m["ok"] for m in msgs), msgs[:1]
+print(f"{len(msgs)} results of mq0 (frames {msgs[0]['frame_id']}..{msgs[-1]['frame_id']}, model "
+      f"{msgs[-1]['model']['name']} {msgs[-1]['model']['version']}, latency {msgs[-1]['latency_ms']} ms)" if msgs else "0 results")
+PY
+)
+    sleep 3  # ... and still up a while after
+    pid=$(mq MainPID); user=$(id -un "$(stat -c %u /proc/"$pid")"); n1=$(mq NRestarts)
+    db=$(stat -c '%n %a %U:%G' /var/lib/edgeinfer-mqtt /var/lib/edgeinfer-mqtt/decisions.db 2>&1 | tr '\n' ';')
+    decided=$(edgeinferctl decisions --stream mq0 --kind result --limit 3 2>&1 | wc -l)
+    refused=$(journalctl -u edgeinfer-mqtt --no-pager -o cat | grep -c "stream cam1: refused by edgeinferd")
+    metrics=$(/opt/venvs/edgeinfer/bin/python -c "import urllib.request; t = urllib.request.urlopen('http://127.0.0.1:9466/metrics', timeout=5).read().decode(); print(*[l for l in t.splitlines() if l.startswith(('edgeinfer_mqtt_published_total{kind=\"result\"}', 'edgeinfer_mqtt_broker_connected '))], sep='; ')")
+    echo "enable --now: READY in $ready ms; $(systemctl is-active edgeinfer-mqtt), $(systemctl is-enabled edgeinfer-mqtt), NRestarts $n1; runs as $user (groups $(ps -o supgrp= -p "$pid" | tr -d ' ')), seccomp $(awk '/^Seccomp:/ {print $2}' /proc/$pid/status), MemoryDenyWriteExecute=$(mq MemoryDenyWriteExecute), RestrictAddressFamilies=$(mq RestrictAddressFamilies); broker over TLS to localhost:$MQTT_TLS_PORT; edgeinfer/available: $avail; $results; cam1 refused (journal): $refused; $metrics; decision log: $db edgeinferctl decisions: $decided result(s); STATUS: $(mq StatusText)"
+    [ "$avail" = online ] && echo "$results" | grep -q '^5 results' && [ "$n1" = 0 ] && [ "$user" = edgeinfer-mqtt ] && \
+        [ "$(systemctl is-active edgeinfer-mqtt)" = active ] && [ "$(mq MemoryDenyWriteExecute)" = yes ] && \
+        [ -s /var/lib/edgeinfer-mqtt/decisions.db ] && [ "$(stat -c %U /var/lib/edgeinfer-mqtt/decisions.db)" = edgeinfer-mqtt ] && \
+        [ "$decided" = 3 ] && [ "$refused" -ge 1 ]
+}
+check mqtt_publishes mqtt_publishes
+kill $mq_feeder 2>/dev/null; wait $mq_feeder 2>/dev/null
+systemd-analyze security edgeinfer-mqtt.service > /out/mqtt-security.txt 2>&1
+mqtt_journal() { { journalctl -u edgeinfer-mqtt -u mosquitto --no-pager; cat /var/log/mosquitto/mosquitto.log /tmp/mqtt-setup.txt; } > /out/mqtt-journal.txt 2>&1; }
+mqtt_journal
+
 # ------------------------------------------------------------------ phase 2: upgrade to a newer build, camera running
 wait_active
 runuser -u reader -- edgeinferctl results cam0 --count 1 --timeout 30 > /dev/null
@@ -525,6 +598,7 @@ check stop bash -c 'systemctl stop edgeinferd.socket edgeinferd.service 2>/dev/n
 systemctl enable --now edgeinfer-camera@gate1 edgeinfer-camera@$NEW_CAM 2>/dev/null
 cams_before=$(systemctl list-units --plain --no-legend --state=active 'edgeinfer-camera@*' | wc -l)
 gw_before="$(systemctl is-active edgeinfer-gateway) and $(systemctl is-enabled edgeinfer-gateway)"
+mq_before="$(systemctl is-active edgeinfer-mqtt) and $(systemctl is-enabled edgeinfer-mqtt)"
 check purge bash -c 'apt-get purge -y -q edgeinfer >/dev/null && ! pgrep -x edgeinferd && [ ! -e /usr/bin/edgeinferd ] && [ ! -e /var/lib/edgeinfer ] && echo purged'
 purge_cameras() {
     local active links files users procs
@@ -547,6 +621,16 @@ purge_gateway() {
     [ "$gw_before" = "active and enabled" ] && [ "$links" = 0 ] && [ "$procs" = 0 ] && [ $user = gone ] && [ $group = gone ] && [ ! -e /run/edgeinfer-gateway ]
 }
 check purge_gateway purge_gateway
+purge_mqtt() {
+    local links procs user group
+    links=$(find /etc/systemd/system -name edgeinfer-mqtt.service | wc -l)
+    procs=$(pgrep -fc 'edgeinferctl mqtt' || true)
+    user=$(getent passwd edgeinfer-mqtt >/dev/null && echo present || echo gone)
+    group=$(getent group edgeinfer-mqtt >/dev/null && echo present || echo gone)
+    echo "bridge before: $mq_before; after: $(systemctl is-active edgeinfer-mqtt), enable links $links, processes $procs, user $user, group $group, /var/lib/edgeinfer-mqtt $([ -e /var/lib/edgeinfer-mqtt ] && echo present || echo gone)"
+    [ "$mq_before" = "active and enabled" ] && [ "$links" = 0 ] && [ "$procs" = 0 ] && [ $user = gone ] && [ $group = gone ] && [ ! -e /var/lib/edgeinfer-mqtt ]
+}
+check purge_mqtt purge_mqtt
 
 # ------------------------------------------------------------------ phase 3: upgrade from 0.1.0 (ABI 1)
 if [ ! -e /test/edgeinfer-0.1.0.deb ]; then

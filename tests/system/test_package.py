@@ -95,7 +95,8 @@ def test_docs_and_examples_are_shipped_and_their_links_resolve(shipped):
 def test_units_documentation_resolves_to_shipped_files(shipped):
     units = [p for p in shipped if p.startswith("lib/systemd/system/") and shipped[p] is not None]
     assert sorted(units) == [f"lib/systemd/system/{u}" for u in ("edgeinfer-camera@.service", "edgeinfer-gateway.service",
-                                                                 "edgeinferd.service", "edgeinferd.socket")], units
+                                                                 "edgeinfer-mqtt.service", "edgeinferd.service",
+                                                                 "edgeinferd.socket")], units
     seen = 0
     for unit in units:
         for line in text(shipped, unit).splitlines():
@@ -111,7 +112,7 @@ def test_units_documentation_resolves_to_shipped_files(shipped):
                     assert m, f"{unit}: Documentation={uri}: neither file:// nor man:"
                     page = f"usr/share/man/man{m[2]}/{m[1]}.{m[2]}.gz"
                     assert page in shipped, f"{unit}: Documentation={uri}: no {page}"
-    assert seen >= 8
+    assert seen >= 10
 
 
 def test_package_description_and_sysusers_say_memfd(deb, shipped):
@@ -149,6 +150,42 @@ def test_gateway_is_shipped_disabled_with_its_user_and_conffile(deb, shipped):
     postrm = subprocess.run(["dpkg-deb", "-I", deb, "postrm"], capture_output=True, text=True, check=True,
                             timeout=60).stdout
     assert "userdel edgeinfer-gw" in postrm
+
+
+def test_mqtt_bridge_is_shipped_disabled_with_its_user_and_conffile(deb, shipped):
+    """edgeinfer-mqtt, as the gateway: its unit (the decision log in its StateDirectory=), its configuration as a
+    conffile, its user from sysusers.d (no shell); the maintainer scripts never enable or start it, an upgrade only
+    try-restarts it, a remove stops and disables it, a purge removes its user and its decision log."""
+    unit = text(shipped, "lib/systemd/system/edgeinfer-mqtt.service")
+    for line in ("Type=notify", "ExecStart=/usr/bin/edgeinferctl mqtt --config /etc/edgeinfer/mqtt.yaml",
+                 "RestartPreventExitStatus=2", "User=edgeinfer-mqtt", "SupplementaryGroups=edgeinfer",
+                 "StateDirectory=edgeinfer-mqtt", "MemoryDenyWriteExecute=yes"):
+        assert f"\n{line}\n" in unit, line
+    assert "[Install]\nWantedBy=multi-user.target\n" in unit
+    assert "etc/edgeinfer/mqtt.yaml" in shipped
+    conffiles = subprocess.run(["dpkg-deb", "-I", deb, "conffiles"], capture_output=True, text=True, check=True,
+                               timeout=60).stdout.split()
+    assert "/etc/edgeinfer/mqtt.yaml" in conffiles, conffiles
+    sysusers = text(shipped, "usr/lib/sysusers.d/edgeinfer.conf")
+    assert re.search(r"^u edgeinfer-mqtt - \"[^\"]+\" / /usr/sbin/nologin$", sysusers, re.M), sysusers
+    postinst = subprocess.run(["dpkg-deb", "-I", deb, "postinst"], capture_output=True, text=True, check=True,
+                              timeout=60).stdout
+    preinst = subprocess.run(["dpkg-deb", "-I", deb, "preinst"], capture_output=True, text=True, timeout=60).stdout
+    assert "edgeinfer-mqtt" not in preinst, "an upgrade stops the bridge (and nothing starts it again)"
+    said = [line.strip() for line in postinst.splitlines() if "edgeinfer-mqtt" in line]
+    assert said, postinst
+    for line in said:  # enabled only where the operator had enabled it; never started, only try-restarted
+        assert not re.search(r"deb-systemd-invoke (start|restart) ", line), line
+        assert not line.startswith("deb-systemd-helper enable") or "was-enabled" in postinst, line
+    assert any("try-restart" in line for line in said), said
+    prerm = subprocess.run(["dpkg-deb", "-I", deb, "prerm"], capture_output=True, text=True, check=True,
+                           timeout=60).stdout
+    assert "stop edgeinfer-mqtt.service" in prerm and "-name edgeinfer-mqtt.service -type l -delete" in prerm
+    # Stopped before the daemon's own snippet stops edgeinferd (it would reconnect, and the socket start it again).
+    assert prerm.index("stop edgeinfer-mqtt.service") < prerm.index("deb-systemd-invoke stop 'edgeinferd.service'"), prerm
+    postrm = subprocess.run(["dpkg-deb", "-I", deb, "postrm"], capture_output=True, text=True, check=True,
+                            timeout=60).stdout
+    assert "userdel edgeinfer-mqtt" in postrm and "rm -rf /var/lib/edgeinfer-mqtt" in postrm
 
 
 # ------------------------------------------------------------------ the man pages against the real CLI

@@ -4,8 +4,9 @@ systemd). The checks run inside (tests/system/inside.sh); this test prepares
 the container, boots it, and asserts each check's line: a fresh install, the
 socket unit, real users refused or served, restarts and kills with the fd store
 (the gap a reader sees, in ms), the network gateway's unit serving tritonclient
-across a daemon restart and its own SIGKILL, an upgrade to a newer build with a
-camera running, and an upgrade from 0.1.0 built from its commit.
+across a daemon restart and its own SIGKILL, the MQTT bridge's unit publishing
+to Debian's Mosquitto, an upgrade to a newer build with a camera running, and an
+upgrade from 0.1.0 built from its commit.
 
 The rootfs and the 0.1.0 package are built once into a cache outside the clone
 ($EDGEINFER_CACHE, default ~/.cache/edgeinfer) by tests/system/prepare, which
@@ -17,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 
@@ -30,8 +32,9 @@ from test_rtsp import RtspServer, _gst_rtsp_missing
 CACHE = os.environ.get("EDGEINFER_CACHE",
                        os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "edgeinfer"))
 
-CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disabled", "no_bundle_no_crash_loop",
-          "first_run_self_sign", "verify_unit", "gateway_verify_unit", "start", "sockets",
+CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disabled", "mqtt_shipped_disabled",
+          "no_bundle_no_crash_loop", "first_run_self_sign", "verify_unit", "gateway_verify_unit", "mqtt_verify_unit",
+          "start", "sockets",
           "loop_is_fifo", "loop_affinity", "results_from_group_member", "results_with_labels",
           "impersonation_refused", "outsider_refused", "reader_not_allowed", "linger_no_watchdog_restart",
           "reload", "fdstore_restart",
@@ -40,8 +43,20 @@ CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disable
           "camera_stalled_source",
           "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "camera_add_as_told",
           "gateway_serves", "gateway_daemon_restart", "gateway_sigkill_restart", "gateway_sandbox_zmq",
-          "upgrade_keeps_cameras", "gateway_after_upgrade", "stop", "purge", "purge_cameras", "purge_gateway",
-          "upgrade_from_0_1"]
+          "mqtt_publishes", "upgrade_keeps_cameras", "gateway_after_upgrade", "stop", "purge", "purge_cameras",
+          "purge_gateway", "purge_mqtt", "upgrade_from_0_1"]
+
+
+def free_ports(n: int) -> list[int]:
+    """n TCP ports free on the loopback now (the container shares this network namespace): its broker's listeners."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def prepared() -> dict[str, str]:
@@ -197,6 +212,11 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
         "runtime:\n  scheduling: fifo\n  fault_injection: true\n  lane_hang_s: 1\n  lane_restarts: 2\n"
         "  handovers: 1000\n"
         "metrics:\n  ready_requires_stream: false\n")
+    # Debian's Mosquitto (the mqtt_* checks' broker) is enabled by its package: kept from starting at boot, where it
+    # would listen on 1883 in this host's network namespace (the container shares it); inside.sh starts it on the
+    # free ports of /test/mqtt-ports.
+    for link in (root / "etc/systemd/system").glob("*.wants/mosquitto.service"):
+        link.unlink()
     unit = root / "etc/systemd/system/edgeinfer-systemtest.service"
     unit.write_text("[Unit]\nDescription=edgeinfer system test\nAfter=basic.target\n\n[Service]\nType=oneshot\n"
                     "ExecStart=/test/inside.sh\nStandardOutput=journal+console\nTimeoutStartSec=1500\n")
@@ -212,6 +232,7 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
     rtsp = RtspServer()
     try:
         (test / "rtsp-port").write_text(str(rtsp.port))
+        (test / "mqtt-ports").write_text(" ".join(map(str, free_ports(2))))
         boot = subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
                                "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
                               capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
@@ -222,7 +243,9 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
                                                                                        "security.txt",
                                                                                        "camera-security.txt",
                                                                                        "gateway-security.txt",
-                                                                                       "gateway-journal.txt")}
+                                                                                       "gateway-journal.txt",
+                                                                                       "mqtt-security.txt",
+                                                                                       "mqtt-journal.txt")}
     return results, extra, boot
 
 
@@ -236,13 +259,15 @@ def test_system_check(system_run, check):
     results, extra, _ = system_run
     line = next((x for x in results.splitlines() if x.split(" ", 2)[1:2] == [check]), None)
     assert line is not None, f"{check} did not run:\n{results}"
-    journal = extra["gateway-journal.txt" if check.startswith("gateway_") else "journal.txt"]
+    journal = extra["gateway-journal.txt" if check.startswith("gateway_") else
+                    "mqtt-journal.txt" if check.startswith("mqtt_") else "journal.txt"]
     assert line.startswith("PASS"), f"{line}\n--- journal ---\n{journal[-4000:]}"
 
 
 @pytest.mark.parametrize("report, unit", [("security.txt", "edgeinferd.service"),
                                           ("camera-security.txt", "edgeinfer-camera@gate1.service"),
-                                          ("gateway-security.txt", "edgeinfer-gateway.service")])
+                                          ("gateway-security.txt", "edgeinfer-gateway.service"),
+                                          ("mqtt-security.txt", "edgeinfer-mqtt.service")])
 def test_security_exposure_printed_and_within_target(system_run, report, unit):
     _, extra, _ = system_run
     sec = extra[report]
@@ -294,7 +319,10 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
             ("outsider_refused", "isolation", "a user outside group edgeinfer (booted systemd, real users)", 1,
              "permission denied on both sockets: nothing served"),
             ("reader_not_allowed", "isolation", "a reader outside the stream's readers (booted systemd)", 1,
-             "refused with the reason")]
+             "refused with the reason"),
+            ("mqtt_publishes", "isolation", "edgeinfer-mqtt.service (the unit from the .deb) lists a stream whose "
+             "readers do not allow its user, beside one whose readers do (booted systemd, Debian's Mosquitto)", 1,
+             "the first refused by edgeinferd, said in the journal; the other's results published; NRestarts 0")]
     ok = True
     for check, area, fault, n, expected in rows:
         line = lines.get(check, f"MISSING {check}")
