@@ -175,6 +175,14 @@ class Bridge:
         from gateway_helpers import metric
         return metric(self.url, name, **labels)
 
+    def drops(self) -> dict[str, float]:
+        """edgeinfer_mqtt_dropped_total by "kind/reason"."""
+        import urllib.request
+        from prometheus_client.parser import text_string_to_metric_families
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=5).read().decode()
+        return {f"{s.labels['kind']}/{s.labels['reason']}": s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name == "edgeinfer_mqtt_dropped_total"}
+
     def cpu_s(self) -> float:
         with open(f"/proc/{self.proc.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -275,18 +283,35 @@ def round_(cams: Cameras, work: str, children, config: str, broker: Broker, sub:
                           "cpu_share": cpu / args.seconds, "cameras_per_s": lanes["published_per_s"], "cpu": use}
 
         d0 = bridge.metric("edgeinfer_mqtt_dropped_total", kind="result")
+        why0 = bridge.drops()
         rss0 = bridge.rss_mib()
         broker.proc.send_signal(signal.SIGSTOP)
+        samples: list[tuple[float, float]] = []   # (queue, in flight) every 0.5 s of the stall
+        done = threading.Event()
+
+        def sample():
+            while not done.wait(0.5):
+                samples.append((bridge.metric("edgeinfer_mqtt_queue_messages"),
+                                bridge.metric("edgeinfer_mqtt_inflight")))
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         try:
             lanes, use = window(cams, args.seconds, {k: v for k, v in procs.items() if k != "broker"})
+            done.set()
+            sampler.join(5)
             depth = bridge.metric("edgeinfer_mqtt_queue_messages")
             rss = bridge.rss_mib()
             drop = bridge.metric("edgeinfer_mqtt_dropped_total", kind="result") - d0
+            why = {k: v - why0.get(k, 0) for k, v in bridge.drops().items() if v - why0.get(k, 0)}
+            connected = bridge.metric("edgeinfer_mqtt_broker_connected")
         finally:
             broker.proc.send_signal(signal.SIGCONT)
         out["stalled"] = {"p50_us": q(lanes["lat_us"], 50), "p99_us": q(lanes["lat_us"], 99),
                           "read": lanes["read"], "dropped": drop, "queue": depth, "rss_mib": [rss0, rss],
-                          "published_per_s": lanes["published_per_s"], "cpu": use}
+                          "published_per_s": lanes["published_per_s"], "cpu": use, "dropped_by": why,
+                          "connected_at_end": connected,
+                          "queue_max": max((q for q, _ in samples), default=None),
+                          "inflight_max": max((f for _, f in samples), default=None)}
     finally:
         bridge.stop()
     sub.take()
@@ -348,7 +373,9 @@ def main() -> int:
                   f"{s['p99_us']:.0f}; added p50/p99 {h['added_p50_us']:.0f}/{h['added_p99_us']:.0f} µs; published "
                   f"{h['published_per_s']:.0f}/s of {h['offered_per_s']:.0f}/s, received {h['received_per_s']:.0f}/s; "
                   f"CPU {h['cpu_ms_per_1000']:.0f} ms per 1,000 messages ({100 * h['cpu_share']:.0f} % of a CPU); "
-                  f"stalled: dropped {s['dropped']:.0f}, queue {s['queue']:.0f}, RSS {s['rss_mib'][0]:.0f} -> "
+                  f"stalled: dropped {s['dropped']:.0f} {s['dropped_by']}, queue {s['queue']:.0f} (max {s['queue_max']:.0f}, "
+                  f"in flight max {s['inflight_max']:.0f}), still connected "
+                  f"{s['connected_at_end']:.0f}, RSS {s['rss_mib'][0]:.0f} -> "
                   f"{s['rss_mib'][1]:.0f} MiB", flush=True)
             for ph in PHASES:
                 c = rounds[-1][ph]["cpu"]
