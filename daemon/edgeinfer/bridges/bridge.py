@@ -116,9 +116,9 @@ class Bridge:
                     reader = ring.ResultReader.watch(name, socket=socket)
                 except RingError as e:  # not transient: the daemon refuses this reader (its `readers`)
                     self.metrics.refused.labels(name).inc()
-                    log.error("stream %s: refused by edgeinferd (%s): its `readers` in %s do not allow this "
-                              "user; its results are not published (the other streams go on)", name, e,
-                              cfg.daemon_config)
+                    log.error("stream %s: refused by edgeinferd (%s); its results are not published (the other "
+                              "streams go on). In %s, is the stream there, and do its `readers` allow this user?",
+                              name, e, cfg.daemon_config)
                     continue
                 if reader.last_error is not None:
                     log.warning("stream %s: edgeinferd not there yet (%s): attached when it comes", name,
