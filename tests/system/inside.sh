@@ -611,26 +611,19 @@ purge_cameras() {
     [ "$cams_before" -ge 2 ] && [ "$active" = 0 ] && [ "$links" = 0 ] && [ "$files" = 0 ] && [ "$users" = 0 ] && [ "$procs" = 0 ]
 }
 check purge_cameras purge_cameras
-purge_gateway() {
-    local links procs user group
-    links=$(find /etc/systemd/system -name edgeinfer-gateway.service | wc -l)
-    procs=$(pgrep -fc 'edgeinferctl gateway' || true)
-    user=$(getent passwd edgeinfer-gw >/dev/null && echo present || echo gone)
-    group=$(getent group edgeinfer-gw >/dev/null && echo present || echo gone)
-    echo "gateway before: $gw_before; after: $(systemctl is-active edgeinfer-gateway), enable links $links, processes $procs, user $user, group $group, /run/edgeinfer-gateway $([ -e /run/edgeinfer-gateway ] && echo present || echo gone)"
-    [ "$gw_before" = "active and enabled" ] && [ "$links" = 0 ] && [ "$procs" = 0 ] && [ $user = gone ] && [ $group = gone ] && [ ! -e /run/edgeinfer-gateway ]
+# A unit shipped disabled (the gateway, the bridge), after the purge: not running, not enabled, its user, group
+# and directory gone. Arguments: UNIT USER PROCESS-PATTERN DIRECTORY STATE-BEFORE.
+purged_unit() {
+    local unit=$1 user=$2 pattern=$3 dir=$4 before=$5 links procs u g
+    links=$(find /etc/systemd/system -name "$unit.service" | wc -l)
+    procs=$(pgrep -fc "$pattern" || true)
+    u=$(getent passwd "$user" >/dev/null && echo present || echo gone)
+    g=$(getent group "$user" >/dev/null && echo present || echo gone)
+    echo "$unit before: $before; after: $(systemctl is-active "$unit"), enable links $links, processes $procs, user $u, group $g, $dir $([ -e "$dir" ] && echo present || echo gone)"
+    [ "$before" = "active and enabled" ] && [ "$links" = 0 ] && [ "$procs" = 0 ] && [ "$u" = gone ] && [ "$g" = gone ] && [ ! -e "$dir" ]
 }
-check purge_gateway purge_gateway
-purge_mqtt() {
-    local links procs user group
-    links=$(find /etc/systemd/system -name edgeinfer-mqtt.service | wc -l)
-    procs=$(pgrep -fc 'edgeinferctl mqtt' || true)
-    user=$(getent passwd edgeinfer-mqtt >/dev/null && echo present || echo gone)
-    group=$(getent group edgeinfer-mqtt >/dev/null && echo present || echo gone)
-    echo "bridge before: $mq_before; after: $(systemctl is-active edgeinfer-mqtt), enable links $links, processes $procs, user $user, group $group, /var/lib/edgeinfer-mqtt $([ -e /var/lib/edgeinfer-mqtt ] && echo present || echo gone)"
-    [ "$mq_before" = "active and enabled" ] && [ "$links" = 0 ] && [ "$procs" = 0 ] && [ $user = gone ] && [ $group = gone ] && [ ! -e /var/lib/edgeinfer-mqtt ]
-}
-check purge_mqtt purge_mqtt
+check purge_gateway purged_unit edgeinfer-gateway edgeinfer-gw 'edgeinferctl gateway' /run/edgeinfer-gateway "$gw_before"
+check purge_mqtt purged_unit edgeinfer-mqtt edgeinfer-mqtt 'edgeinferctl mqtt' /var/lib/edgeinfer-mqtt "$mq_before"
 
 # ------------------------------------------------------------------ phase 3: upgrade from 0.1.0 (ABI 1)
 if [ ! -e /test/edgeinfer-0.1.0.deb ]; then

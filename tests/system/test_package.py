@@ -123,69 +123,54 @@ def test_package_description_and_sysusers_say_memfd(deb, shipped):
     assert "shared-memory" not in sysusers and "ingress.sock" in sysusers, sysusers
 
 
-def test_gateway_is_shipped_disabled_with_its_user_and_conffile(deb, shipped):
-    """edgeinfer-gateway: its unit, its configuration as a conffile, its user from sysusers.d (no shell); the
-    maintainer scripts never enable or start it, an upgrade only try-restarts it, a remove stops and disables it,
-    a purge removes its user."""
-    assert shipped["lib/systemd/system/edgeinfer-gateway.service"] is not None
-    assert "etc/edgeinfer/gateway.yaml" in shipped
-    conffiles = subprocess.run(["dpkg-deb", "-I", deb, "conffiles"], capture_output=True, text=True, check=True,
-                               timeout=60).stdout.split()
-    assert {"/etc/edgeinfer/gateway.yaml", "/etc/edgeinfer/edgeinferd.yaml"} <= set(conffiles), conffiles
+def _maintainer_script(deb: str, name: str, check: bool = True) -> str:
+    return subprocess.run(["dpkg-deb", "-I", deb, name], capture_output=True, text=True, check=check,
+                          timeout=60).stdout
+
+
+def _shipped_disabled(deb: str, shipped: dict, unit: str, user: str, conffile: str) -> str:
+    """What every unit the package ships disabled holds to (the gateway's, the bridge's): its configuration a
+    conffile, its user from sysusers.d (no home, no shell); the maintainer scripts never enable or start it, an
+    upgrade only try-restarts it, a remove stops and disables it, a purge removes its user. Returns the prerm."""
+    assert shipped[f"lib/systemd/system/{unit}.service"] is not None
+    assert conffile.lstrip("/") in shipped
+    conffiles = _maintainer_script(deb, "conffiles").split()
+    assert {conffile, "/etc/edgeinfer/edgeinferd.yaml"} <= set(conffiles), conffiles
     sysusers = text(shipped, "usr/lib/sysusers.d/edgeinfer.conf")
-    assert re.search(r"^u edgeinfer-gw - \"[^\"]+\" / /usr/sbin/nologin$", sysusers, re.M), sysusers
-    postinst = subprocess.run(["dpkg-deb", "-I", deb, "postinst"], capture_output=True, text=True, check=True,
-                              timeout=60).stdout
-    preinst = subprocess.run(["dpkg-deb", "-I", deb, "preinst"], capture_output=True, text=True, timeout=60).stdout
-    assert "edgeinfer-gateway" not in preinst, "an upgrade stops the gateway (and nothing starts it again)"
-    said = [line.strip() for line in postinst.splitlines() if "edgeinfer-gateway" in line]
+    assert re.search(rf"^u {user} - \"[^\"]+\" / /usr/sbin/nologin$", sysusers, re.M), sysusers
+    postinst = _maintainer_script(deb, "postinst")
+    assert unit not in _maintainer_script(deb, "preinst", check=False), \
+        f"an upgrade stops {unit} (and nothing starts it again)"
+    said = [line.strip() for line in postinst.splitlines() if unit in line]
     assert said, postinst
     for line in said:  # enabled only where the operator had enabled it; never started, only try-restarted
         assert not re.search(r"deb-systemd-invoke (start|restart) ", line), line
         assert not line.startswith("deb-systemd-helper enable") or "was-enabled" in postinst, line
     assert any("try-restart" in line for line in said), said
-    prerm = subprocess.run(["dpkg-deb", "-I", deb, "prerm"], capture_output=True, text=True, check=True,
-                           timeout=60).stdout
-    assert "stop edgeinfer-gateway.service" in prerm and "-name edgeinfer-gateway.service -type l -delete" in prerm
-    postrm = subprocess.run(["dpkg-deb", "-I", deb, "postrm"], capture_output=True, text=True, check=True,
-                            timeout=60).stdout
-    assert "userdel edgeinfer-gw" in postrm
+    prerm = _maintainer_script(deb, "prerm")
+    assert f"stop {unit}.service" in prerm and f"-name {unit}.service -type l -delete" in prerm
+    assert f"userdel {user}" in _maintainer_script(deb, "postrm")
+    return prerm
+
+
+def test_gateway_is_shipped_disabled_with_its_user_and_conffile(deb, shipped):
+    """edgeinfer-gateway, shipped disabled (_shipped_disabled), user edgeinfer-gw."""
+    _shipped_disabled(deb, shipped, "edgeinfer-gateway", "edgeinfer-gw", "/etc/edgeinfer/gateway.yaml")
 
 
 def test_mqtt_bridge_is_shipped_disabled_with_its_user_and_conffile(deb, shipped):
-    """edgeinfer-mqtt, as the gateway: its unit (the decision log in its StateDirectory=), its configuration as a
-    conffile, its user from sysusers.d (no shell); the maintainer scripts never enable or start it, an upgrade only
-    try-restarts it, a remove stops and disables it, a purge removes its user and its decision log."""
+    """edgeinfer-mqtt, shipped disabled as the gateway: its unit (the decision log in its StateDirectory=),
+    stopped on remove before the daemon, its decision log removed on purge."""
     unit = text(shipped, "lib/systemd/system/edgeinfer-mqtt.service")
     for line in ("Type=notify", "ExecStart=/usr/bin/edgeinferctl mqtt --config /etc/edgeinfer/mqtt.yaml",
                  "RestartPreventExitStatus=2", "User=edgeinfer-mqtt", "SupplementaryGroups=edgeinfer",
                  "StateDirectory=edgeinfer-mqtt", "MemoryDenyWriteExecute=yes"):
         assert f"\n{line}\n" in unit, line
     assert "[Install]\nWantedBy=multi-user.target\n" in unit
-    assert "etc/edgeinfer/mqtt.yaml" in shipped
-    conffiles = subprocess.run(["dpkg-deb", "-I", deb, "conffiles"], capture_output=True, text=True, check=True,
-                               timeout=60).stdout.split()
-    assert "/etc/edgeinfer/mqtt.yaml" in conffiles, conffiles
-    sysusers = text(shipped, "usr/lib/sysusers.d/edgeinfer.conf")
-    assert re.search(r"^u edgeinfer-mqtt - \"[^\"]+\" / /usr/sbin/nologin$", sysusers, re.M), sysusers
-    postinst = subprocess.run(["dpkg-deb", "-I", deb, "postinst"], capture_output=True, text=True, check=True,
-                              timeout=60).stdout
-    preinst = subprocess.run(["dpkg-deb", "-I", deb, "preinst"], capture_output=True, text=True, timeout=60).stdout
-    assert "edgeinfer-mqtt" not in preinst, "an upgrade stops the bridge (and nothing starts it again)"
-    said = [line.strip() for line in postinst.splitlines() if "edgeinfer-mqtt" in line]
-    assert said, postinst
-    for line in said:  # enabled only where the operator had enabled it; never started, only try-restarted
-        assert not re.search(r"deb-systemd-invoke (start|restart) ", line), line
-        assert not line.startswith("deb-systemd-helper enable") or "was-enabled" in postinst, line
-    assert any("try-restart" in line for line in said), said
-    prerm = subprocess.run(["dpkg-deb", "-I", deb, "prerm"], capture_output=True, text=True, check=True,
-                           timeout=60).stdout
-    assert "stop edgeinfer-mqtt.service" in prerm and "-name edgeinfer-mqtt.service -type l -delete" in prerm
+    prerm = _shipped_disabled(deb, shipped, "edgeinfer-mqtt", "edgeinfer-mqtt", "/etc/edgeinfer/mqtt.yaml")
     # Stopped before the daemon's own snippet stops edgeinferd (it would reconnect, and the socket start it again).
     assert prerm.index("stop edgeinfer-mqtt.service") < prerm.index("deb-systemd-invoke stop 'edgeinferd.service'"), prerm
-    postrm = subprocess.run(["dpkg-deb", "-I", deb, "postrm"], capture_output=True, text=True, check=True,
-                            timeout=60).stdout
-    assert "userdel edgeinfer-mqtt" in postrm and "rm -rf /var/lib/edgeinfer-mqtt" in postrm
+    assert "rm -rf /var/lib/edgeinfer-mqtt" in _maintainer_script(deb, "postrm")
 
 
 # ------------------------------------------------------------------ the man pages against the real CLI

@@ -82,6 +82,27 @@ def uncommented(text: str) -> str:
     return COMMENTED_KEY.sub(r"\1\2", text)
 
 
+def shown_keys(path, schema: dict) -> tuple[list[str], set[tuple]]:
+    """(keys the file shows that the schema lacks, commented-out or not; every schema key the file shows)."""
+    present = file_keys(yaml.safe_load(uncommented(path.read_text())), schema)
+    return sorted(".".join(k) for k in present - set(schema)), present
+
+
+def commented_out(path, schema: dict) -> set[tuple]:
+    """The schema keys the file shows only in comments."""
+    text = path.read_text()
+    return file_keys(yaml.safe_load(uncommented(text)), schema) - file_keys(yaml.safe_load(text), schema)
+
+
+def commented_with_a_default(path, schema: dict, examples=frozenset()) -> tuple[list[str], set[tuple]]:
+    """(commented-out keys that have a default to show, other than `examples`; every commented-out key). Keys
+    inside a commented-out key are part of its example (lanes: - cpus: ...)."""
+    commented = commented_out(path, schema)
+    wrong = sorted(".".join(k) for k in commented - set(examples)
+                   if (schema[k].is_required() or schema[k].default is not None) and k[:-1] not in commented)
+    return wrong, commented
+
+
 def test_the_walk_sees_nested_keys():
     keys = schema_fields()
     for k in [("model", "trust_dir"), ("streams", "producer", "user"), ("streams", "readers", "groups"),
@@ -96,8 +117,7 @@ def test_the_walk_sees_nested_keys():
 def test_shipped_config_has_every_key_of_the_schema_and_no_other():
     schema = schema_fields()
     text = SHIPPED.read_text()
-    present = file_keys(yaml.safe_load(uncommented(text)), schema)
-    unknown = sorted(".".join(k) for k in present - set(schema))
+    unknown, present = shown_keys(SHIPPED, schema)
     assert unknown == [], f"{SHIPPED} shows keys the schema does not have (commented-out or not): {unknown}"
     missing = sorted(".".join(k) for k in set(schema) - present - set(ABI1_KEYS))
     assert missing == [], f"{SHIPPED} does not document {missing}"
@@ -109,14 +129,8 @@ def test_shipped_config_has_every_key_of_the_schema_and_no_other():
 
 def test_commented_out_keys_are_the_ones_without_a_default():
     """A key with a default is set, showing it; only a key that is unset by default is commented out."""
-    schema = schema_fields()
-    text = SHIPPED.read_text()
-    commented = (file_keys(yaml.safe_load(uncommented(text)), schema)
-                 - file_keys(yaml.safe_load(text), schema))
+    wrong, commented = commented_with_a_default(SHIPPED, schema_fields())
     assert commented, "the walk found no commented-out key (the file has some)"
-    # Keys inside a commented-out key are part of its example (lanes: - cpus: ...).
-    wrong = sorted(".".join(k) for k in commented if (schema[k].is_required() or schema[k].default is not None)
-                   and k[:-1] not in commented)
     assert wrong == [], f"commented out in {SHIPPED}, but they have a default to show: {wrong}"
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from conftest import ROOT
 from edgeinfer.fronts.settings import GATEWAY_CONFIG, GatewayConfig, load_gateway_config
-from test_shipped_config import file_keys, not_defaults, schema_fields, uncommented
+from test_shipped_config import commented_with_a_default, not_defaults, schema_fields, shown_keys, uncommented
 
 SHIPPED = ROOT / "etc/edgeinfer/gateway.yaml"
 EXAMPLES = {("models",)}
@@ -27,23 +27,15 @@ def test_the_walk_sees_the_gateway_keys():
 
 
 def test_shipped_gateway_config_has_every_key_of_the_schema_and_no_other():
-    schema = schema_fields(GatewayConfig)
-    text = SHIPPED.read_text()
-    present = file_keys(yaml.safe_load(uncommented(text)), schema)
-    unknown = sorted(".".join(k) for k in present - set(schema))
+    unknown, present = shown_keys(SHIPPED, schema_fields(GatewayConfig))
     assert unknown == [], f"{SHIPPED} shows keys the schema does not have (commented-out or not): {unknown}"
-    missing = sorted(".".join(k) for k in set(schema) - present)
+    missing = sorted(".".join(k) for k in set(schema_fields(GatewayConfig)) - present)
     assert missing == [], f"{SHIPPED} does not document {missing}"
 
 
 def test_gateway_commented_out_keys_are_the_ones_without_a_default():
-    schema = schema_fields(GatewayConfig)
-    text = SHIPPED.read_text()
-    commented = (file_keys(yaml.safe_load(uncommented(text)), schema)
-                 - file_keys(yaml.safe_load(text), schema))
+    wrong, commented = commented_with_a_default(SHIPPED, schema_fields(GatewayConfig), EXAMPLES)
     assert ("grpc", "tls") in commented and ("models",) in commented
-    wrong = sorted(".".join(k) for k in commented - EXAMPLES
-                   if (schema[k].is_required() or schema[k].default is not None) and k[:-1] not in commented)
     assert wrong == [], f"commented out in {SHIPPED}, but they have a default to show: {wrong}"
 
 

@@ -19,7 +19,7 @@ import yaml
 from conftest import ROOT
 from edgeinfer.bridges.settings import MQTT_CONFIG, MqttConfig, StreamOut, load_mqtt_config
 from edgeinfer.cli.ctl import edgeinferctl_main
-from test_shipped_config import file_keys, not_defaults, schema_fields, uncommented
+from test_shipped_config import commented_with_a_default, not_defaults, schema_fields, shown_keys, uncommented
 
 SHIPPED = ROOT / "etc/edgeinfer/mqtt.yaml"
 EXAMPLES = {("streams",), ("streams", "rules"), ("node",)}
@@ -35,23 +35,15 @@ def test_the_walk_sees_the_bridge_keys():
 
 
 def test_shipped_mqtt_config_has_every_key_of_the_schema_and_no_other():
-    schema = schema_fields(MqttConfig)
-    text = SHIPPED.read_text()
-    present = file_keys(yaml.safe_load(uncommented(text)), schema)
-    unknown = sorted(".".join(k) for k in present - set(schema))
+    unknown, present = shown_keys(SHIPPED, schema_fields(MqttConfig))
     assert unknown == [], f"{SHIPPED} shows keys the schema does not have (commented-out or not): {unknown}"
-    missing = sorted(".".join(k) for k in set(schema) - present)
+    missing = sorted(".".join(k) for k in set(schema_fields(MqttConfig)) - present)
     assert missing == [], f"{SHIPPED} does not document {missing}"
 
 
 def test_mqtt_commented_out_keys_are_the_ones_without_a_default():
-    schema = schema_fields(MqttConfig)
-    text = SHIPPED.read_text()
-    commented = (file_keys(yaml.safe_load(uncommented(text)), schema)
-                 - file_keys(yaml.safe_load(text), schema))
+    wrong, commented = commented_with_a_default(SHIPPED, schema_fields(MqttConfig), EXAMPLES)
     assert {("broker", "tls"), ("broker", "password_file"), ("streams", "rules"), ("node",)} <= commented
-    wrong = sorted(".".join(k) for k in commented - EXAMPLES
-                   if (schema[k].is_required() or schema[k].default is not None) and k[:-1] not in commented)
     assert wrong == [], f"commented out in {SHIPPED}, but they have a default to show: {wrong}"
 
 
