@@ -152,6 +152,25 @@ def test_events_new_and_end_at_the_right_frames_and_the_state_after_a_restart(tm
                 new2["id"]
         finally:
             late.close()
+        # The broker restarted without persistence (its retained messages gone): on the new connection the bridge
+        # publishes each stream's state again, so a subscriber that comes later still finds it.
+        states_before = metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="state")
+        broker.stop()
+        broker.start()
+        wait_for(lambda: metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="state") > states_before,
+                 20, "the state published again on the new connection")
+        late = Subscriber(broker.port)
+        try:
+            wait_for(lambda: late.of("edgeinfer/cam-a/state"), 10, "the retained state after a broker restart")
+            (payload, retained, _t), = late.of("edgeinfer/cam-a/state")
+            state = json.loads(payload)
+            jsonschema.validate(state, STATE)
+            assert retained and state["rules"]["tilted"]["active"] and state["rules"]["tilted"]["event"]["id"] == \
+                new2["id"], (retained, state, new2["id"])
+            wait_for(lambda: late.of("edgeinfer/available"), 10, "the retained availability after a broker restart")
+            assert [p for p, _r, _t in late.of("edgeinfer/available")] == [b"online"]
+        finally:
+            late.close()
         bridge.send_signal(signal.SIGTERM)
         assert bridge.wait(15) == 0
     finally:

@@ -98,6 +98,7 @@ class Bridge:
         self.labels = LabelSource(config=cfg.daemon_config, warn=lambda m: log.warning("%s", m))
         self.digests = Digests(lambda: [b for b, _ in self.labels._candidates()])
         self.decisions: DecisionLog | None = None   # the decision log (decisions.py), opened by start()
+        self._states_for = 0   # the broker connection the retained states were last offered for
 
     def start(self) -> None:
         cfg = self.cfg
@@ -185,6 +186,15 @@ class Bridge:
     def turn(self) -> int:
         n = 0
         now_ns = time.time_ns()
+        connections = self.publisher.connections
+        if connections > self._states_for:
+            # A new connection: a broker that restarted without persistence lost its retained messages, so each
+            # stream's state goes again ("online" likewise, from the publisher). The first: start() offered them.
+            if self._states_for:
+                for st in self.streams:
+                    if st.rules is not None:
+                        self._offer_state(st)
+            self._states_for = connections
         for st in self.streams:  # end_after_ms episodes of streams that fell silent
             if st.rules is not None:
                 self._offer_events(st, st.rules.expire(now_ns))
