@@ -42,6 +42,22 @@ def _states(sub: Subscriber, since: float = 0.0) -> list[tuple[dict, bool]]:
     return out
 
 
+def _retained_state_is_active(port: int, event_id: str, what: str) -> None:
+    """A subscriber that comes now gets cam-a's state retained, its rule active with `event_id`, and "online"."""
+    late = Subscriber(port)
+    try:
+        wait_for(lambda: late.of("edgeinfer/cam-a/state"), 10, what)
+        (payload, retained, _t), = late.of("edgeinfer/cam-a/state")
+        state = json.loads(payload)
+        jsonschema.validate(state, STATE)
+        assert retained and state["rules"]["tilted"]["active"] and state["rules"]["tilted"]["event"]["id"] == \
+            event_id, (retained, state, event_id)
+        wait_for(lambda: late.of("edgeinfer/available"), 10, "the retained availability")
+        assert [p for p, _r, _t in late.of("edgeinfer/available")] == [b"online"]
+    finally:
+        late.close()
+
+
 class Schedule:
     """The test's camera: publishes an upright or a rotated page, one frame at a time, and waits for the daemon's
     result of each (so every frame is classified, none skipped by newest-wins); checks the classifier agreed."""
@@ -142,16 +158,7 @@ def test_events_new_and_end_at_the_right_frames_and_the_state_after_a_restart(tm
         wait_for(lambda: _events(sub, t_restart), 10, "the restarted bridge's new")
         (new2,) = _events(sub, t_restart)
         assert new2["type"] == "new" and new2["id"] != new["id"] and new2["start_frame_id"] <= again[1]
-        late = Subscriber(broker.port)
-        try:
-            wait_for(lambda: late.of("edgeinfer/cam-a/state"), 10, "the retained state")
-            (payload, retained, _t), = late.of("edgeinfer/cam-a/state")
-            state = json.loads(payload)
-            jsonschema.validate(state, STATE)
-            assert retained and state["rules"]["tilted"]["active"] and state["rules"]["tilted"]["event"]["id"] == \
-                new2["id"]
-        finally:
-            late.close()
+        _retained_state_is_active(broker.port, new2["id"], "the retained state")
         # The broker restarted without persistence (its retained messages gone): on the new connection the bridge
         # publishes each stream's state again, so a subscriber that comes later still finds it.
         states_before = metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="state")
@@ -159,18 +166,7 @@ def test_events_new_and_end_at_the_right_frames_and_the_state_after_a_restart(tm
         broker.start()
         wait_for(lambda: metric(bridge.metrics_url, "edgeinfer_mqtt_published_total", kind="state") > states_before,
                  20, "the state published again on the new connection")
-        late = Subscriber(broker.port)
-        try:
-            wait_for(lambda: late.of("edgeinfer/cam-a/state"), 10, "the retained state after a broker restart")
-            (payload, retained, _t), = late.of("edgeinfer/cam-a/state")
-            state = json.loads(payload)
-            jsonschema.validate(state, STATE)
-            assert retained and state["rules"]["tilted"]["active"] and state["rules"]["tilted"]["event"]["id"] == \
-                new2["id"], (retained, state, new2["id"])
-            wait_for(lambda: late.of("edgeinfer/available"), 10, "the retained availability after a broker restart")
-            assert [p for p, _r, _t in late.of("edgeinfer/available")] == [b"online"]
-        finally:
-            late.close()
+        _retained_state_is_active(broker.port, new2["id"], "the retained state after a broker restart")
         bridge.send_signal(signal.SIGTERM)
         assert bridge.wait(15) == 0
     finally:
