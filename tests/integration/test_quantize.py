@@ -20,7 +20,8 @@ from daemon_helpers import bundle, start_daemon, stop_daemon, write_config
 from test_daemon import feed_and_collect
 
 from edgeinfer.cameras.synthetic import make_frames
-from edgeinfer.models.tools.quantize import DEFAULT_MIN_AGREEMENT, match_boxes
+from edgeinfer.models.agreement import match_boxes
+from edgeinfer.models.tools.quantize import DEFAULT_MIN_AGREEMENT
 from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION
 
 CTL = str(Path(sys.executable).with_name("edgeinferctl"))

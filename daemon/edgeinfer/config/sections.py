@@ -59,11 +59,36 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 LEGACY_MODEL_NAME = "default"  # the name of model.bundle when a configuration has no `models:`
 
 
+class RolloutWindow(_Strict):
+    """What a rollout measures before it decides: both at least (docs/operations.md, "Rollouts")."""
+    min_frames: int = Field(200, ge=10, le=10_000_000)   # frames compared (shadow) or served by each version (canary)
+    min_seconds: float = Field(60.0, ge=1.0, le=7 * 86400.0)
+
+
+class RolloutGates(_Strict):
+    """A candidate is promoted when every gate passes over the window, rolled back when one fails."""
+    # Agreement with the serving version (models/agreement.py, the quantize gate's measure): top-1 for
+    # classifiers, boxes matched at IoU >= 0.5 for detectors. None: the quantize gate's default for the kind.
+    min_agreement: float | None = Field(None, ge=0.0, le=1.0)
+    max_p99_ratio: float = Field(1.25, ge=1.0, le=100.0)  # candidate's p99 run time ÷ the serving version's
+    max_error_rate: float = Field(0.01, ge=0.0, le=1.0)   # candidate runs that failed or were cancelled
+
+
+class Rollout(_Strict):
+    """How a new version of this model's bundle is taken into service (docs/operations.md, "Rollouts")."""
+    policy: Literal["immediate", "shadow", "canary"] = "immediate"
+    sample: float = Field(0.1, gt=0.0, le=1.0)   # shadow: share of the serving frames also run by the candidate
+    share: float = Field(0.5, gt=0.0, lt=1.0)    # canary: share of the model's streams the candidate serves
+    window: RolloutWindow = RolloutWindow()
+    gates: RolloutGates = RolloutGates()
+
+
 class ModelEntry(_Strict):
     """One model the daemon serves: its bundle and how each lane runs it."""
     bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
     ort_threads: int = Field(1, ge=1, le=256)  # intra-op threads per lane for this model, the lane's loop included
     batch: int = Field(1, ge=1, le=64)         # ready frames of one geometry a lane runs as one batch (1: none)
+    rollout: Rollout = Rollout()               # immediate: a verified new version serves every stream at once
 
     @field_validator("bundle")
     @classmethod

@@ -52,13 +52,15 @@ class LoopClock:
 class Chores:
     """The control plane's periodic work, each a named step (the serve loop runs them every turn)."""
 
-    def __init__(self, cfg, *, models, lanes, notifier, watchdog, trim: DeferredTrim, status: Callable[[], dict],
-                 reload: Callable[..., dict], status_interval: float = 0.0, stats_file: str | None = None,
-                 print_status: Callable[[dict], None] | None = None):
-        """models: the registry; lanes: the LaneSet; notifier: sd_notify; watchdog: its pinger; status: the status
-        dict now; reload(only_moved=True): reloads the models whose bundle path moved."""
+    def __init__(self, cfg, *, models, lanes, rollouts, notifier, watchdog, trim: DeferredTrim,
+                 status: Callable[[], dict], reload: Callable[..., dict], status_interval: float = 0.0,
+                 stats_file: str | None = None, print_status: Callable[[dict], None] | None = None):
+        """models: the registry; lanes: the LaneSet; rollouts: the models' rollouts (their gates are evaluated
+        here); notifier: sd_notify; watchdog: its pinger; status: the status dict now; reload(only_moved=True):
+        reloads the models whose bundle path moved."""
         self.cfg = cfg
         self.models, self.lanes, self.notifier, self.watchdog, self.trim = models, lanes, notifier, watchdog, trim
+        self.rollouts = rollouts
         self.status, self.reload = status, reload
         now = time.monotonic()
         self.next_notify = now + cfg.runtime.status_interval_s
@@ -75,6 +77,8 @@ class Chores:
         if self.watchdog:
             self.watchdog.tick()
         self.models.record_accepted()
+        if self.rollouts is not None:
+            self.rollouts.evaluate(now)
         if self.notifier.enabled and now >= self.next_notify:
             self.next_notify += self.cfg.runtime.status_interval_s
             self.notifier.send("STATUS=" + status_line(self.status()))

@@ -28,6 +28,7 @@ from edgeinfer.control.ingress import Ingress
 from edgeinfer.control.registry import Models
 from edgeinfer.control.reload import Reloader, declared_geometries
 from edgeinfer.control.restore import restore_producers
+from edgeinfer.control.rollout import Rollouts
 from edgeinfer.control.streams import StreamState
 from edgeinfer.lanes.dispatch import DispatchTable
 from edgeinfer.lanes.stream import Stream
@@ -78,6 +79,7 @@ class Daemon:
         self.ingress: Ingress | None = None
         self.admission: Admission | None = None
         self.reloader: Reloader | None = None
+        self.rollouts: Rollouts | None = None
         self.restored = 0  # producers served on from systemd's fd store at start
 
     # ---------------------------------------------------------------- signals (signals.py: handlers only record)
@@ -136,9 +138,10 @@ class Daemon:
                 log.info("metrics and health on http://%s", self.metrics.address)
                 print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
             self.lanes.start(self.model_runtimes, {n: declared_geometries(cfg, n) for n in self.models.served})
+            self.rollouts = Rollouts(cfg, models=self.models, lanes=self.lanes, streams=self.streams, trim=self.trim)
             self.reloader = Reloader(cfg, self.config_path, models=self.models, lanes=self.lanes,
                                      streams=self.streams, notifier=self.notifier, trim=self.trim,
-                                     status_line=self.status_line)
+                                     status_line=self.status_line, rollouts=self.rollouts)
             log.info("%d lane(s): %s", len(self.plans), "; ".join(
                 f"lane{i} CPUs {','.join(map(str, p.cpus))} models {','.join(p.models)}"
                 for i, p in enumerate(self.plans)))
@@ -162,6 +165,7 @@ class Daemon:
             self.health.model_ready = True
             self.models.serving = True  # the bundles served are known to be good from now on
             self.models.record_accepted(force=True)
+            self.reloader.resume()  # a rollout the last daemon did not finish starts again (rollout.py)
             self.watchdog = Watchdog(self.notifier, self.lanes, cfg.metrics.health_deadline_s)
         except BaseException:
             for fds in stored.values():
@@ -245,7 +249,7 @@ class Daemon:
 
     def snapshot(self) -> Snapshot:
         """The daemon's state now, typed (what /metrics and status read; any thread)."""
-        return statusreport.take_snapshot(self.states, self.lanes, self.models, self.ingress, self.loop,
+        return statusreport.take_snapshot(self.states, self.lanes, self.models, self.ingress, self.loop, self.rollouts,
                                           started_ns=self.started_ns, restored=self.restored,
                                           chore_errors=self.chore_errors,
                                           metrics_address=self.metrics.address if self.metrics else None)
@@ -261,7 +265,8 @@ class Daemon:
     def serve(self, status_interval: float = 0.0, stats_file: str | None = None, print_status=None) -> int:
         """Runs until a stop signal; returns the exit code."""
         self.notifier.send("READY=1", "STATUS=" + self.status_line())
-        chores = self.chores = Chores(self.cfg, models=self.models, lanes=self.lanes, notifier=self.notifier,
+        chores = self.chores = Chores(self.cfg, models=self.models, lanes=self.lanes, rollouts=self.rollouts,
+                                      notifier=self.notifier,
                                       watchdog=self.watchdog, trim=self.trim, status=self.status,
                                       reload=self.reload, status_interval=status_interval, stats_file=stats_file,
                                       print_status=print_status)

@@ -47,6 +47,9 @@ class ServedModel:
         # Serving the last known-good bundle because the configured one was refused at start:
         # {"configured": the refused directory, "reason": why, "kind": a REASONS entry, "bundle": the one served}.
         self.fallback: dict | None = None
+        # A rollout policy, and the configured bundle is not the proven one: the start serves the proven one, and
+        # the configured bundle's rollout starts (again) once the lanes serve (control/rollout.py).
+        self.pending_rollout = False
 
     @property
     def version(self) -> str | None:
@@ -79,11 +82,13 @@ class Models:
         and holding the model.onnx that served (ServedModel.fallback then says so). Raises BundleError: the
         refusal, and why there is nothing to fall back on when a known-good bundle is recorded."""
         m = self.served[name]
-        m.fallback = None
+        m.fallback, m.pending_rollout = None, False
         try:
-            return self.load(name)
+            configured = self.load(name)
         except BundleError as e:
             refused = e
+        else:
+            return self._proven(name, configured) if m.entry.rollout.policy != "immediate" else configured
         try:
             good = self.known_good.get(name)
         except BundleError as e:
@@ -109,6 +114,33 @@ class Models:
                   "one), then systemctl reload edgeinferd", name,
                   m.entry.bundle if configured == m.entry.bundle else f"{m.entry.bundle} (→ {configured})", refused,
                   good["bundle"], model.name, model.version, model.bundle.sha256[:16])
+        return model
+
+    def _proven(self, name: str, configured: ModelRuntime) -> ModelRuntime:
+        """Under a rollout policy, the start serves the proven version: the configured bundle if it is the last
+        known-good one (or nothing was ever served), else the last known-good bundle, verified again, with the
+        configured one's rollout pending. Never the unproven candidate: if the proven bundle is refused now, the
+        start fails with both reasons."""
+        m = self.served[name]
+        good = self.known_good.get(name)
+        if good is None or (good["sha256"], good["version"]) == (configured.bundle.sha256, configured.version):
+            return configured
+        said = f"{good['bundle']} ({good['name']} {good['version']})"
+        try:
+            model = self.load(name, good["bundle"])
+        except BundleError as e:
+            raise BundleError(f"model {name}: the configured bundle {configured.name} {configured.version} has not "
+                              f"passed its rollout (policy {m.entry.rollout.policy}), and the proven version "
+                              f"{said} is refused: {e}") from None
+        if model.bundle.sha256 != good["sha256"]:
+            raise BundleError(f"model {name}: the configured bundle {configured.name} {configured.version} has not "
+                              f"passed its rollout, and the proven version {said} is not what served: its "
+                              "model.onnx changed")
+        m.pending_rollout = True
+        log.warning("model %s: the configured bundle %s (%s %s) has not passed its rollout (policy %s): serving the "
+                    "proven version %s %s from %s; the rollout starts again once the lanes serve", name,
+                    m.entry.bundle, configured.name, configured.version, m.entry.rollout.policy, model.name,
+                    model.version, good["bundle"])
         return model
 
     def start(self, name: str) -> ModelRuntime:

@@ -15,6 +15,7 @@ from typing import Callable
 
 from edgeinfer.abi import ring
 from edgeinfer.abi.vocabulary import Geometry
+from edgeinfer.control.rollout import Rollouts
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.support.memtrim import DeferredTrim
 
@@ -29,12 +30,14 @@ def declared_geometries(cfg, model: str) -> list:
 
 class Reloader:
     def __init__(self, cfg, config_path: str | None, *, models, lanes, streams: list, notifier, trim: DeferredTrim,
-                 status_line: Callable[[], str]):
+                 status_line: Callable[[], str], rollouts: Rollouts):
         """models: the registry; lanes: the LaneSet; streams: every Stream (their result rings' capacity);
-        notifier: sd_notify (RELOADING=1 … READY=1); trim: scheduled after a swap; status_line: STATUS= after."""
+        notifier: sd_notify (RELOADING=1 … READY=1); trim: scheduled after a swap; status_line: STATUS= after;
+        rollouts: where a model with a rollout policy takes its new version (rollout.py)."""
         self.cfg, self.config_path = cfg, config_path
         self.models, self.lanes, self.streams, self.notifier, self.trim = models, lanes, streams, notifier, trim
         self.status_line = status_line
+        self.rollouts = rollouts
 
     def reload(self, only_moved: bool = False) -> dict[str, bool]:
         """RELOADING=1 … READY=1 around reloading every model whose bundle changed (SIGHUP: re-read each;
@@ -76,31 +79,46 @@ class Reloader:
                     "other settings change only on restart: systemctl restart edgeinferd (cameras keep their rings "
                     "and connections across it)", self.config_path, what)
 
+    def resume(self) -> None:
+        """After the start: the rollout of every model whose start served its proven version instead of the
+        configured candidate (registry.py) starts again."""
+        for name, served in self.models.served.items():
+            if served.pending_rollout:
+                served.pending_rollout = False
+                self._reload(name)
+
     def _reload(self, name: str) -> bool:
-        """Verify → load in every lane holding it, next to the serving version → swap between two frames.
-        On any failure this model's old version keeps serving; no other model is touched."""
+        """Verify → load in every lane holding it, next to the serving version → swap between two frames, or (a
+        rollout policy) start its rollout. On any failure this model's old version keeps serving; no other model
+        is touched."""
         served = self.models.served[name]
         old = served.runtime
+        rollouts = self.rollouts
+        going = rollouts.under_way(name)
+        rollout = served.entry.rollout.policy != "immediate"
         try:
             new = self.models.load(name)
-            if new.bundle.sha256 == old.bundle.sha256 and new.bundle.meta == old.bundle.meta:
+            if _same(new, old):
                 self.models.unchanged(name, new)
+                if going is not None:
+                    rollouts.abort(name, "the configured bundle is the serving version again")
                 return True  # unchanged: nothing to do
-            need = new.decoder.payload_capacity
-            small = {s.name: s.writer.payload_capacity for s in self.streams
-                     if s.model == name and s.writer.payload_capacity < need}
-            if small:  # result rings are made once, at start: a record that does not fit is never cut short
-                raise BundleError(f"{new.bundle.path}: its results take up to {need} bytes per record, more than "
-                                  f"the result rings of {', '.join(small)} hold ({min(small.values())}); restart "
-                                  "edgeinferd to serve it")
-            geometries = sorted(set(self.lanes.geometries_attached(name))
-                                | set(declared_geometries(self.cfg, name)))[-self.cfg.runtime.max_sessions:]
-            errors = self.lanes.stage(name, new, geometries)
-            if errors:
-                raise BundleError("; ".join(f"{lane}: {e}" for lane, e in errors.items()))
+            if going is not None and _same(new, going.model):
+                served.target = new.target
+                return True  # its rollout is under way
+            if going is not None:
+                rollouts.abort(name, f"superseded by {new.name} {new.version} ({new.target})")
+            geometries = self._geometries(name)
+            if rollout:
+                rollouts.check(name, new, old, geometries)
+            self._stage(name, new, geometries)
         except (BundleError, OSError) as e:
             self.models.refuse(name, e)
             return False
+        if rollout:  # the candidate waits for its gates (rollout.py); the floor has not moved
+            served.target = new.target
+            rollouts.begin(name, new, old)
+            return True
         self.lanes.commit(name, new)
         self.models.accept(name, new)
         served.reloads += 1
@@ -108,3 +126,27 @@ class Reloader:
         log.info("model %s: reloaded: now serving %s %s (was %s %s)", name, new.name, new.version, old.name,
                  old.version)
         return True
+
+    def _geometries(self, name: str) -> list:
+        """The frame geometries a new version is staged for: those in use and those declared (the most recent
+        max_sessions of them)."""
+        return sorted(set(self.lanes.geometries_attached(name))
+                      | set(declared_geometries(self.cfg, name)))[-self.cfg.runtime.max_sessions:]
+
+    def _stage(self, name: str, new, geometries: list) -> None:
+        """`new` built and warmed in every lane holding `name`, beside what it serves; BundleError otherwise."""
+        need = new.decoder.payload_capacity
+        small = {s.name: s.writer.payload_capacity for s in self.streams
+                 if s.model == name and s.writer.payload_capacity < need}
+        if small:  # result rings are made once, at start: a record that does not fit is never cut short
+            raise BundleError(f"{new.bundle.path}: its results take up to {need} bytes per record, more than "
+                              f"the result rings of {', '.join(small)} hold ({min(small.values())}); restart "
+                              "edgeinferd to serve it")
+        errors = self.lanes.stage(name, new, geometries)
+        if errors:
+            raise BundleError("; ".join(f"{lane}: {e}" for lane, e in errors.items()))
+
+
+def _same(a, b) -> bool:
+    """The same model.onnx and model.yaml."""
+    return a.bundle.sha256 == b.bundle.sha256 and a.bundle.meta == b.bundle.meta

@@ -9,10 +9,11 @@ from edgeinfer.abi import ring
 from edgeinfer.telemetry.snapshot import FdCloserView, LoopView, ModelView, RegistryView, Snapshot, StreamView
 
 
-def take_snapshot(streams, lanes, models, ingress, loop, *, started_ns: int, restored: int, chore_errors: int,
-                  metrics_address: str | None) -> Snapshot:
+def take_snapshot(streams, lanes, models, ingress, loop, rollouts, *, started_ns: int, restored: int,
+                  chore_errors: int, metrics_address: str | None) -> Snapshot:
     """The daemon's state now, from its parts: streams (their StreamStates), lanes (the LaneSet, None before
-    the start), models (the registry), ingress (None before its sockets exist), loop (the LoopClock)."""
+    the start), models (the registry), ingress (None before its sockets exist), loop (the LoopClock), rollouts
+    (None before the lanes run)."""
     now = ring.monotonic_ns()
     return Snapshot(
         now_ns=now, uptime_s=(now - started_ns) / 1e9,
@@ -21,7 +22,8 @@ def take_snapshot(streams, lanes, models, ingress, loop, *, started_ns: int, res
                       for s in streams),
         models=tuple(ModelView(name, m.entry.bundle, m.entry.ort_threads,
                                (m.runtime.name, m.runtime.version, m.runtime.bundle.sha256) if m.runtime else None,
-                               m.reloads, dict(m.failures), m.last_error, m.fallback)
+                               m.reloads, dict(m.failures), m.last_error, m.fallback,
+                               rollouts.view(name) if rollouts is not None and m.runtime else None)
                      for name, m in list(models.served.items())),
         lanes=lanes.status(now) if lanes is not None else {},
         registry=RegistryView(models.reloads, models.reload_failures, models.last_reload_error,
@@ -56,7 +58,8 @@ def status(snap: Snapshot) -> dict:
                             # serving the last known-good bundle: the configured one was refused at start
                             "known_good_fallback": m.fallback,
                             "streams": [s.name for s in snap.streams if s.model == m.name],
-                            "e2e_ms": _model_quantiles([s for s in snap.streams if s.model == m.name])}
+                            "e2e_ms": _model_quantiles([s for s in snap.streams if s.model == m.name]),
+                            "rollout": _rollout(m.rollout)}
                    for m in snap.models if m.served is not None},
         "lanes": lanes,
         "metrics_address": snap.metrics_address,
@@ -82,11 +85,40 @@ def status(snap: Snapshot) -> dict:
     }
 
 
+def _rollout(r) -> dict | None:
+    """A model's rollout in the status dict: its policy and gates, the candidate under way with its figures, the
+    last decision."""
+    if r is None:
+        return None
+    f = r.figures
+    return {"policy": r.policy, "candidate": r.candidate, "canary": list(r.canary), "gates": r.gates,
+            "figures": None if f is None else {
+                "frames": f.frames, "agreement": f.agreement, "runs": f.runs, "errors": f.errors,
+                "error_rate": f.error_rate, "skipped": f.skipped, "p99_candidate_us": f.p99_candidate_us,
+                "p99_serving_us": f.p99_serving_us, "p99_ratio": f.p99_ratio, "elapsed_s": f.elapsed_s},
+            "decisions": {"/".join(k): n for k, n in sorted(r.decisions.items())}, "last": r.last}
+
+
+def _rollout_said(r: dict | None) -> str:
+    if not r:
+        return ""
+    if r["candidate"]:
+        f, g = r["figures"] or {}, r["gates"]
+        agreement = f.get("agreement")
+        return (f" ({r['policy']} rollout of {r['candidate']}: {f.get('frames', 0)}/{g['min_frames']} frames, "
+                f"agreement {'-' if agreement is None else format(agreement, '.3f')})")
+    last = r.get("last")
+    if last:
+        return f" (last rollout: {last['candidate']} {'promoted' if last['decision'] == 'promote' else 'rolled back'})"
+    return ""
+
+
 def status_line(st: dict) -> str:
     """One line for systemd's STATUS=: models, lanes, then per stream fps, p99, drops."""
     parts = [", ".join(f"{n}: {m['name']} {m['version']}" + (
         f" (LAST KNOWN-GOOD: the configured {m['known_good_fallback']['configured']} was refused)"
-        if m.get("known_good_fallback") else "") for n, m in st["models"].items()) or "no model"]
+        if m.get("known_good_fallback") else "") + _rollout_said(m.get("rollout"))
+        for n, m in st["models"].items()) or "no model"]
     lanes = st["lanes"]
     if lanes:
         ready = sum(1 for ln in lanes.values() if ln["state"] == "ready")

@@ -58,6 +58,7 @@ class Engine:
                  scheduling: str = "fifo", priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0,
                  idle_timeout_ms: int = 100, peer_counters=None, release_nice: bool = False):
         self.models = dict(models)  # name → SessionSet: the lane's models
+        self.trials: dict = {}      # name → lanes.trial.Trial: a rollout's candidate beside the model (loop-owned)
         self.streams = streams
         self.lane_id = lane + 1     # the cursor's owner word (0 = free)
         # The lane's counters (dispatch.LANE_*), shared with the control plane; private without a table.
@@ -134,6 +135,17 @@ class Engine:
         every attached stream of it). A frame never mixes two models: the loop applies it between frames."""
         self._post(("model", name, model, sessions))
 
+    def start_trial(self, name: str, trial, sessions: dict) -> None:
+        """From the next frame on, `trial` (lanes/trial.py) measures model `name`'s candidate; `sessions`: the
+        candidate's FusedSession of each canary stream attached now."""
+        self._post(("trial", name, trial, sessions))
+
+    def end_trial(self, name: str, model, sessions: dict) -> None:
+        """The trial of `name` ends: `model` serves it from the next frame on (the candidate: promoted; the serving
+        version: aborted), with `sessions` for the attached streams whose session changes. The loop stops the
+        trial's thread once it no longer uses it."""
+        self._post(("end-trial", name, model, sessions))
+
     def _post(self, msg) -> None:
         self._mailbox.append(msg)
         self._bell.ring()
@@ -179,7 +191,13 @@ class Engine:
                     a.reader, a.session = None, None
                     changed = True
                 b.close()  # nobody serves it here any more: our fd now, the mapping with its last reference
-            else:  # model
+            elif kind == "trial":
+                self.trials[a] = b
+                for s, session in c.items():
+                    s.session = session
+            else:  # "model" (a reload's swap) or "end-trial"
+                if kind == "end-trial" and a in self.trials:
+                    self.trials.pop(a).stop()  # the loop's last touch of it: its thread may go now
                 self.models[a] = b
                 for s, session in c.items():
                     s.session = session
@@ -352,7 +370,12 @@ class Engine:
         return frame, start, age
 
     def _serve(self, group: list[LaneStream]) -> None:
-        model = self.models[group[0].model]  # one model for the whole run, even if a reload swaps it meanwhile
+        first = group[0]
+        trial = self.trials.get(first.model) if self.trials else None
+        by_candidate = trial is not None and first.session in trial.candidate_sessions  # a canary stream
+        # One model for the whole run, even if a reload swaps it meanwhile (a group shares one session, so one
+        # version).
+        model = trial.candidate if by_candidate else self.models[first.model]
         taken = []
         for s in group:
             got = self._take(s)
@@ -377,9 +400,20 @@ class Engine:
             frames = session.firsts[len(taken)]
             self.counters[dispatch.LANE_BATCHES] += 1
             self.counters[dispatch.LANE_COPIES] += len(taken)
+        run_from = ring.monotonic_ns()
         outputs = self._run_session(session, frames, taken)
         if outputs is None:
+            if by_candidate:
+                for _ in taken:
+                    trial.failed()
             return
+        if trial is not None:  # before the slot goes back: a sampled frame is copied for the trial's thread
+            run_ns = ring.monotonic_ns() - run_from
+            for i, (s, frame, start, age) in enumerate(taken):
+                single = len(taken) == 1
+                trial.ran(frame.array if single else session.rows[i], s.reader.geometry_key, s.geometry,
+                          outputs if single else [o[i:i + 1] for o in outputs], run_ns if i == 0 else -1,
+                          by_candidate)
         if len(taken) == 1:
             s, frame, start, age = taken[0]
             frame.release()  # the slot goes back to the camera before we decode
@@ -390,7 +424,7 @@ class Engine:
         inferred = ring.monotonic_ns()
         for i, (s, frame, start, age) in enumerate(taken):
             rows = outputs if len(taken) == 1 else [o[i:i + 1] for o in outputs]
-            self._publish(s, model, frame, rows, start, age, inferred)
+            self._publish(s, model, frame, rows, start, age, inferred, trial if by_candidate else None)
 
     def _run_session(self, session: FusedSession, frames, taken):
         """session.run on `frames`, cancellable at run_deadline_ms; None (each frame counted an error) on failure."""
@@ -416,12 +450,16 @@ class Engine:
         finally:
             counters[dispatch.LANE_RUN_STARTED] = 0
 
-    def _publish(self, s: LaneStream, model, frame, outputs, start: int, age: int, inferred: int) -> None:
+    def _publish(self, s: LaneStream, model, frame, outputs, start: int, age: int, inferred: int,
+                 trial=None) -> None:
+        """trial: the rollout's trial when `model` is its candidate (a canary stream)."""
         st = s.stats
         try:
             payload, items = model.decoder.decode(outputs, s.geometry[0], s.geometry[1])
         except DecoderError as e:  # an output this frame made larger than its record: an error, never cut short
             st.error += 1
+            if trial is not None:
+                trial.failed()
             self.events.append(("error", f"stream {s.name}: {e}"))
             return
         done = ring.monotonic_ns()

@@ -22,8 +22,10 @@ import time
 
 from edgeinfer.lanes import dispatch
 from edgeinfer.abi import ring
-from edgeinfer.lanes.protocol import (TO_LANE, Attach, Attached, Commit, Detach, Discard, Dropped, Log, ProtocolError,
-                                      Ready, Short, Stage, Staged, Stall, Stop, from_memfd, receive, send)
+from edgeinfer.lanes.protocol import (TO_LANE, Abort, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
+                                      ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
+                                      TrialReport, from_memfd, receive, send)
+from edgeinfer.lanes.trial import Trial
 from edgeinfer.support import sandbox
 from edgeinfer.lanes.loop import Engine
 from edgeinfer.lanes.stream import LaneStream
@@ -34,6 +36,7 @@ MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stre
 EVENT_LOG_S = 60.0        # the loop's same event (its numbers aside) is logged at most this often
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
+TRIAL_REPORT_S = 1.0     # how often a trial's figures go to the control plane
 
 
 class LogLimiter:
@@ -85,6 +88,9 @@ class Lane:
         self.keeps_nice = keeps_nice  # this thread holds CAP_SYS_NICE until the loop thread has started (sandbox)
         self.models: dict[str, SessionSet] = {}
         self.staged: dict[str, SessionSet] = {}
+        self.trials: dict[str, Trial] = {}  # a rollout's candidate per model (the loop has its own reference)
+        self.next_report = 0.0
+        self.said: set = set()  # trial troubles already logged, by (model, text)
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
         self.trim = DeferredTrim()  # gives a replaced model's freed memory back to the kernel
         self.mutes_logged = LogLimiter(MUTE_LOG_S)  # by stream
@@ -138,6 +144,74 @@ class Lane:
     def on_discard(self, msg: Discard, fds) -> None:
         self.staged.pop(msg.name, None)
 
+    def _sessions_of(self, name: str, model: SessionSet, only=None) -> dict:
+        """{stream: its session in `model`} for the attached streams of model `name` (those of `only`); a stream
+        whose geometry `model` lacks is left out."""
+        out = {}
+        for s in self.streams.values():
+            if s.model == name and s.index in self.rings and (only is None or s.index in only):
+                session = model.get(self.rings[s.index][1].geometry_key)
+                if session is not None:
+                    out[s] = session
+        return out
+
+    def on_starttrial(self, msg: StartTrial, fds) -> None:
+        """The staged version of a model is a rollout's candidate: measured beside the serving one (lanes/trial.py)."""
+        name = msg.name
+        candidate = self.staged.pop(name, None)
+        if candidate is None or name not in self.models or name in self.trials:
+            self.log("error", f"model {name}: a trial without a staged candidate, or a second one: ignored")
+            return
+        try:
+            trial = Trial(name, msg.mode, candidate, self.models[name], msg.sample, frozenset(msg.canary),
+                          self.engine.loop_cpus or self.cpus)
+            trial.start()
+        except Exception as e:  # the control plane rolls the candidate back with this reason
+            send(self.sock, TrialReport(name, candidate.version, 0, 0, 0, 0, 0, 0, (), (),
+                                        f"the trial could not start: {type(e).__name__}: {e}"), wait_s=REPLY_WAIT_S)
+            return
+        self.trials[name] = trial
+        self.engine.start_trial(name, trial, self._sessions_of(name, candidate, trial.canary))
+
+    def on_promote(self, msg: Promote, fds) -> None:
+        """The candidate serves every stream of its model from the next frame on."""
+        trial = self.trials.pop(msg.name, None)
+        if trial is None:
+            return
+        name, candidate = msg.name, trial.candidate
+        sessions = self._sessions_of(name, candidate)
+        for s in self.streams.values():  # attached after the trial began with a geometry it was not staged for
+            if s.model == name and s.index in self.rings and s not in sessions:
+                self.log("error", f"stream {s.name}: model {name} {candidate.version} has no session for "
+                                  f"{self.rings[s.index][1].geometry_key}: its camera must reconnect")
+                self.detach(s.index, self.rings[s.index][0])
+        self.models[name] = candidate
+        self.engine.end_trial(name, candidate, sessions)
+        self.trim.schedule()
+
+    def on_abort(self, msg: Abort, fds) -> None:
+        """The candidate is dropped; its canary streams go back to the serving version."""
+        trial = self.trials.pop(msg.name, None)
+        if trial is None:
+            return
+        name = msg.name
+        self.engine.end_trial(name, self.models[name], self._sessions_of(name, self.models[name], trial.canary))
+        self.trim.schedule()
+
+    def report_trials(self, now: float) -> None:
+        if not self.trials or now < self.next_report:
+            return
+        self.next_report = now + TRIAL_REPORT_S
+        for name, t in self.trials.items():
+            for trouble in (t.sched_error, t.thread_error):
+                if trouble and (name, trouble) not in self.said:
+                    self.said.add((name, trouble))
+                    self.log("warning", f"model {name}: the rollout's trial of {t.candidate.version}: {trouble}")
+            r = t.report()
+            send(self.sock, TrialReport(name, t.candidate.version, r["frames"], r["agreed"], r["answers"], r["runs"],
+                                        r["errors"], r["skipped"], _sparse(t.candidate_hist), _sparse(t.serving_hist),
+                                        None))
+
     def on_attach(self, msg: Attach, fds) -> None:
         """Takes the ring's fd (fds[0]) and the fused graph's memfd (fds[1])."""
         index, epoch = msg.index, msg.epoch
@@ -161,6 +235,9 @@ class Lane:
             reader.close()
             send(self.sock, Attached(index, epoch, str(e)), wait_s=REPLY_WAIT_S)
             return
+        trial = self.trials.get(s.model)
+        if trial is not None and index in trial.canary:  # a canary stream is served by the candidate
+            session = trial.candidate.get(geometry) or session
         self.rings[index] = (epoch, reader)
         self.engine.attach(s, reader, session, epoch)
         send(self.sock, Attached(index, epoch, None), wait_s=REPLY_WAIT_S)
@@ -198,8 +275,9 @@ class Lane:
     def chores(self) -> None:
         e = self.engine
         self.trim.run_due()
+        self.report_trials(time.monotonic())
         counters = self.table.lane_counters(self.id)
-        held = list(self.models.values()) + list(self.staged.values())
+        held = list(self.models.values()) + list(self.staged.values()) + [t.candidate for t in self.trials.values()]
         counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in held)
         counters[dispatch.LANE_EVICTIONS] = sum(m.evictions for m in held)
         e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)  # counted by the loop when the run returns
@@ -258,6 +336,11 @@ class Lane:
             stopped = self.engine.stop(5.0)
             self.chores()
         return 0 if stopped else 1
+
+
+def _sparse(hist: list[int]) -> tuple:
+    """A histogram as flat (bucket, count) pairs of its non-empty buckets (a message stays small)."""
+    return tuple(v for i, n in enumerate(hist) if n for v in (i, n))
 
 
 def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket,

@@ -10,11 +10,15 @@ plane's bulky objects (a model's sessions, fused graphs) go the other way only, 
 Control plane → lane:
   Stage(name) + [memfd: SessionSet + fused graphs]   build the sessions, warm → Staged(name, version, error)
   Commit(name) / Discard(name)                       serve the staged model / drop it
+  StartTrial(name, mode, sample, canary)             the staged model is a rollout's candidate (lanes/trial.py):
+                                                     shadow, or canary on the stream indices `canary`
+  Promote(name) / Abort(name)                        the candidate serves every stream / is dropped
   Attach(index, epoch, geometry) + [ring, memfd: fused graph]   serve a ring → Attached(index, epoch, error)
   Detach(index, epoch)                               stop serving that producer's ring
   Stall(seconds)                                     fault injection (runtime.fault_injection only)
   Stop()
 Lane → control plane: the replies above, Ready(pid), Log(level, message), Dropped(index, epoch, why),
+  TrialReport(name, version, ...)                    a trial's cumulative figures, about once a second
   Short(stream, seq, received, expected, geometry)   a frame counted short (said by the control plane,
                                                      rate-limited per stream across its lanes)
 """
@@ -53,6 +57,21 @@ class Commit(NamedTuple):
 
 
 class Discard(NamedTuple):
+    name: str
+
+
+class StartTrial(NamedTuple):
+    name: str
+    mode: str          # "shadow" or "canary"
+    sample: float      # share of frames compared
+    canary: tuple      # canary: the stream indices the candidate serves
+
+
+class Promote(NamedTuple):
+    name: str
+
+
+class Abort(NamedTuple):
     name: str
 
 
@@ -104,6 +123,20 @@ class Dropped(NamedTuple):
     why: str
 
 
+class TrialReport(NamedTuple):
+    name: str
+    version: str       # the candidate's
+    frames: int        # frames compared
+    agreed: int        # answers agreed (models/agreement.py)
+    answers: int       # answers compared
+    runs: int          # candidate runs
+    errors: int        # of those, failed, cancelled or not decodable
+    skipped: int       # samples not taken (the trial thread still busy)
+    candidate_us: tuple  # run-time histograms (lanes/trial.py buckets), flat (bucket, count) pairs
+    serving_us: tuple
+    problem: str | None  # the trial thread's trouble, if any
+
+
 class Short(NamedTuple):
     stream: str
     seq: int
@@ -112,8 +145,8 @@ class Short(NamedTuple):
     geometry: tuple | None
 
 
-TO_LANE = {c.__name__: c for c in (Stage, Commit, Discard, Attach, Detach, Stall, Stop)}
-FROM_LANE = {c.__name__: c for c in (Ready, Log, Staged, Attached, Dropped, Short)}
+TO_LANE = {c.__name__: c for c in (Stage, Commit, Discard, StartTrial, Promote, Abort, Attach, Detach, Stall, Stop)}
+FROM_LANE = {c.__name__: c for c in (Ready, Log, Staged, Attached, Dropped, Short, TrialReport)}
 _FIELDS = {name: tuple(typing.get_type_hints(c).items()) for name, c in {**TO_LANE, **FROM_LANE}.items()}
 
 

@@ -22,8 +22,10 @@ from edgeinfer.lanes import dispatch
 from edgeinfer.lanes.handle import LaneHandle
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
-from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
-                                      ProtocolError, Ready, Short, Stage, Staged, Stall, Stop, receive, send, to_memfd)
+from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Attached, Commit, Detach, Discard, Dropped,
+                                      Log, ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
+                                      TrialReport, receive, send, to_memfd)
+from edgeinfer.lanes.trial import BUCKETS
 
 log = logging.getLogger("edgeinferd")
 
@@ -46,6 +48,9 @@ class LaneSet:
         self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
         self.stopped = False              # stop() was called: nothing is restarted any more
         self.shorts_logged = LogLimiter(EVENT_LOG_S)  # short frames, by stream (whichever lane took them)
+        # A rollout's trial per model: the latest report of each lane process holding it, by (lane, pid): a
+        # restarted lane serves the serving version only, and what its predecessor measured still counts.
+        self.trial_reports: dict[str, dict[tuple, TrialReport]] = {}
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -140,6 +145,27 @@ class LaneSet:
             if ln.sock is not None and not send(ln.sock, Commit(name), wait_s=REPLY_WAIT_S):
                 self._lost(ln, "did not take the model's commit: restarted to serve one version")
 
+    def start_trial(self, name: str, mode: str, sample: float, canary: tuple) -> None:
+        """The version staged for `name` (stage()) becomes its rollout's candidate in every lane holding it:
+        measured in shadow, or serving the streams of `canary` (indices). Its reports arrive in trial_reports."""
+        self.trial_reports[name] = {}
+        for ln in self.holding(name):
+            if ln.sock is not None and not send(ln.sock, StartTrial(name, mode, sample, tuple(canary)),
+                                                wait_s=REPLY_WAIT_S):
+                self._lost(ln, "did not take the rollout's trial: restarted to serve one version")
+
+    def end_trial(self, name: str, promote_to=None) -> None:
+        """Ends the trial of `name`: promote_to (the candidate's ModelRuntime) serves every stream, or (None) the
+        candidate is dropped and the serving version serves on."""
+        self.trial_reports.pop(name, None)
+        if promote_to is not None:
+            self.runtimes[name] = promote_to
+        for ln in self.holding(name):
+            msg = Promote(name) if promote_to is not None else Abort(name)
+            if ln.sock is not None and not send(ln.sock, msg, wait_s=REPLY_WAIT_S):
+                self._lost(ln, f"did not take the rollout's {type(msg).__name__.lower()}: restarted to serve one "
+                               "version")
+
     # ---------------------------------------------------------------- streams
 
     def attach(self, stream, reader, epoch: int, geometry) -> None:
@@ -187,12 +213,29 @@ class LaneSet:
             if not any(s.name == msg.stream and s.model in ln.plan.models for s in self.streams):
                 raise ProtocolError(f"Short.stream {msg.stream[:40]!r}: not one of {ln.name}'s streams")
             self.report_short(msg.stream, msg.seq, msg.received, msg.expected, msg.geometry)
+        elif isinstance(msg, TrialReport):
+            self._trial_report(ln, msg)
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
             stream = self._stream_of(ln, msg.index)
             log.error("%s: cannot serve stream %s: %s", ln.name, stream.name, msg.error)
             self.on_dropped(stream, msg.epoch, f"refused by {ln.name}: {msg.error}")
+
+    def _trial_report(self, ln: LaneHandle, msg: TrialReport) -> None:
+        """Kept if it is the report of a trial this control plane started on a model the lane holds, with figures
+        that can be true (counts not negative, agreed within compared, histogram buckets in range)."""
+        if msg.name not in ln.plan.models:
+            raise ProtocolError(f"TrialReport.name {msg.name[:40]!r}: not one of {ln.name}'s models")
+        counts = (msg.frames, msg.agreed, msg.answers, msg.runs, msg.errors, msg.skipped)
+        hists = (msg.candidate_us, msg.serving_us)
+        if (min(counts) < 0 or msg.agreed > msg.answers or msg.errors > msg.runs
+                or any(len(h) % 2 or len(h) > 2 * BUCKETS or not all(isinstance(v, int) and v >= 0 for v in h)
+                       or not all(h[i] < BUCKETS for i in range(0, len(h), 2)) for h in hists)):
+            raise ProtocolError(f"TrialReport for {msg.name[:40]!r}: figures out of range")
+        reports = self.trial_reports.get(msg.name)
+        if reports is not None:  # else: a report that crossed the trial's end
+            reports[(ln.index, ln.pid)] = msg
 
     def _stream_of(self, ln: LaneHandle, index: int):
         if not 0 <= index < len(self.streams) or self.streams[index].model not in ln.plan.models:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
 import os
 import stat
@@ -140,6 +141,16 @@ class Bundle:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.model_bytes).hexdigest()
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 over every file but the signature (name and content): what the bundle says, so that two bundles
+        with one model.onnx but another version or label list differ, and a re-signed one does not."""
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            if name != SIG_FILE:
+                h.update(name.encode() + b"\0" + hashlib.sha256(self.files[name]).digest())
+        return h.hexdigest()
 
 
 class OpenBundle:

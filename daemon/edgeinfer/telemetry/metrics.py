@@ -198,6 +198,49 @@ class DaemonCollector:
             threads.add_metric([name], float(m.ort_threads))
             fallback.add_metric([name], 1.0 if m.fallback else 0.0)
         yield from (info, failures, reloads, threads, fallback)
+        yield from DaemonCollector._rollouts(d)
+
+    @staticmethod
+    def _rollouts(d: Snapshot):
+        """Each model's rollout (control/rollout.py): the candidate under way against its gates, and the decisions
+        taken, labelled with the model and both versions."""
+        versions = ["model", "serving", "candidate"]
+        active = GaugeMetricFamily("edgeinfer_rollout_active", "1 while a candidate version of the model is rolled "
+                                   "out (policy: shadow or canary).", labels=[*versions, "policy"])
+        frames = GaugeMetricFamily("edgeinfer_rollout_compared_frames", "Frames on which the candidate's answers "
+                                   "were compared with the serving version's, this rollout.", labels=versions)
+        agreement = GaugeMetricFamily("edgeinfer_rollout_agreement", "Share of answers the candidate gives as the "
+                                      "serving version does (top-1, or boxes matched at IoU 0.5).", labels=versions)
+        ratio = GaugeMetricFamily("edgeinfer_rollout_p99_ratio", "The candidate's p99 run time divided by the "
+                                  "serving version's, on the same lanes.", labels=versions)
+        errors = GaugeMetricFamily("edgeinfer_rollout_error_rate", "The candidate's failed, cancelled or undecodable "
+                                   "runs divided by its runs.", labels=versions)
+        elapsed = GaugeMetricFamily("edgeinfer_rollout_elapsed_seconds", "Seconds since this rollout began.",
+                                    labels=versions)
+        gates = GaugeMetricFamily("edgeinfer_rollout_gate", "The model's rollout gates and window (min_agreement, "
+                                  "max_p99_ratio, max_error_rate, min_frames, min_seconds).", labels=["model", "gate"])
+        decisions = CounterMetricFamily("edgeinfer_rollout_decisions", "Rollouts decided since the start, by "
+                                        "decision (promote, rollback).", labels=[*versions, "decision"])
+        for m in d.models:
+            r = m.rollout
+            if r is None or r.policy == "immediate" and not r.decisions:
+                continue
+            for gate, value in r.gates.items():
+                if value is not None:
+                    gates.add_metric([m.name, gate], float(value))
+            for (serving, candidate, decision), n in r.decisions.items():
+                decisions.add_metric([m.name, serving, candidate, decision], n)
+            f = r.figures
+            if r.candidate is None or f is None:
+                continue
+            labels = [m.name, r.serving, r.candidate]
+            active.add_metric([*labels, r.policy], 1.0)
+            frames.add_metric(labels, f.frames)
+            elapsed.add_metric(labels, f.elapsed_s)
+            for family, value in ((agreement, f.agreement), (ratio, f.p99_ratio), (errors, f.error_rate)):
+                if value is not None:
+                    family.add_metric(labels, value)
+        yield from (active, frames, agreement, ratio, errors, elapsed, gates, decisions)
 
 
 class Health:

@@ -23,6 +23,49 @@ class StreamView:
 
 
 @dataclasses.dataclass(frozen=True)
+class Figures:
+    """A rollout's window so far, over every lane."""
+    frames: int                    # frames compared
+    agreement: float | None        # share of answers agreed
+    runs: int                      # candidate runs
+    errors: int
+    skipped: int                   # samples not taken (no idle time, or no session for the geometry)
+    p99_candidate_us: float | None
+    p99_serving_us: float | None
+    elapsed_s: float
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.runs if self.runs else None
+
+    @property
+    def p99_ratio(self) -> float | None:
+        if self.p99_candidate_us is None or not self.p99_serving_us:
+            return None
+        return self.p99_candidate_us / self.p99_serving_us
+
+    def said(self) -> str:
+        def f(v, spec):
+            return "-" if v is None else format(v, spec)
+        return (f"{self.frames} frames compared in {self.elapsed_s:.0f} s, agreement {f(self.agreement, '.4f')}, "
+                f"p99 run {f(self.p99_candidate_us, '.0f')} µs against {f(self.p99_serving_us, '.0f')} µs "
+                f"(ratio {f(self.p99_ratio, '.2f')}), errors {self.errors} of {self.runs} runs")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutView:
+    """What reporters show of a model's rollout (telemetry/snapshot.py)."""
+    policy: str
+    serving: str
+    candidate: str | None          # its version while one is under way
+    canary: tuple
+    figures: Figures | None
+    gates: dict                    # {min_agreement, max_p99_ratio, max_error_rate, min_frames, min_seconds}
+    decisions: dict                # {(serving, candidate, decision): count} since the start
+    last: dict | None              # the last decision: {decision, serving, candidate, why, figures}
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelView:
     name: str                     # its name under `models:`
     bundle: str                   # the configured bundle path
@@ -32,6 +75,7 @@ class ModelView:
     failures: dict                # reload refusals by reason
     last_error: str | None
     fallback: dict | None         # serving its last known-good bundle: what was refused and why
+    rollout: RolloutView | None = None  # its rollout policy, the candidate under way and the decisions taken
 
 
 @dataclasses.dataclass(frozen=True)

