@@ -23,6 +23,7 @@ from edgeinfer.config.schema import Config
 from edgeinfer.control import status as statusreport
 from edgeinfer.control.admission import Admission
 from edgeinfer.control.chores import Chores, LoopClock
+from edgeinfer.control.drift import Drift
 from edgeinfer.control.fdcloser import FdCloser
 from edgeinfer.control.ingress import Ingress
 from edgeinfer.control.registry import Models
@@ -78,6 +79,7 @@ class Daemon:
         self.ingress: Ingress | None = None
         self.admission: Admission | None = None
         self.reloader: Reloader | None = None
+        self.drift: Drift | None = None  # the drift chore (drift.enabled): reads the result rings, off the lanes
         self.restored = 0  # producers served on from systemd's fd store at start
 
     # ---------------------------------------------------------------- signals (signals.py: handlers only record)
@@ -136,6 +138,8 @@ class Daemon:
                 log.info("metrics and health on http://%s", self.metrics.address)
                 print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
             self.lanes.start(self.model_runtimes, {n: declared_geometries(cfg, n) for n in self.models.served})
+            if cfg.drift.enabled:
+                self.drift = Drift(cfg, self.streams, self.models)
             self.reloader = Reloader(cfg, self.config_path, models=self.models, lanes=self.lanes,
                                      streams=self.streams, notifier=self.notifier, trim=self.trim,
                                      status_line=self.status_line)
@@ -248,7 +252,8 @@ class Daemon:
         return statusreport.take_snapshot(self.states, self.lanes, self.models, self.ingress, self.loop,
                                           started_ns=self.started_ns, restored=self.restored,
                                           chore_errors=self.chore_errors,
-                                          metrics_address=self.metrics.address if self.metrics else None)
+                                          metrics_address=self.metrics.address if self.metrics else None,
+                                          drift=self.drift.view if self.drift else None)
 
     def status(self) -> dict:
         return statusreport.status(self.snapshot())
@@ -264,7 +269,7 @@ class Daemon:
         chores = self.chores = Chores(self.cfg, models=self.models, lanes=self.lanes, notifier=self.notifier,
                                       watchdog=self.watchdog, trim=self.trim, status=self.status,
                                       reload=self.reload, status_interval=status_interval, stats_file=stats_file,
-                                      print_status=print_status)
+                                      print_status=print_status, drift=self.drift)
         self.loop.start()
         while not self.stop_requested:
             self.loop.turn()
@@ -304,6 +309,9 @@ class Daemon:
             self.lanes.poll()
             if self.chores is not None and self.chores.stats_file:
                 self.chores.write_status()  # the lanes have stopped: these counts are this daemon's last
+        if self.drift is not None:
+            self.drift.close()
+            self.drift = None
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None
