@@ -16,9 +16,9 @@ from edgeinfer.abi import constants
 from edgeinfer.config.identity import Acl, Identity, LegacyUids, user_id
 from edgeinfer.abi.vocabulary import FrameFormat, Geometry
 # The sections, re-exported: importers name them as schema's (schema.RuntimeConfig, ...).
-from edgeinfer.config.sections import (LEGACY_MODEL_NAME, SUN_PATH_MAX, IngressConfig, LaneConfig,  # noqa: F401
-                                       MetricsConfig, ModelConfig, ModelEntry, RuntimeConfig, ShmConfig, _MODEL_NAME,
-                                       _Strict)
+from edgeinfer.config.sections import (LEGACY_MODEL_NAME, SUN_PATH_MAX, DriftConfig, IngressConfig,  # noqa: F401
+                                       LaneConfig, MetricsConfig, ModelConfig, ModelEntry, RuntimeConfig, ShmConfig,
+                                       _MODEL_NAME, _Strict)
 from edgeinfer.support.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
 
 # ABI 1 segment names (deprecated key): a plain file name, never a path.
@@ -123,6 +123,7 @@ class Config(_Strict):
     ingress: IngressConfig = IngressConfig()
     shm: ShmConfig = ShmConfig()
     metrics: MetricsConfig = MetricsConfig()
+    drift: DriftConfig = DriftConfig()
     _warnings: list[str] = PrivateAttr(default_factory=list)
 
     @field_validator("pools")

@@ -1,5 +1,5 @@
 """The daemon's configuration, its leaf sections: `model`, `models.NAME`, `lanes[]`, `runtime`, `ingress`, `shm`,
-`metrics` (schema.py joins them with the streams and pools into `Config`, and loads the file).
+`metrics`, `drift` (schema.py joins them with the streams and pools into `Config`, and loads the file).
 
 Every key is documented in etc/edgeinfer/edgeinferd.yaml with its default; unknown keys are errors.
 """
@@ -212,3 +212,14 @@ class MetricsConfig(_Strict):
         if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ValueError("expected host:port, e.g. 127.0.0.1:9464 (port 0: any free port)")
         return v
+
+
+class DriftConfig(_Strict):
+    """How far each model's outputs drift from its version's reference (control/drift.py; docs/operations.md)."""
+    enabled: bool = True
+    reference_frames: int = Field(1000, ge=10, le=1_000_000)  # a version's first frames (all its streams): its
+    #                                                           reference, unless its bundle carries one
+    window_s: float = Field(300.0, gt=0, le=86400)           # each stream's window: its last window_s seconds
+    min_window_frames: int = Field(300, ge=1, le=1_000_000)   # a window's frames before its figure is published
+    interval_s: float = Field(1.0, ge=0.05, le=60)           # how often the result rings are read
+    score_bins: int = Field(10, ge=2, le=100)                # score bins (the reference's quantiles)

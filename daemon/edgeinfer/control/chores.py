@@ -1,8 +1,8 @@
 """The control plane's periodic work, and the clock of its loop.
 
 `Chores` runs once per turn of the serve loop: the trim after a model swap,
-the watchdog, the anti-rollback records, STATUS=, the bundle watch and the
-stats file. It gets what it uses, each a named collaborator; the loop's own
+the watchdog, the anti-rollback records, STATUS=, the bundle watch, the
+stats file and the drift figures (drift.py). It gets what it uses, each a named collaborator; the loop's own
 turns are timed by `LoopClock`, whose stalls /metrics reports.
 """
 from __future__ import annotations
@@ -54,14 +54,14 @@ class Chores:
 
     def __init__(self, cfg, *, models, lanes, rollouts, notifier, watchdog, trim: DeferredTrim,
                  status: Callable[[], dict], reload: Callable[..., dict], status_interval: float = 0.0,
-                 stats_file: str | None = None, print_status: Callable[[dict], None] | None = None):
+                 stats_file: str | None = None, print_status: Callable[[dict], None] | None = None, drift=None):
         """models: the registry; lanes: the LaneSet; rollouts: the models' rollouts (their gates are evaluated
         here); notifier: sd_notify; watchdog: its pinger; status: the status dict now; reload(only_moved=True):
-        reloads the models whose bundle path moved."""
+        reloads the models whose bundle path moved; drift: the drift chore (control/drift.py), or None."""
         self.cfg = cfg
         self.models, self.lanes, self.notifier, self.watchdog, self.trim = models, lanes, notifier, watchdog, trim
         self.rollouts = rollouts
-        self.status, self.reload = status, reload
+        self.status, self.reload, self.drift = status, reload, drift
         now = time.monotonic()
         self.next_notify = now + cfg.runtime.status_interval_s
         self.status_interval, self.stats_file, self.print_status = status_interval, stats_file, print_status
@@ -88,6 +88,8 @@ class Chores:
         if self.next_status and now >= self.next_status:
             self.next_status += self.status_interval
             self.write_status()
+        if self.drift is not None:
+            self.drift.run_due(now)
 
     def inject_fault(self) -> None:
         """SIGUSR1 with runtime.fault_injection (test use only)."""

@@ -23,6 +23,7 @@ from edgeinfer.config.schema import Config
 from edgeinfer.control import status as statusreport
 from edgeinfer.control.admission import Admission
 from edgeinfer.control.chores import Chores, LoopClock
+from edgeinfer.control.drift import Drift
 from edgeinfer.control.fdcloser import FdCloser
 from edgeinfer.control.ingress import Ingress
 from edgeinfer.control.registry import Models
@@ -80,6 +81,7 @@ class Daemon:
         self.admission: Admission | None = None
         self.reloader: Reloader | None = None
         self.rollouts: Rollouts | None = None
+        self.drift: Drift | None = None  # the drift chore (drift.enabled): reads the result rings, off the lanes
         self.restored = 0  # producers served on from systemd's fd store at start
 
     # ---------------------------------------------------------------- signals (signals.py: handlers only record)
@@ -139,6 +141,8 @@ class Daemon:
                 print(f"edgeinferd: metrics http://{self.metrics.address}", flush=True)
             self.lanes.start(self.model_runtimes, {n: declared_geometries(cfg, n) for n in self.models.served})
             self.rollouts = Rollouts(cfg, models=self.models, lanes=self.lanes, streams=self.streams, trim=self.trim)
+            if cfg.drift.enabled:
+                self.drift = Drift(cfg, self.streams, self.models)
             self.reloader = Reloader(cfg, self.config_path, models=self.models, lanes=self.lanes,
                                      streams=self.streams, notifier=self.notifier, trim=self.trim,
                                      status_line=self.status_line, rollouts=self.rollouts)
@@ -252,7 +256,8 @@ class Daemon:
         return statusreport.take_snapshot(self.states, self.lanes, self.models, self.ingress, self.loop, self.rollouts,
                                           started_ns=self.started_ns, restored=self.restored,
                                           chore_errors=self.chore_errors,
-                                          metrics_address=self.metrics.address if self.metrics else None)
+                                          metrics_address=self.metrics.address if self.metrics else None,
+                                          drift=self.drift.view if self.drift else None)
 
     def status(self) -> dict:
         return statusreport.status(self.snapshot())
@@ -269,7 +274,7 @@ class Daemon:
                                       notifier=self.notifier,
                                       watchdog=self.watchdog, trim=self.trim, status=self.status,
                                       reload=self.reload, status_interval=status_interval, stats_file=stats_file,
-                                      print_status=print_status)
+                                      print_status=print_status, drift=self.drift)
         self.loop.start()
         while not self.stop_requested:
             self.loop.turn()
@@ -309,6 +314,9 @@ class Daemon:
             self.lanes.poll()
             if self.chores is not None and self.chores.stats_file:
                 self.chores.write_status()  # the lanes have stopped: these counts are this daemon's last
+        if self.drift is not None:
+            self.drift.close()
+            self.drift = None
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None

@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from edgeinfer.abi import ring
-from edgeinfer.telemetry.snapshot import FdCloserView, LoopView, ModelView, RegistryView, Snapshot, StreamView
+from edgeinfer.telemetry.snapshot import (DriftView, FdCloserView, LoopView, ModelView, RegistryView, Snapshot,
+                                         StreamView)
 
 
 def take_snapshot(streams, lanes, models, ingress, loop, rollouts, *, started_ns: int, restored: int,
-                  chore_errors: int, metrics_address: str | None) -> Snapshot:
+                  chore_errors: int, metrics_address: str | None, drift: DriftView | None = None) -> Snapshot:
     """The daemon's state now, from its parts: streams (their StreamStates), lanes (the LaneSet, None before
     the start), models (the registry), ingress (None before its sockets exist), loop (the LoopClock), rollouts
-    (None before the lanes run)."""
+    (None before the lanes run), drift (the drift chore's last view; None: off)."""
     now = ring.monotonic_ns()
     return Snapshot(
         now_ns=now, uptime_s=(now - started_ns) / 1e9,
@@ -32,7 +33,7 @@ def take_snapshot(streams, lanes, models, ingress, loop, rollouts, *, started_ns
         loop=LoopView(loop.age(), loop.stalls, loop.stalled_s),
         fds=FdCloserView(ingress.closer.waiting, ingress.closer.slow, ingress.closer.limit,
                          ingress.closer_saturations) if ingress is not None else None,
-        restored=restored, chore_errors=chore_errors, metrics_address=metrics_address)
+        restored=restored, chore_errors=chore_errors, metrics_address=metrics_address, drift=drift)
 
 
 def _model_quantiles(streams) -> dict:

@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from edgeinfer.abi import ring
 from edgeinfer.abi.hist import STAGES, cumulative_at
 from edgeinfer.telemetry.httplistener import HttpListener, Response, SharedRender
-from edgeinfer.telemetry.snapshot import Snapshot
+from edgeinfer.telemetry.snapshot import DriftView, Snapshot
 
 # Histogram buckets for 100 µs - 1 s (seconds).
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
@@ -82,6 +82,8 @@ class DaemonCollector:
 
         yield from self._lanes(d)
         yield from self._models(d)
+        if d.drift is not None:
+            yield from _drift(d.drift)
 
         refused = CounterMetricFamily("edgeinfer_ingress_refusals",
                                       "Connections refused, by stream ((unknown) for names not configured), role "
@@ -241,6 +243,43 @@ class DaemonCollector:
                 if value is not None:
                     family.add_metric(labels, value)
         yield from (active, frames, agreement, ratio, errors, elapsed, gates, decisions)
+
+
+def _drift(view: DriftView):
+    ids = ["model", "version", "stream"]
+    figure = GaugeMetricFamily("edgeinfer_model_drift_psi", "Population stability index of the model's decoded "
+                               "outputs in the stream's window against its version's reference: the largest of its "
+                               "features' (stream=\"*\": every stream of that version pooled). Under 0.1: no shift; "
+                               "0.1-0.25: a moderate one; over 0.25: a large one. Absent while the window holds "
+                               "fewer than drift.min_window_frames frames.", labels=ids)
+    feature = GaugeMetricFamily("edgeinfer_model_drift_feature_psi", "The PSI of one feature (classes: top-1 class "
+                                "or boxes' classes; score; boxes: boxes per frame).", labels=[*ids, "feature"])
+    frames = GaugeMetricFamily("edgeinfer_model_drift_window_frames", "Frames in the stream's window "
+                               "(drift.window_s).", labels=ids)
+    ref = GaugeMetricFamily("edgeinfer_model_drift_reference_frames", "Frames in the version's reference (so "
+                            "far, while it is being taken).", labels=["model", "version", "source"])
+    complete = GaugeMetricFamily("edgeinfer_model_drift_reference_complete", "1 once the version has its "
+                                 "reference (from its bundle, this host's state directory or its first frames).",
+                                 labels=["model", "version"])
+    records = CounterMetricFamily("edgeinfer_model_drift_records", "Result records the drift chore read from the "
+                                  "stream's result ring, and those overwritten before it could (missed: it samples).",
+                                  labels=["stream", "outcome"])
+    for f in view.figures:
+        labels = [f.model, f.version, f.stream]
+        frames.add_metric(labels, float(f.frames))
+        if f.psi is not None:
+            figure.add_metric(labels, f.psi)
+            for name, v in f.features.items():
+                feature.add_metric([*labels, name], v)
+    for r in view.references:
+        ref.add_metric([r.model, r.version, r.source], float(r.frames))
+        complete.add_metric([r.model, r.version], 1.0 if r.complete else 0.0)
+    for stream, (read, missed) in view.records.items():
+        records.add_metric([stream, "read"], read)
+        records.add_metric([stream, "missed"], missed)
+    yield from (figure, feature, frames, ref, complete, records)
+    yield CounterMetricFamily("edgeinfer_model_drift_cpu_seconds", "CPU time of the control plane's drift chore.",
+                              value=view.cpu_s)
 
 
 class Health:

@@ -104,6 +104,35 @@ class FdCloserView:
 
 
 @dataclasses.dataclass(frozen=True)
+class DriftFigure:
+    """How far one stream's window (or, stream "*", all the windows of a (model, version)) has moved from the
+    reference of its model's version (control/drift.py)."""
+    model: str                    # its name under `models:`
+    version: str                  # the version that made the window's results
+    stream: str                   # a stream, or "*": every stream on that version, pooled
+    frames: int                   # frames in the window
+    psi: float | None             # the largest of the features' PSI; None while the window is under min_window_frames
+    features: dict                # {feature: PSI}: classes, score (and boxes, for a detector)
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftReferenceView:
+    model: str
+    version: str
+    frames: int                   # frames in the reference (so far, while it is being taken)
+    complete: bool
+    source: str                   # bundle, state (recorded by this host earlier), served (taken now), building
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftView:
+    figures: tuple                # DriftFigure, ...
+    references: tuple             # DriftReferenceView, ...
+    records: dict                 # {stream: (records read, records overwritten before they could be read)}
+    cpu_s: float = 0.0            # the drift chore's CPU time so far
+
+
+@dataclasses.dataclass(frozen=True)
 class Snapshot:
     now_ns: int                   # monotonic
     uptime_s: float
@@ -117,3 +146,4 @@ class Snapshot:
     restored: int                 # producers served on from systemd's fd store at start
     chore_errors: int             # control-plane housekeeping failures (logged; serving went on)
     metrics_address: str | None
+    drift: DriftView | None = None  # None: drift is off (drift.enabled)

@@ -1,0 +1,415 @@
+"""Drift: how far each model's decoded outputs have moved from a reference, per stream (control plane).
+
+Nothing here runs on a lane. A chore of the serve loop (`Drift.tick`, every `drift.interval_s`) reads each
+stream's result ring through a read-only mapping of its memfd, as any reader would (`ResultReader.from_fd` on the
+control plane's own fd of the ring, `Stream.writer.fd`), so the lanes neither know nor wait. A ring holds
+`shm.result_records` records (64 by default): a stream that publishes more than that per interval is sampled
+(its newest records are read, the overwritten ones counted as missed), which leaves the distributions unbiased.
+
+What is measured, per frame (docs/operations.md, "Drift"):
+- a classifier: its top-1 class, and its top-1 score;
+- a detector: its boxes per frame (bucketed 0, 1, 2, 3, 4-5, 6-9, 10+), each box's class and score.
+Class ids the reference never saw share one "other" bin; scores are binned on the reference's own deciles
+(so a classifier that publishes logits is binned as well as one that publishes probabilities).
+
+The reference of a (model, version): the bundle's own `drift_reference.json` if it carries one (a signed file,
+like every file of a bundle), else the one this host recorded (`<state_dir>/drift/<model>@<version>.json`), else
+the first `drift.reference_frames` frames the version serves, over all its streams, then written there. Delete
+that file to take a new reference (the daemon keeps the one in memory until it restarts).
+
+The figure is the population stability index of each feature, PSI = Σ (a_i − e_i) · ln(a_i / e_i) over the
+bins, a the current window's proportions and e the reference's, each floored at EPS so that an empty bin costs a
+bounded amount; a stream's figure is the largest of its features'. The window is the last `drift.window_s`
+seconds of the stream's frames; `stream="*"` pools the windows of every stream on that (model, version). A
+figure is published once its window holds `drift.min_window_frames` frames. Drift only alerts: it never
+changes what serves.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import time
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edgeinfer.abi import ring
+from edgeinfer.abi.vocabulary import ITEM_VALUES, KIND_CLASSIFICATION, KIND_DETECTION, KIND_NAMES, RESULT_OK
+from edgeinfer.support.statefile import read_json, write_json
+from edgeinfer.telemetry.snapshot import DriftFigure, DriftReferenceView, DriftView
+
+log = logging.getLogger("edgeinferd")
+
+EPS = 1e-4                              # the floor of a bin's proportion in the PSI
+BOX_EDGES = np.array([1, 2, 3, 4, 6, 10])  # boxes per frame: 0 | 1 | 2 | 3 | 4-5 | 6-9 | 10+
+BOX_BUCKETS = ("0", "1", "2", "3", "4-5", "6-9", "10+")
+BUNDLE_FILE = "drift_reference.json"    # a bundle's own reference (optional; signed like every bundle file)
+STATE_SUBDIR = "drift"
+FEATURES = {KIND_CLASSIFICATION: ("classes", "score"), KIND_DETECTION: ("boxes", "classes", "score")}
+MAX_READS = 4096                        # records read from one ring per tick, at most
+SAVE_RETRY_S = 30.0
+
+
+def psi(expected, actual, eps: float = EPS) -> float:
+    """The population stability index of `actual` counts against `expected` counts (the shorter padded with
+    empty bins): Σ (a − e) · ln(a / e) over the proportions, each floored at `eps`. 0 when either is empty."""
+    e, a = np.asarray(expected, np.float64), np.asarray(actual, np.float64)
+    n = max(len(e), len(a))
+    e, a = np.pad(e, (0, n - len(e))), np.pad(a, (0, n - len(a)))
+    if e.sum() <= 0 or a.sum() <= 0:
+        return 0.0
+    e, a = np.maximum(e / e.sum(), eps), np.maximum(a / a.sum(), eps)
+    return float(np.sum((a - e) * np.log(a / e)))
+
+
+def box_buckets(counts) -> np.ndarray:
+    """The bucket (an index of BOX_BUCKETS) of each number of boxes per frame."""
+    return np.searchsorted(BOX_EDGES, np.asarray(counts), side="right")
+
+
+def score_edges(scores, bins: int) -> list[float]:
+    """The interior edges of `bins` bins holding equal shares of the reference's scores (its quantiles), each
+    edge once: a score lands in bin searchsorted(edges, score, 'right')."""
+    s = np.asarray(scores, np.float64)
+    if not len(s):
+        return []
+    return [float(x) for x in np.unique(np.quantile(s, np.arange(1, bins) / bins))]
+
+
+def frame_features(kind: int, payload: bytes, item_count: int):
+    """(classes, scores, boxes) of one result: the top-1 class and score of a classification (boxes None), every
+    box's class and score and their number for a detection. Raises ValueError for a payload too short."""
+    values = ITEM_VALUES[kind]
+    rows = np.frombuffer(payload, np.float32, item_count * values).reshape(item_count, values)
+    if kind == KIND_CLASSIFICATION:
+        return rows[:1, 0].astype(np.int64), rows[:1, 1].astype(np.float64), None
+    return rows[:, 5].astype(np.int64), rows[:, 4].astype(np.float64), item_count
+
+
+class _Features(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    classes: list[int] = Field(min_length=2)   # per class id seen, then "other" (ids it never saw)
+    score_edges: list[float]
+    score: list[int]
+    boxes: list[int] | None = None             # per BOX_BUCKETS (detectors)
+
+
+class _ReferenceDoc(BaseModel):
+    """The file: `features` holds counts; the rest says what it is the reference of."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: int = Field(1, ge=1, le=1)
+    kind: str
+    frames: int = Field(ge=1)
+    name: str = ""
+    version: str = ""
+    made_at: str = ""
+    features: _Features
+
+
+class Reference:
+    """The reference distributions of one (model, version): counts per bin of each feature, and the bins."""
+
+    def __init__(self, kind: int, frames: int, classes, edges, score, boxes=None, source: str = "served"):
+        self.kind, self.frames, self.source = kind, int(frames), source
+        self.classes = np.asarray(classes, np.int64)
+        self.edges = np.asarray(edges, np.float64)
+        self.score = np.asarray(score, np.int64)
+        self.boxes = None if boxes is None else np.asarray(boxes, np.int64)
+        self.features = FEATURES[kind]
+
+    @classmethod
+    def build(cls, kind: int, frames: int, classes, scores, boxes, bins: int) -> "Reference":
+        """From the raw features of the reference's `frames` frames: class ids, scores (one per class id) and,
+        for a detector, the number of boxes of each frame."""
+        classes, scores = np.asarray(classes, np.int64), np.asarray(scores, np.float64)
+        known = int(classes[classes >= 0].max()) + 1 if np.any(classes >= 0) else 1
+        edges = np.asarray(score_edges(scores, bins))
+        ref = cls(kind, frames, np.zeros(known + 1), edges,
+                  np.zeros(len(edges) + 1), np.zeros(len(BOX_BUCKETS)) if kind == KIND_DETECTION else None)
+        c = ref.bin(classes, scores, np.asarray(boxes) if kind == KIND_DETECTION else None)
+        ref.classes, ref.score, ref.boxes = c["classes"], c["score"], c.get("boxes")
+        return ref
+
+    def bin(self, classes, scores, boxes=None) -> dict[str, np.ndarray]:
+        """Counts per bin of these raw features, in this reference's bins."""
+        n = len(self.classes)
+        ids = np.where((classes >= 0) & (classes < n - 1), classes, n - 1)
+        out = {"classes": np.bincount(ids, minlength=n),
+               "score": np.bincount(np.searchsorted(self.edges, scores, side="right"), minlength=len(self.edges) + 1)}
+        if self.kind == KIND_DETECTION:
+            out["boxes"] = np.bincount(box_buckets(boxes), minlength=len(BOX_BUCKETS))
+        return out
+
+    def zeros(self) -> dict[str, np.ndarray]:
+        return {f: np.zeros_like(getattr(self, f)) for f in self.features}
+
+    def psi(self, counts: dict[str, np.ndarray]) -> dict[str, float]:
+        return {f: psi(getattr(self, f), counts[f]) for f in self.features}
+
+    def to_json(self, name: str, version: str) -> dict:
+        return {"format": 1, "kind": KIND_NAMES[self.kind], "frames": self.frames, "name": name, "version": version,
+                "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "features": {"classes": self.classes.tolist(), "score_edges": self.edges.tolist(),
+                             "score": self.score.tolist(),
+                             **({"boxes": self.boxes.tolist()} if self.boxes is not None else {})}}
+
+    @classmethod
+    def from_json(cls, data, source: str) -> "Reference":
+        """Raises ValueError for anything but what to_json writes."""
+        try:
+            doc = _ReferenceDoc.model_validate(data)
+        except ValidationError as e:
+            raise ValueError(str(e).splitlines()[0] + ": " + "; ".join(
+                f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())) from None
+        kinds = {KIND_NAMES[k]: k for k in FEATURES}
+        if doc.kind not in kinds:
+            raise ValueError(f"kind {doc.kind!r}: drift is measured for {' and '.join(kinds)} only")
+        f = doc.features
+        if len(f.score) != len(f.score_edges) + 1 or f.score_edges != sorted(set(f.score_edges)):
+            raise ValueError("features.score needs one bin more than features.score_edges, which must increase")
+        kind = kinds[doc.kind]
+        if (kind == KIND_DETECTION) != (f.boxes is not None) or (f.boxes is not None and
+                                                                  len(f.boxes) != len(BOX_BUCKETS)):
+            raise ValueError(f"features.boxes: {len(BOX_BUCKETS)} buckets for a detector ({', '.join(BOX_BUCKETS)}), "
+                             "none for a classifier")
+        if min(f.classes + f.score + (f.boxes or [])) < 0:
+            raise ValueError("counts are never negative")
+        return cls(kind, doc.frames, f.classes, f.score_edges, f.score, f.boxes, source)
+
+
+class _Builder:
+    """The first frames of a version without a reference, over all its streams."""
+
+    def __init__(self, kind: int):
+        self.kind, self.frames = kind, 0
+        self.classes, self.scores, self.boxes = [], [], []
+
+    def add(self, classes, scores, boxes) -> None:
+        self.frames += 1
+        self.classes.extend(classes.tolist())
+        self.scores.extend(scores.tolist())
+        if boxes is not None:
+            self.boxes.append(boxes)
+
+
+class _Tick:
+    """The frames of one version read from a ring in one tick."""
+
+    def __init__(self, ref: Reference):
+        self.ref, self.frames = ref, 0
+        self.classes, self.scores, self.boxes = [], [], []
+
+    def add(self, classes, scores, boxes) -> None:
+        self.frames += 1
+        self.classes.append(classes)
+        self.scores.append(scores)
+        if boxes is not None:
+            self.boxes.append(boxes)
+
+    def counts(self) -> dict[str, np.ndarray]:
+        return self.ref.bin(np.concatenate(self.classes), np.concatenate(self.scores),
+                            np.asarray(self.boxes) if self.ref.kind == KIND_DETECTION else None)
+
+
+class _Window:
+    """A stream's last window_s seconds of frames of one (model, version), as counts per tick."""
+
+    def __init__(self, version: str):
+        self.version = version
+        self.ticks: collections.deque = collections.deque()  # (time, frames, counts)
+        self.frames = 0
+        self.counts: dict[str, np.ndarray] | None = None
+
+    def add(self, now: float, frames: int, counts: dict[str, np.ndarray]) -> None:
+        self.ticks.append((now, frames, counts))
+        self.frames += frames
+        self.counts = {f: c.copy() for f, c in counts.items()} if self.counts is None else \
+            {f: self.counts[f] + c for f, c in counts.items()}
+
+    def expire(self, before: float) -> None:
+        while self.ticks and self.ticks[0][0] <= before:
+            _, frames, counts = self.ticks.popleft()
+            self.frames -= frames
+            self.counts = {f: self.counts[f] - c for f, c in counts.items()}
+
+
+class _StreamDrift:
+    def __init__(self, stream):
+        self.stream = stream
+        # The ring's records from the start on (a record overwritten before it is read is counted as missed).
+        self.reader = ring.ResultReader.from_fd(stream.writer.fd, f"{stream.name} drift", from_oldest=True)
+        self.window: _Window | None = None
+        self.read = 0
+        self.bad = 0
+
+
+def state_path(state_dir: str, model: str, version: str) -> str:
+    """Where this host keeps the reference of (model, version): one file each, to delete for a new one."""
+    return os.path.join(state_dir, STATE_SUBDIR, f"{model}@{re.sub(r'[^A-Za-z0-9._+-]', '_', version)}.json")
+
+
+class Drift:
+    """The drift chore: reads the result rings, keeps references and windows, publishes `view` (one immutable
+    DriftView, replaced whole each tick: the metrics thread reads it without a lock)."""
+
+    def __init__(self, cfg, streams, models):
+        """cfg: the configuration (drift, model.state_dir); streams: the lanes' Streams (their result rings);
+        models: the registry (a served version's bundle files: its own reference)."""
+        self.cfg, self.dc, self.models = cfg, cfg.drift, models
+        self.state_dir = cfg.model.state_dir
+        self.streams = [_StreamDrift(s) for s in streams]
+        self.references: dict[tuple[str, str], Reference] = {}
+        self.builders: dict[tuple[str, str], _Builder] = {}
+        self.names: dict[tuple[str, str], str] = {}     # the bundle's own name of (model, version)
+        self.unsaved: dict[tuple[str, str], float] = {}  # (model, version) → when to try writing it again
+        self.next_tick = 0.0
+        self.cpu_s = 0.0                                 # this chore's CPU time (thread time), all ticks
+        self.view = DriftView((), (), {})
+
+    def run_due(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now >= self.next_tick:
+            self.next_tick = now + self.dc.interval_s
+            t0 = time.thread_time()
+            self.tick(now)
+            self.cpu_s += time.thread_time() - t0
+
+    def tick(self, now: float) -> None:
+        for sd in self.streams:
+            self._read(sd, now)
+        for key, when in list(self.unsaved.items()):
+            if now >= when:
+                self._save(key, self.references[key], now)
+        self._publish(now)
+
+    # ------------------------------------------------------------ reading
+
+    def _read(self, sd: _StreamDrift, now: float) -> None:
+        tick: dict[str, _Tick] = {}  # this tick's frames by version
+        for _ in range(MAX_READS):
+            rec = sd.reader.read(0.0)
+            if rec is None:
+                break
+            sd.read += 1
+            if rec.status != RESULT_OK or rec.kind not in FEATURES:
+                continue
+            try:
+                classes, scores, boxes = frame_features(rec.kind, rec.payload, rec.item_count)
+            except ValueError:
+                sd.bad += 1
+                continue
+            key = (sd.stream.model, rec.model_version)
+            self.names.setdefault(key, rec.model_name)
+            if sd.window is not None and sd.window.version != rec.model_version:
+                sd.window = None  # another version serves the stream: the old one's window says nothing of it
+            ref = self._reference(key, rec.kind)
+            if ref is None:  # still building it: this frame is part of it
+                self._build(key, rec.kind, classes, scores, boxes)
+            elif ref.kind == rec.kind:
+                tick.setdefault(rec.model_version, _Tick(ref)).add(classes, scores, boxes)
+        w = sd.window
+        for version, t in tick.items():
+            if w is None or w.version != version:  # a new version starts from its own reference
+                w = sd.window = _Window(version)
+            w.add(now, t.frames, t.counts())
+        if w is not None:
+            w.expire(now - self.dc.window_s)
+
+    # ------------------------------------------------------------ references
+
+    def _reference(self, key: tuple[str, str], kind: int) -> Reference | None:
+        ref = self.references.get(key)
+        if ref is None and key not in self.builders:
+            ref = self._load(key)
+            if ref is not None:
+                self.references[key] = ref
+            else:
+                self.builders[key] = _Builder(kind)
+        return ref
+
+    def _load(self, key: tuple[str, str]) -> Reference | None:
+        """The bundle's own reference, else the one this host recorded, else None (one is to be built)."""
+        model, version = key
+        served = self.models.served.get(model)
+        runtime = served.runtime if served is not None else None
+        if runtime is not None and runtime.version == version and BUNDLE_FILE in runtime.bundle.files:
+            where = os.path.join(runtime.bundle.path, BUNDLE_FILE)
+            try:
+                ref = Reference.from_json(json.loads(runtime.bundle.files[BUNDLE_FILE]), "bundle")
+                log.info("drift: model %s %s: the bundle's reference (%d frames)", model, version, ref.frames)
+                return ref
+            except ValueError as e:
+                log.error("drift: %s: not a drift reference (%s); this host takes its own", where, e)
+        path = state_path(self.state_dir, model, version)
+        try:
+            data = read_json(path)
+            if data is not None:
+                ref = Reference.from_json(data, "state")
+                log.info("drift: model %s %s: the reference recorded in %s (%d frames)", model, version, path,
+                         ref.frames)
+                return ref
+        except (OSError, ValueError) as e:
+            log.error("drift: %s: unreadable drift reference (%s); taking a new one, which replaces it", path, e)
+        log.info("drift: model %s %s has no reference yet: its first %d frames become it", model, version,
+                 self.dc.reference_frames)
+        return None
+
+    def _build(self, key: tuple[str, str], kind: int, classes, scores, boxes) -> None:
+        b = self.builders[key]
+        if b.kind != kind:
+            return
+        b.add(classes, scores, boxes)
+        if b.frames >= self.dc.reference_frames:
+            ref = Reference.build(kind, b.frames, b.classes, b.scores, b.boxes, self.dc.score_bins)
+            del self.builders[key]
+            self.references[key] = ref
+            log.info("drift: model %s %s: reference taken from its first %d frames", *key, ref.frames)
+            self._save(key, ref, time.monotonic())
+
+    def _save(self, key: tuple[str, str], ref: Reference, now: float) -> None:
+        path = state_path(self.state_dir, *key)
+        try:
+            write_json(path, ref.to_json(self.names.get(key, ""), key[1]))
+        except OSError as e:
+            if key not in self.unsaved:
+                log.error("drift: cannot write %s (%s): the reference is kept in memory until a restart; tried "
+                          "again every %g s", path, e.strerror or e, SAVE_RETRY_S)
+            self.unsaved[key] = now + SAVE_RETRY_S
+            return
+        if self.unsaved.pop(key, None) is not None:
+            log.info("drift: %s written", path)
+
+    # ------------------------------------------------------------ the view
+
+    def _publish(self, now: float) -> None:
+        figures = []
+        pooled: dict[tuple[str, str], tuple[int, dict]] = {}
+        for sd in self.streams:
+            w = sd.window
+            if w is None:
+                continue
+            key = (sd.stream.model, w.version)
+            ref = self.references[key]
+            figures.append(self._figure(key, sd.stream.name, ref, w.frames, w.counts))
+            frames, counts = pooled.get(key, (0, ref.zeros()))
+            pooled[key] = (frames + w.frames, {f: counts[f] + w.counts[f] for f in counts})
+        for key, (frames, counts) in pooled.items():
+            figures.append(self._figure(key, "*", self.references[key], frames, counts))
+        refs = [DriftReferenceView(m, v, r.frames, True, r.source) for (m, v), r in self.references.items()]
+        refs += [DriftReferenceView(m, v, b.frames, False, "building") for (m, v), b in self.builders.items()]
+        self.view = DriftView(tuple(figures), tuple(refs),
+                              {sd.stream.name: (sd.read, sd.reader.missed) for sd in self.streams},
+                              self.cpu_s)
+
+    def _figure(self, key, stream: str, ref: Reference, frames: int, counts) -> DriftFigure:
+        if frames < self.dc.min_window_frames:
+            return DriftFigure(*key, stream, frames, None, {})
+        features = ref.psi(counts)
+        return DriftFigure(*key, stream, frames, max(features.values()), features)
+
+    def close(self) -> None:
+        for sd in self.streams:
+            sd.reader.close()
