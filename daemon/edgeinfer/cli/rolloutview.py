@@ -1,0 +1,94 @@
+"""`edgeinferctl model rollout NAME [promote|abort]`: a model's rollout against its gates, read from the daemon's
+/metrics (edgeinfer_rollout_*), and the operator's early decision, handed to the daemon as a request file in its
+state directory (control/rollout.py takes it within a second, and only for the candidate it names)."""
+from __future__ import annotations
+
+import getpass
+import os
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REQUEST_FILE = "rollout-request-{model}.json"  # control/rollout.py reads it: the same name
+
+
+def read(url: str, model: str, timeout: float = 3.0) -> dict:
+    """The model's rollout from one scrape: {active: {...} or None, gates: {...}, decisions: [...]}."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        text = r.read().decode()
+    out = {"active": None, "gates": {}, "decisions": [], "served": None}
+    figures = {"edgeinfer_rollout_compared_frames": "frames", "edgeinfer_rollout_agreement": "agreement",
+               "edgeinfer_rollout_p99_ratio": "p99_ratio", "edgeinfer_rollout_error_rate": "error_rate",
+               "edgeinfer_rollout_elapsed_seconds": "elapsed_s"}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.labels.get("model") != model:
+                continue
+            if s.name == "edgeinfer_rollout_active":
+                out["active"] = {**(out["active"] or {}), "serving": s.labels["serving"],
+                                 "candidate": s.labels["candidate"], "policy": s.labels["policy"]}
+            elif s.name in figures:
+                out["active"] = {**(out["active"] or {}), figures[s.name]: s.value}
+            elif s.name == "edgeinfer_rollout_gate":
+                out["gates"][s.labels["gate"]] = s.value
+            elif s.name == "edgeinfer_rollout_decisions_total":
+                out["decisions"].append((s.labels["serving"], s.labels["candidate"], s.labels["decision"],
+                                         int(s.value)))
+            elif s.name == "edgeinfer_model_info":
+                out["served"] = f"{s.labels['name']} {s.labels['version']}"
+    return out
+
+
+def render(model: str, r: dict) -> str:
+    lines = []
+    a, g = r["active"], r["gates"]
+    if a and "candidate" in a:
+        lines.append(f"model {model}: {a['policy']} rollout of {a['candidate']} beside the serving {a['serving']}, "
+                     f"{a.get('elapsed_s', 0):.0f} s")
+        lines.append(f"  {'gate':<12} {'now':>10}  {'needs':<10} state")
+
+        def row(name, now, op, need, fmt):
+            if need is None:
+                return
+            if now is None:
+                lines.append(f"  {name:<12} {'-':>10}  {op} {format(need, fmt):<7} not measured yet")
+                return
+            ok = now >= need if op == ">=" else now <= need
+            lines.append(f"  {name:<12} {format(now, fmt):>10}  {op} {format(need, fmt):<7} "
+                         f"{'passing' if ok else 'FAILING' if name not in ('frames', 'seconds') else 'waiting'}")
+        row("frames", a.get("frames"), ">=", g.get("min_frames"), ".0f")
+        row("seconds", a.get("elapsed_s"), ">=", g.get("min_seconds"), ".0f")
+        row("agreement", a.get("agreement"), ">=", g.get("min_agreement"), ".4f")
+        row("p99 ratio", a.get("p99_ratio"), "<=", g.get("max_p99_ratio"), ".2f")
+        row("error rate", a.get("error_rate"), "<=", g.get("max_error_rate"), ".4f")
+    else:
+        lines.append(f"model {model}: no rollout under way (serving {r['served'] or 'nothing'})")
+    for serving, candidate, decision, n in r["decisions"]:
+        lines.append(f"  decided: {candidate} beside {serving}: "
+                     f"{'promoted' if decision == 'promote' else 'rolled back'}" + (f" ({n} times)" if n > 1 else ""))
+    return "\n".join(lines)
+
+
+def request(url: str, model: str, action: str, state_dir: str, wait_s: float) -> tuple[int, str]:
+    """Asks the daemon to promote or abort the candidate under way now (named by its version, so a request never
+    applies to a later one); waits up to wait_s for the daemon to take it. (exit code, what to print)."""
+    from edgeinfer.support.statefile import write_json
+    before = read(url, model)
+    a = before["active"]
+    if not a or "candidate" not in a:
+        return 1, render(model, before) + f"\nnothing to {action}"
+    path = os.path.join(state_dir, REQUEST_FILE.format(model=model))
+    try:
+        who = f"{getpass.getuser()} (uid {os.getuid()})"
+    except (KeyError, OSError):
+        who = f"uid {os.getuid()}"
+    write_json(path, {"action": action, "candidate": a["candidate"], "by": who})
+    deadline = time.monotonic() + wait_s
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if os.path.exists(path):
+        return 1, (f"edgeinferd has not taken {path} within {wait_s:g} s (is it running, with model.state_dir "
+                   f"{state_dir}?); the request stays there until it does, or until you remove it")
+    time.sleep(0.5)  # the decision is in the next scrape
+    return 0, render(model, read(url, model))
