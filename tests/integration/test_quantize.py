@@ -5,6 +5,7 @@ against the gate). No timing is asserted: the speed ratio is the bench's to prin
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -160,6 +161,50 @@ def test_the_daemon_serves_int8_beside_fp32_and_their_answers_agree(int8, bundle
 
 def _leftovers(parent: Path, out: str) -> list[str]:
     return [n for n in os.listdir(parent) if n.startswith(out) or n.startswith("." + out)]
+
+
+def test_a_shadow_rollout_promotes_the_int8_detector(int8, bundles, children, tmp_path, stream):
+    """The INT8 bundle of the detector as the candidate of a shadow rollout beside its FP32 original: its boxes
+    agree (IoU-matched, the quantize gate's measure, whose default minimum for detectors is 0.90), so it is
+    promoted, the floor moves to it, and the results name it from then on. The p99 gate is opened wide here: INT8
+    is faster than FP32 only on CPUs with an 8-bit dot product, and no test asserts what the CPU is; the p99 gate
+    has a test of its own (test_rollouts.py)."""
+    from daemon_helpers import read_stats, results, wait_for
+    fp32 = bundles("detector")
+    int8_path, _ = int8("detector")
+    current = tmp_path / "current"
+    os.symlink(fp32, current)
+    stats = str(tmp_path / "stats.json")
+    cfg = write_config(tmp_path, None, [{"name": stream, "width": 640, "height": 480, "max_age_ms": 5000}],
+                       models={"det": {"bundle": str(current), "rollout": {
+                           "policy": "shadow", "sample": 1.0, "window": {"min_frames": 30, "min_seconds": 2},
+                           "gates": {"max_p99_ratio": 100}}}})
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=str(tmp_path / "daemon.log"))
+    children.spawn([sys.executable, "-m", "edgeinfer.cli", "feed", "--synthetic", "--stream", stream, "--width",
+                    "640", "--height", "480", "--fps", "8", "--socket", proc.ingress])
+    reader = results(proc, stream)
+    first = reader.read(30.0)
+    assert first is not None and first.model_name == "ddddocr-det"
+    link = tmp_path / "current.new"
+    os.symlink(int8_path, link)
+    os.replace(link, current)
+    proc.send_signal(1)  # SIGHUP
+    rollout = lambda: (read_stats(stats).get("models", {}).get("det") or {}).get("rollout") or {}  # noqa: E731
+    last = wait_for(lambda: rollout().get("last"), 120, "the rollout's decision")
+    assert last["decision"] == "promote", last
+    assert last["figures"]["agreement"] >= DEFAULT_MIN_AGREEMENT[KIND_DETECTION], last
+    names = set()
+    for _ in range(200):
+        rec = reader.read(5.0)
+        if rec is not None and rec.model_name == "ddddocr-det-int8":
+            break
+        names.add(rec.model_name if rec else None)
+    else:
+        pytest.fail(f"no result from the INT8 detector after its promotion; saw {names}")
+    with open(tmp_path / "state" / "model-versions.json") as f:
+        assert json.load(f)["ddddocr-det"]["highest"] == "1.6.1.post1"  # the INT8 bundle's, in the FP32 family
+    reader.close()
+    assert stop_daemon(proc) == 0
 
 
 def test_the_gate_refuses_an_impossible_threshold_and_leaves_no_bundle(calibration_dir, tmp_path, cpu):
