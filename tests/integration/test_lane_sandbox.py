@@ -272,8 +272,8 @@ class _Boom:
 def test_a_compromised_lane_cannot_run_code_in_the_control_plane(bundles, children, tmp_path, stream):
     """A lane speaks JSON messages, each field checked (laneproto.py); the control plane never unpickles what a
     lane sends. Played with the lane's own socket (taken from it with pidfd_getfd, as code running in the lane
-    could use it): a pickle that would run code, a message naming a stream the lane does not hold, and a log
-    level that is not one. Each time: no code runs, the lane is killed and restarted with the reason, and the
+    could use it): a pickle that would run code, a message naming a stream the lane does not hold, a log
+    level that is not one, and rollout reports that cannot be true. Each time: no code runs, the lane is killed and restarted with the reason, and the
     stream is served again."""
     require_root("taking a lane's socket with pidfd_getfd")
     cfg = write_config(tmp_path, bundles("orientation"),
@@ -283,7 +283,11 @@ def test_a_compromised_lane_cannot_run_code_in_the_control_plane(bundles, childr
     marker = tmp_path / "ran"
     attacks = [pickle.dumps(_Boom(str(marker))),
                json.dumps(["Dropped", 4095, 1, "a stream that is not the lane's"]).encode(),
-               json.dumps(["Log", "critical", "an arbitrary logger method"]).encode()]
+               json.dumps(["Log", "critical", "an arbitrary logger method"]).encode(),
+               # A rollout's report that would sway a promotion: more answers agreed than compared, and one for
+               # a model the lane does not hold (control/rollout.py decides on these).
+               json.dumps(["TrialReport", "default", "9.9.9", 10, 99, 10, 10, 0, 0, [], [], None]).encode(),
+               json.dumps(["TrialReport", "other", "9.9.9", 10, 10, 10, 10, 0, 0, [], [], None]).encode()]
     for n, payload in enumerate(attacks, 1):
         lanes = _lanes_of(proc.pid)
         assert lanes
