@@ -41,9 +41,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from _cameras import Cameras  # noqa: E402
 from _proc import cpu_ticks, process_tree  # noqa: E402
 
-from edgeinfer.abi import ring  # noqa: E402
 
 BUNDLE = os.path.join(ROOT, "models", "bundles", "cls-tiny")
 WIDTH, HEIGHT = 192, 48
@@ -54,84 +54,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def q(values, p: float) -> float | None:
     return float(np.percentile(values, p)) if len(values) else None
-
-
-# ------------------------------------------------------------------ the cameras (a process of their own)
-
-def camera_child(n: int, fps: float, ingress: str, results: str) -> int:
-    """Publishes on streams s00..s{n-1} at `fps` each between "go" and "stop" (stdin); reads every stream's results
-    and answers "stop" with the lanes' latencies (done - capture, µs) of the window and the counts."""
-    import select
-    rng = np.random.default_rng(7)
-    frame = rng.integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)
-    names = [f"s{i:02d}" for i in range(n)]
-    writers = [ring.FrameWriter.connect(s, WIDTH, HEIGHT, "bgr24", socket=ingress) for s in names]
-    readers = [ring.ResultReader.connect(s, socket=results) for s in names]
-    print("ready", flush=True)
-    period = 1.0 / fps
-    fid = 0
-
-    def drain(lat: list | None) -> int:
-        got = 0
-        for r in readers:
-            while (rec := r.read(0.0)) is not None:
-                got += 1
-                if lat is not None:
-                    lat.append((rec.done_ns - rec.capture_ns) / 1e3)
-        return got
-    for line in sys.stdin:
-        if line.strip() != "go":
-            break
-        drain(None)
-        lat: list[float] = []
-        published = read = 0
-        next_t = time.monotonic()
-        while True:
-            if select.select([sys.stdin], [], [], max(next_t - time.monotonic(), 0.0))[0]:
-                sys.stdin.readline()
-                break
-            fid += 1
-            for w in writers:
-                np.copyto(w.begin(), frame)
-                w.publish(frame_id=fid)
-            published += len(writers)
-            read += drain(lat)
-            next_t += period
-            late = time.monotonic() - next_t
-            if late > 0:
-                next_t += (int(late / period) + 1) * period
-        time.sleep(0.2)
-        read += drain(lat)
-        print(json.dumps({"published": published, "read": read, "lat_us": lat}), flush=True)
-    for x in writers + readers:
-        x.close()
-    return 0
-
-
-class Cameras:
-    def __init__(self, n: int, fps: float, ingress: str, results: str):
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--camera-child", str(n), str(fps),
-                                      ingress, results], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().strip()
-        if line != "ready":
-            self.proc.kill()
-            raise RuntimeError(f"the cameras did not connect: {line!r}")
-
-    def window(self, seconds: float, during=lambda: None) -> dict:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        during()
-        time.sleep(seconds)
-        self.proc.stdin.write("stop\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 # ------------------------------------------------------------------ the broker, the bridge, the subscriber
@@ -332,11 +254,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
-    ap.add_argument("--camera-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.camera_child:
-        n, fps, ingress, results = args.camera_child
-        return camera_child(int(n), float(fps), ingress, results)
 
     from conftest import Children
     from daemon_helpers import start_daemon, write_config
@@ -359,7 +277,7 @@ def main() -> int:
             print(Path(work, "daemon.log").read_text()[-3000:], file=sys.stderr)
             raise
         broker = Broker(work, children)
-        cams = Cameras(args.streams, args.fps, daemon.ingress, daemon.results)
+        cams = Cameras(args.streams, args.fps, daemon.ingress, daemon.results, WIDTH, HEIGHT)
         sub = Subscriber(broker.port)
         print(f"# bench/mqtt.py: {args.streams} streams x {args.fps:g} fps ({args.streams * args.fps:.0f} results/s), "
               f"{args.seconds:g} s windows, {args.rounds} rounds; {cpu_model()}", flush=True)

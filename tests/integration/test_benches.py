@@ -93,3 +93,11 @@ def test_mqtt_bench_runs_its_three_windows_to_its_summary():
     s = _summary(["bench/mqtt.py", "--streams", "2", "--fps", "10", "--seconds", "1", "--rounds", "1"], timeout=300)
     assert s["received_per_s"][0] > 0 and s["published_per_s"][0] > 0, s
     assert set(s["lanes_p99_us"]) == {"none", "healthy", "stalled"} and s["stalled_over_none_p99"][0] > 0, s
+
+
+def test_rollout_bench_runs_its_windows_and_a_decision_to_its_summary():
+    s = _summary(["bench/rollout.py", "--quick", "--streams", "2"], timeout=300)
+    row = s["loads"]["0.5"]["rounds"][0]
+    assert set(row["none"]["versions"]) == {"0.0.11"} and set(row["shadow"]["versions"]) == {"0.0.11"}, row
+    assert row["none"]["answered"] > 0 and row["shadow"]["answered"] > 0, row
+    assert s["decision"]["decision"] == "promote", s["decision"]

@@ -400,7 +400,9 @@ class Engine:
             frames = session.firsts[len(taken)]
             self.counters[dispatch.LANE_BATCHES] += 1
             self.counters[dispatch.LANE_COPIES] += len(taken)
-        run_from = ring.monotonic_ns()
+        # During a trial both versions' run times are this thread's CPU time (the trial thread's runs are
+        # preempted by this loop: wall time would count that against the candidate).
+        run_from = time.thread_time_ns() if trial is not None else 0
         outputs = self._run_session(session, frames, taken)
         if outputs is None:
             if by_candidate:
@@ -408,7 +410,7 @@ class Engine:
                     trial.failed()
             return
         if trial is not None:  # before the slot goes back: a sampled frame is copied for the trial's thread
-            run_ns = ring.monotonic_ns() - run_from
+            run_ns = time.thread_time_ns() - run_from
             for i, (s, frame, start, age) in enumerate(taken):
                 single = len(taken) == 1
                 trial.ran(frame.array if single else session.rows[i], s.reader.geometry_key, s.geometry,

@@ -14,8 +14,10 @@ The control plane stages a candidate like a reload (Stage), then starts a trial 
   version on a sample of the canary streams' frames, so agreement is measured the same way.
 
 Run times: the loop records every serving run (and in canary every candidate run) in a log-scale histogram
-(8 buckets an octave, about 9 % wide); the shadow thread records the candidate's runs as its own CPU time (wall
-time there would count the loop's preemptions). The lane reports the cumulative figures (TrialReport) about once
+(8 buckets an octave, at most 12.5 % wide), the trial thread the candidate's shadow runs; both as the running
+thread's CPU time, so like is compared with like (the trial thread's wall time would count every preemption by
+the loop against the candidate). With ort_threads > 1 the intra-op pool's threads are not counted, for either
+version. The lane reports the cumulative figures (TrialReport) about once
 a second; the control plane (control/rollout.py) decides. Promote: the candidate becomes the lane's model. Abort:
 the canary streams go back to the serving version. Either way the thread stops.
 
