@@ -133,14 +133,15 @@ def test_shipped_rules_and_dashboard_are_valid():
     promtool = require_tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(ROOT / "share/prometheus/edgeinfer-rules.yml")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "SUCCESS: 22 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 23 rules found" in r.stdout, r.stdout + r.stderr
     # The lane and model alerts fire on series shaped like the daemon's (promtool's rule unit tests); the
     # drop-rate alert fires on drops, not on a daemon restart (its counters start again, its gap counted once);
     # the gateway's alerts (shedding, not ready, UNAVAILABLE, p99, down) on series shaped like its fronts'; the MQTT
     # bridge's (broker down, dropping, stream refused, down) on series shaped like its own; the drift alert on a
-    # stream's PSI held over 0.25 for 10 minutes, never on the pooled stream="*".
+    # stream's PSI held over 0.25 for 10 minutes, never on the pooled stream="*"; the rollout alert on a rollback,
+    # the first of a pair of versions (a new series) and a later one alike, never on a promotion.
     for case in ("lane_alerts_test.yml", "drop_alert_test.yml", "front_alerts_test.yml", "mqtt_alerts_test.yml",
-                 "drift_alert_test.yml"):
+                 "drift_alert_test.yml", "rollout_alert_test.yml"):
         t = subprocess.run([promtool, "test", "rules", str(ROOT / "tests/promtool" / case)],
                            capture_output=True, text=True, timeout=60)
         assert t.returncode == 0 and "SUCCESS" in t.stdout, case + ": " + t.stdout + t.stderr
@@ -154,7 +155,7 @@ def test_shipped_rules_and_dashboard_are_valid():
                    "edgeinfer_front_latency_seconds_bucket", "edgeinfer_front_model_ready",
                    "edgeinfer_mqtt_published_total", "edgeinfer_mqtt_dropped_total", "edgeinfer_mqtt_queue_messages",
                    "edgeinfer_mqtt_broker_connected", "edgeinfer_mqtt_publish_latency_seconds_bucket",
-                   "edgeinfer_model_drift_psi"):
+                   "edgeinfer_model_drift_psi", "edgeinfer_rollout_agreement", "edgeinfer_rollout_p99_ratio"):
         assert metric in exprs, metric
 
 
