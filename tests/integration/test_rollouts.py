@@ -403,3 +403,38 @@ def test_a_rollout_that_would_pass_the_session_cap_is_refused(tmp_path, children
            "than runtime.max_sessions (1)" in st["last_reload_error"], st["last_reload_error"]
     assert st["models"][MODEL]["version"] == "0.0.11" and st["models"][MODEL]["rollout"]["candidate"] is None
     assert stop_daemon(proc) == 0
+
+
+def test_a_lane_restarted_mid_rollout_takes_the_candidate_again(tmp_path, children, bundles, stream, versions):
+    """A lane killed during a rollout is restarted with the candidate beside the serving version: after the
+    promotion every lane serves the new version (a lane that missed it would keep answering with the old one,
+    below the new floor)."""
+    from test_lane_sandbox import _lanes_of
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
+    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
+                                  {"policy": "shadow", "sample": 1.0, "window": {"min_frames": 100000,
+                                                                                "min_seconds": 3600}})
+    lanes = _lanes_of(proc.pid)
+    assert len(lanes) >= 2, lanes  # one per CPU here: frames go to either
+    _feed(children, proc, stream)
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: _rollout(stats).get("candidate") == "0.0.12", 30, "the rollout to start")
+    os.kill(lanes[0], signal.SIGKILL)
+    wait_for(lambda: lanes[0] not in _lanes_of(proc.pid) and len(_lanes_of(proc.pid)) == len(lanes), 30,
+             "the lane to be restarted")
+    before = (_rollout(stats).get("figures") or {}).get("frames", 0)
+    wait_for(lambda: (_rollout(stats).get("figures") or {}).get("frames", 0) > before + 20, 30,
+             "frames compared after the restart")
+    assert _rollout(stats)["candidate"] == "0.0.12" and not _rollout(stats).get("last")
+    promoted = _ctl("model", "rollout", MODEL, "promote", "--url", proc.metrics_url + "/metrics", "--state-dir",
+                    str(tmp_path / "state"))
+    assert promoted.returncode == 0, promoted
+    reader = results(proc, stream)
+    seen = _settles_on(reader, "0.0.12")
+    assert seen[-5:] == ["0.0.12"] * 5, seen
+    later = _versions(reader, 60)
+    assert set(later) == {"0.0.12"}, later  # both lanes, the restarted one too
+    assert "restarted with the rollout's candidate 0.0.12 beside the serving version" in open(log).read()
+    assert stop_daemon(proc) == 0

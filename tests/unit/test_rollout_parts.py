@@ -3,6 +3,8 @@ its p99, the gates' verdict, a lane's report checked like any lane input, the co
 /metrics show a rollout."""
 from __future__ import annotations
 
+import json
+import time
 import types
 
 import numpy as np
@@ -102,21 +104,22 @@ def test_a_lane_report_that_cannot_be_true_is_a_protocol_violation():
 
 
 class _Lanes:
-    def __init__(self, reports):
+    def __init__(self, reports, problem=None):
         self.trial_reports = {"orient": {(0, 1): r for r in reports}}
+        self.trial_problems = {"orient": problem} if problem else {}
 
 
-def _rollouts(tmp_path, rollout: dict, reports) -> Rollouts:
+def _rollouts(tmp_path, rollout: dict, reports, problem=None, elapsed: float = 10.0) -> Rollouts:
     entry = ModelEntry(bundle="/b", rollout=rollout)
     served = {"orient": types.SimpleNamespace(entry=entry, runtime=None, version="0.0.11")}
     cfg = types.SimpleNamespace(model=types.SimpleNamespace(state_dir=str(tmp_path)),
                                 runtime=types.SimpleNamespace(max_sessions=8))
-    r = Rollouts(cfg, models=types.SimpleNamespace(served=served), lanes=_Lanes(reports), streams=[],
+    r = Rollouts(cfg, models=types.SimpleNamespace(served=served), lanes=_Lanes(reports, problem), streams=[],
                  trim=None)
     model = types.SimpleNamespace(version="0.0.12", decoder=types.SimpleNamespace(kind=1))
     from edgeinfer.control.rollout import Candidate
-    r.active["orient"] = Candidate("orient", "shadow", model, ("o", "0.0.11"), (), started=0.0, started_wall=0.0,
-                                   min_agreement=0.98)
+    r.active["orient"] = Candidate("orient", "shadow", model, ("o", "0.0.11"), (), started=time.monotonic() - elapsed,
+                                   started_wall=0.0, min_agreement=0.98)
     return r
 
 
@@ -143,12 +146,59 @@ def test_the_gates_decide_only_over_a_full_window(tmp_path, report, decision, wh
         assert verdict[0] == decision and why in verdict[1], verdict
 
 
+def test_a_window_that_does_not_fill_or_a_lane_that_cannot_take_the_candidate_rolls_back(tmp_path):
+    window = {"policy": "shadow", "window": {"min_frames": 200, "min_seconds": 1, "max_seconds": 30}}
+    slow = _rollouts(tmp_path, window, [_report(frames=20, agreed=20, answers=20, runs=20, skipped=400)], elapsed=31)
+    decision, why = slow.verdict("orient", slow.figures("orient"))
+    assert decision == "rollback" and why.startswith("the window did not fill in 30 s: 20 of 200 frames compared, "
+                                                     "400 samples skipped"), why
+    waiting = _rollouts(tmp_path, window, [_report(frames=20, agreed=20, answers=20, runs=20)], elapsed=29)
+    assert waiting.verdict("orient", waiting.figures("orient")) is None
+    lost = _rollouts(tmp_path, window, [_report()], problem="lane1 was restarted and could not take the candidate")
+    assert lost.verdict("orient", lost.figures("orient")) == ("rollback",
+                                                              "lane1 was restarted and could not take the candidate")
+
+
+def test_a_malformed_rollouts_record_is_read_for_what_is_well_formed(tmp_path, caplog):
+    from edgeinfer.control.rollout import read_state
+    path = tmp_path / "rollouts.json"
+    path.write_text(json.dumps({"active": ["not", "a", "mapping"], "refused": {"orient": [{"digest": "ab"}, 7],
+                                                                               "other": "x"}}))
+    state = read_state(str(path))
+    assert state == {"active": {}, "refused": {"orient": [{"digest": "ab"}]}}
+    assert "malformed" in caplog.text
+    path.write_text("{not json")
+    assert read_state(str(path)) == {"active": {}, "refused": {}}
+
+
+def test_a_trial_never_reports_more_errors_than_runs_or_more_agreed_than_compared():
+    """The loop and the trial thread write the counters without a lock; a failure is counted a run first, and the
+    report reads what may not exceed another before it (checked by supervisor._trial_report)."""
+    from edgeinfer.lanes.trial import Trial
+    serving = types.SimpleNamespace(decoder=_classifier(["a", "b", "c", "d"]), geometries=[], get=lambda g: None)
+    t = Trial("orient", "canary", serving, serving, 0.5, frozenset({1}))
+    t.start()
+    t.failed()
+    t.failed()
+    r = t.report()
+    assert r["runs"] == 2 and r["errors"] == 2
+    t.meter.add(_scores(0), _scores(1), 8, 8)
+    r = t.report()
+    assert r["answers"] == 1 and r["agreed"] == 0 and r["frames"] == 1
+    t.stop()  # the thread ends and closes its eventfd
+    deadline = time.monotonic() + 10
+    while t.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not t.alive
+
+
 def test_rollout_configuration_is_validated_like_every_key():
     e = ModelEntry(bundle="/b")
     assert e.rollout.policy == "immediate" and e.rollout.gates.max_p99_ratio == 1.25
     assert e.rollout.gates.min_agreement is None and e.rollout.window.min_frames == 200
     for bad in ({"policy": "blue-green"}, {"sample": 0}, {"sample": 1.5}, {"share": 1.0},
-                {"window": {"min_frames": 1}}, {"gates": {"max_p99_ratio": 0.5}}, {"gates": {"typo": 1}}):
+                {"window": {"min_frames": 1}}, {"gates": {"max_p99_ratio": 0.5}}, {"gates": {"typo": 1}},
+                {"window": {"min_seconds": 60, "max_seconds": 30}}):
         with pytest.raises(ValueError):
             ModelEntry(bundle="/b", rollout=bad)
 

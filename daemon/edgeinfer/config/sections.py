@@ -63,6 +63,14 @@ class RolloutWindow(_Strict):
     """What a rollout measures before it decides: both at least (docs/operations.md, "Rollouts")."""
     min_frames: int = Field(200, ge=10, le=10_000_000)   # frames compared (shadow) or served by each version (canary)
     min_seconds: float = Field(60.0, ge=1.0, le=7 * 86400.0)
+    # A window not full by then rolls the candidate back (a lane too busy to compare, or cameras gone).
+    max_seconds: float = Field(3600.0, ge=1.0, le=30 * 86400.0)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.max_seconds < self.min_seconds:
+            raise ValueError(f"max_seconds ({self.max_seconds:g}) is shorter than min_seconds ({self.min_seconds:g})")
+        return self
 
 
 class RolloutGates(_Strict):

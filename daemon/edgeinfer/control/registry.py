@@ -20,6 +20,7 @@ import logging
 import os
 import time
 
+from edgeinfer.control.rollout import interrupted
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.models.knowngood import KnownGood
 from edgeinfer.models.runtime import ModelRuntime
@@ -117,14 +118,32 @@ class Models:
         return model
 
     def _proven(self, name: str, configured: ModelRuntime) -> ModelRuntime:
-        """Under a rollout policy, the start serves the proven version: the configured bundle if it is the last
-        known-good one (or nothing was ever served), else the last known-good bundle, verified again, with the
-        configured one's rollout pending. Never the unproven candidate: if the proven bundle is refused now, the
-        start fails with both reasons."""
+        """Under a rollout policy, the start serves the proven version. The configured bundle is proven when it
+        is the last known-good one, or its family's anti-rollback floor is its version (it was promoted; the
+        known-good record may lag behind the floor), unless the last daemon left it under way as a candidate
+        (rollouts.json); a model with no known-good record never served here, and its configured bundle serves.
+        Otherwise the last known-good bundle serves, verified again, and the configured one's rollout is pending.
+        Never the unproven candidate: if the proven bundle is refused now, the start fails with both reasons."""
         m = self.served[name]
-        good = self.known_good.get(name)
-        if good is None or (good["sha256"], good["version"]) == (configured.bundle.sha256, configured.version):
-            return configured
+        pending = interrupted(self.cfg.model.state_dir, name)
+        candidate = pending is not None and pending.get("digest") == configured.bundle.digest
+        try:
+            good = self.known_good.get(name)
+            unreadable = None
+        except BundleError as e:
+            good, unreadable = None, e
+        if not candidate:
+            if good is None and unreadable is None:
+                return configured
+            if good is not None and (good["sha256"], good["version"]) == (configured.bundle.sha256,
+                                                                          configured.version):
+                return configured
+            if self.rollback.load().get(configured.meta.floor_family, {}).get("highest") == configured.version:
+                return configured
+        if good is None:
+            raise BundleError(f"model {name}: the configured bundle {configured.name} {configured.version} has not "
+                              f"passed its rollout (policy {m.entry.rollout.policy}), and there is no proven version "
+                              f"to serve instead: {unreadable or 'no known-good record'}")
         said = f"{good['bundle']} ({good['name']} {good['version']})"
         try:
             model = self.load(name, good["bundle"])

@@ -117,7 +117,7 @@ class Reloader:
             return False
         if rollout:  # the candidate waits for its gates (rollout.py); the floor has not moved
             served.target = new.target
-            rollouts.begin(name, new, old)
+            rollouts.begin(name, new, old, geometries)
             return True
         self.lanes.commit(name, new)
         self.models.accept(name, new)

@@ -65,21 +65,11 @@ class Rollouts:
         self.decisions: dict[str, dict[tuple, int]] = {}
         self.last: dict[str, dict] = {}
         self.next_evaluation = 0.0
-        state = self._read()
-        self.refused: dict[str, list[dict]] = {k: list(v) for k, v in (state.get("refused") or {}).items()
-                                               if isinstance(v, list)}
-        self.interrupted: dict[str, dict] = dict(state.get("active") or {})  # under way when the last daemon stopped
+        state = read_state(self.path)
+        self.refused: dict[str, list[dict]] = state["refused"]
+        self.interrupted: dict[str, dict] = state["active"]  # under way when the last daemon stopped
 
     # ---------------------------------------------------------------- state
-
-    def _read(self) -> dict:
-        try:
-            data = read_json(self.path)
-        except (OSError, ValueError) as e:
-            log.error("%s: cannot read the rollouts' record (%s): rolled-back bundles may be tried again", self.path,
-                      e)
-            return {}
-        return data if isinstance(data, dict) else {}
 
     def _write(self) -> None:
         data = {"active": {n: {"bundle": c.model.target, "digest": c.model.bundle.digest,
@@ -135,15 +125,17 @@ class Rollouts:
         k = min(len(mine) - 1, max(1, round(self.policy(name).share * len(mine))))
         return tuple(mine[:k])
 
-    def begin(self, name: str, new, serving) -> None:
-        """`new` (verified, staged in the lanes) becomes the candidate of `name` beside `serving`."""
+    def begin(self, name: str, new, serving, geometries: list) -> None:
+        """`new` (verified, staged in the lanes for `geometries`) becomes the candidate of `name` beside
+        `serving`."""
         rollout = self.policy(name)
         canary = self._canary(name) if rollout.policy == "canary" else ()
         gate = rollout.gates.min_agreement
         self.active[name] = Candidate(name, rollout.policy, new, (serving.name, serving.version),
                                       tuple(s.name for s in canary), time.monotonic(), time.time(),
                                       gate if gate is not None else DEFAULT_MIN_AGREEMENT[new.decoder.kind])
-        self.lanes.start_trial(name, rollout.policy, rollout.sample, tuple(s.index for s in canary))
+        self._drop_request(name)  # a request left for an earlier candidate never applies to this one
+        self.lanes.start_trial(name, new, geometries, rollout.policy, rollout.sample, tuple(s.index for s in canary))
         resumed = self.interrupted.pop(name, None)
         again = resumed is not None and resumed.get("digest") == new.bundle.digest
         self._write()
@@ -177,11 +169,16 @@ class Rollouts:
     def verdict(self, name: str, f: Figures) -> tuple[str, str] | None:
         """("promote" | "rollback", why) once the window is full (or a lane could not run the trial); else None."""
         c, rollout = self.active[name], self.policy(name)
-        problem = next((r.problem for r in self.lanes.trial_reports.get(name, {}).values() if r.problem), None)
+        problem = self.lanes.trial_problems.get(name) or next(
+            (r.problem for r in self.lanes.trial_reports.get(name, {}).values() if r.problem), None)
         if problem:
             return "rollback", problem
         w, g = rollout.window, rollout.gates
         if f.frames < w.min_frames or f.elapsed_s < w.min_seconds or f.runs < w.min_frames:
+            if f.elapsed_s > w.max_seconds:
+                return "rollback", (f"the window did not fill in {w.max_seconds:g} s: {f.frames} of {w.min_frames} "
+                                    f"frames compared, {f.skipped} samples skipped (lanes busy, or frame "
+                                    "geometries the candidate was not staged for)")
             return None
         failed = []
         if f.agreement is None:
@@ -211,10 +208,21 @@ class Rollouts:
             if decided is not None:
                 self.decide(name, *decided, figures=f)
 
+    def _request_path(self, name: str) -> str:
+        return os.path.join(self.cfg.model.state_dir, REQUEST_FILE.format(model=name))
+
+    def _drop_request(self, name: str) -> None:
+        try:
+            os.unlink(self._request_path(name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.error("model %s: cannot remove %s: %s", name, self._request_path(name), e.strerror or e)
+
     def _request(self, name: str) -> tuple[str, str] | None:
         """An operator's `edgeinferctl model rollout NAME promote|abort` for this candidate (its version named in
         the request), taken once; a request for another candidate is dropped with a line."""
-        path = os.path.join(self.cfg.model.state_dir, REQUEST_FILE.format(model=name))
+        path = self._request_path(name)
         try:
             with open(path) as fh:
                 req = json.load(fh)
@@ -259,6 +267,7 @@ class Rollouts:
                       "again until it changes", name, c.model.name, c.model.version, *serving, why,
                       f.said() if f else "no figures")
         self._write()
+        self._drop_request(name)
         self.trim.schedule()
         key = (serving[1], c.model.version, decision)
         counts = self.decisions.setdefault(name, {})
@@ -273,6 +282,7 @@ class Rollouts:
             return
         self.lanes.end_trial(name)
         self._write()
+        self._drop_request(name)
         self.trim.schedule()
         log.warning("model %s: rollout of %s %s stopped: %s; serving %s %s", name, c.model.name, c.model.version, why,
                     *c.serving)
@@ -292,3 +302,34 @@ class Rollouts:
         return RolloutView(rollout.policy, m.version or "-", c.model.version if c else None, c.canary if c else (),
                            self.figures(name) if c else None, gates, dict(self.decisions.get(name, {})),
                            self.last.get(name))
+
+
+def read_state(path: str) -> dict:
+    """rollouts.json: {"active": {model: {...}}, "refused": {model: [{...}, ...]}}, whatever of it is well formed
+    (a part that is not is said and left out: a rolled-back bundle may then be tried again, never the reverse)."""
+    out: dict = {"active": {}, "refused": {}}
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as e:
+        log.error("%s: cannot read the rollouts' record (%s): rolled-back bundles may be tried again", path, e)
+        return out
+    if data is None:
+        return out
+    if not isinstance(data, dict):
+        log.error("%s: the rollouts' record is not a JSON object: ignored", path)
+        return out
+    active, refused = data.get("active") or {}, data.get("refused") or {}
+    if not isinstance(active, dict) or not isinstance(refused, dict):
+        log.error("%s: parts of the rollouts' record are malformed: ignored", path)
+    for model, entry in (active.items() if isinstance(active, dict) else ()):
+        if isinstance(entry, dict):
+            out["active"][model] = entry
+    for model, entries in (refused.items() if isinstance(refused, dict) else ()):
+        if isinstance(entries, list):
+            out["refused"][model] = [e for e in entries if isinstance(e, dict)]
+    return out
+
+
+def interrupted(state_dir: str, name: str) -> dict | None:
+    """The rollout of model `name` the last daemon left under way, if any (registry.py, at start)."""
+    return read_state(os.path.join(state_dir, STATE_FILE))["active"].get(name)

@@ -410,12 +410,12 @@ class Engine:
                     trial.failed()
             return
         if trial is not None:  # before the slot goes back: a sampled frame is copied for the trial's thread
-            run_ns = time.thread_time_ns() - run_from
+            single = len(taken) == 1
+            run_ns = (time.thread_time_ns() - run_from) // len(taken)  # per frame, as the trial thread's runs
             for i, (s, frame, start, age) in enumerate(taken):
-                single = len(taken) == 1
-                trial.ran(frame.array if single else session.rows[i], s.reader.geometry_key, s.geometry,
-                          outputs if single else [o[i:i + 1] for o in outputs], run_ns if i == 0 else -1,
-                          by_candidate)
+                if trial.ran(frame.array if single else session.rows[i], s.reader.geometry_key, s.geometry, outputs,
+                             -1 if single else i, run_ns, by_candidate):
+                    self.counters[dispatch.LANE_COPIES] += 1
         if len(taken) == 1:
             s, frame, start, age = taken[0]
             frame.release()  # the slot goes back to the camera before we decode
@@ -461,7 +461,7 @@ class Engine:
         except DecoderError as e:  # an output this frame made larger than its record: an error, never cut short
             st.error += 1
             if trial is not None:
-                trial.failed()
+                trial.decode_failed()
             self.events.append(("error", f"stream {s.name}: {e}"))
             return
         done = ring.monotonic_ns()

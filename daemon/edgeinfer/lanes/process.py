@@ -182,9 +182,12 @@ class Lane:
         sessions = self._sessions_of(name, candidate)
         for s in self.streams.values():  # attached after the trial began with a geometry it was not staged for
             if s.model == name and s.index in self.rings and s not in sessions:
-                self.log("error", f"stream {s.name}: model {name} {candidate.version} has no session for "
-                                  f"{self.rings[s.index][1].geometry_key}: its camera must reconnect")
-                self.detach(s.index, self.rings[s.index][0])
+                epoch, reader = self.rings[s.index]
+                # The control plane drops its producer, which reconnects and is attached with the new version.
+                send(self.sock, Dropped(s.index, epoch, f"model {name} {candidate.version}, promoted, has no "
+                                                        f"session for {reader.geometry_key}: reconnect"),
+                     wait_s=REPLY_WAIT_S)
+                self.detach(s.index, epoch)
         self.models[name] = candidate
         self.engine.end_trial(name, candidate, sessions)
         self.trim.schedule()
@@ -281,6 +284,8 @@ class Lane:
         counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in held)
         counters[dispatch.LANE_EVICTIONS] = sum(m.evictions for m in held)
         e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)  # counted by the loop when the run returns
+        for t in self.trials.values():  # a trial thread's run: counted an error by the thread when it returns
+            t.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)
         while e.events:
             level, message = e.events.pop(0)
             since = self.events_logged.hit((level, re.sub(r"\d+", "#", message)), time.monotonic())

@@ -51,6 +51,10 @@ class LaneSet:
         # A rollout's trial per model: the latest report of each lane process holding it, by (lane, pid): a
         # restarted lane serves the serving version only, and what its predecessor measured still counts.
         self.trial_reports: dict[str, dict[tuple, TrialReport]] = {}
+        # The trial under way per model, so that a restarted lane gets it again: (candidate ModelRuntime, its
+        # geometries, StartTrial); and why a lane could not take it (the rollout is then rolled back).
+        self.trials: dict[str, tuple] = {}
+        self.trial_problems: dict[str, str] = {}
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -145,19 +149,24 @@ class LaneSet:
             if ln.sock is not None and not send(ln.sock, Commit(name), wait_s=REPLY_WAIT_S):
                 self._lost(ln, "did not take the model's commit: restarted to serve one version")
 
-    def start_trial(self, name: str, mode: str, sample: float, canary: tuple) -> None:
-        """The version staged for `name` (stage()) becomes its rollout's candidate in every lane holding it:
-        measured in shadow, or serving the streams of `canary` (indices). Its reports arrive in trial_reports."""
+    def start_trial(self, name: str, model, geometries, mode: str, sample: float, canary: tuple) -> None:
+        """`model`, staged for `name` (stage(), for `geometries`), becomes its rollout's candidate in every lane
+        holding it: measured in shadow, or serving the streams of `canary` (indices). Its reports arrive in
+        trial_reports; a lane restarted meanwhile is given it again (or says why not in trial_problems)."""
+        msg = StartTrial(name, mode, sample, tuple(canary))
+        self.trials[name] = (model, list(geometries), msg)
         self.trial_reports[name] = {}
+        self.trial_problems.pop(name, None)
         for ln in self.holding(name):
-            if ln.sock is not None and not send(ln.sock, StartTrial(name, mode, sample, tuple(canary)),
-                                                wait_s=REPLY_WAIT_S):
-                self._lost(ln, "did not take the rollout's trial: restarted to serve one version")
+            if ln.sock is not None and not send(ln.sock, msg, wait_s=REPLY_WAIT_S):
+                self._lost(ln, "did not take the rollout's trial: restarted")
 
     def end_trial(self, name: str, promote_to=None) -> None:
         """Ends the trial of `name`: promote_to (the candidate's ModelRuntime) serves every stream, or (None) the
         candidate is dropped and the serving version serves on."""
         self.trial_reports.pop(name, None)
+        self.trials.pop(name, None)
+        self.trial_problems.pop(name, None)
         if promote_to is not None:
             self.runtimes[name] = promote_to
         for ln in self.holding(name):
@@ -353,6 +362,8 @@ class LaneSet:
                 if errors:
                     raise BundleError("; ".join(errors.values()))
                 send(ln.sock, Commit(name))
+                if name in self.trials:
+                    self._restart_trial(ln, name)
             for index, (reader, epoch, geometry) in self.attached.items():
                 if self.streams[index].model in ln.plan.models:
                     self._send_attach(ln, self.streams[index], reader, epoch, geometry)
@@ -364,6 +375,19 @@ class LaneSet:
             self._close(ln)
             ln.state = "down"
             ln.last_error = str(e)
+
+    def _restart_trial(self, ln: LaneHandle, name: str) -> None:
+        """A lane restarted during a rollout of `name` gets its candidate again (what its predecessor measured
+        still counts, in trial_reports under the old pid); if it cannot load it, the rollout is rolled back."""
+        model, geometries, msg = self.trials[name]
+        errors = self.stage(name, model, geometries, [ln])
+        if errors or not send(ln.sock, msg, wait_s=REPLY_WAIT_S):
+            why = "; ".join(errors.values()) or "its control socket is full"
+            self.trial_problems[name] = f"{ln.name} was restarted and could not take the candidate again: {why}"
+            log.error("model %s: %s", name, self.trial_problems[name])
+        else:
+            log.info("model %s: %s restarted with the rollout's candidate %s beside the serving version", name,
+                     ln.name, model.version)
 
     def geometries_attached(self, model: str) -> list:
         """The geometries of the rings of `model`'s streams that the lanes serve now."""

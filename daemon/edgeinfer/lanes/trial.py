@@ -33,6 +33,7 @@ import threading
 import time
 
 import numpy as np
+import onnxruntime as ort
 
 from edgeinfer.models.agreement import AgreementMeter
 from edgeinfer.models.decoders import DecoderError
@@ -85,9 +86,13 @@ class Trial:
         self._candidate_decoder = self.meter.b
         self.serving_hist = [0] * BUCKETS
         self.candidate_hist = [0] * BUCKETS
-        self.runs = 0          # candidate runs (shadow: by the thread; canary: by the loop)
-        self.errors = 0        # of those, failed, cancelled or not decodable
+        # The candidate's runs and, of those, the ones that failed, were cancelled or could not be decoded. One
+        # writer each way: the loop in canary (it runs the candidate), the trial thread in shadow. A run is
+        # counted before its failure, and report() reads the failures first: never more errors than runs.
+        self.runs = 0
+        self.errors = 0
         self.skipped = 0       # samples not taken: the thread was still busy, or no session for the geometry
+        self.compare_errors = 0  # comparisons that raised (not the candidate's failure: said by the lane)
         self.credit = 0.0
         # Per geometry both versions have (resolved now: the thread never touches the sets' LRU), the two
         # sessions and one buffer the loop copies a sampled frame into.
@@ -101,8 +106,14 @@ class Trial:
                 self.sessions[g] = (mine, theirs, np.empty((1, *theirs.frame_shape), np.uint8))
         self.busy = False      # set by the loop when it fills the slot, cleared by the thread
         self.slot = None       # (geometry, (width, height), the served outputs, served by the candidate)
-        self.thread_error: str | None = None  # the last comparison that raised (counted in errors)
+        self.thread_error: str | None = None  # the last comparison that raised
         self.sched_error: str | None = None   # SCHED_IDLE or the CPUs refused
+        # The trial thread's run, cancellable like the loop's: the lane's control thread terminates it once it
+        # has used more than the run deadline of the thread's own CPU time (a run at SCHED_IDLE may wait long
+        # for a CPU; that is not the candidate's fault).
+        self.run_options = ort.RunOptions()
+        self.run_cpu_from = 0  # the thread's CPU time (ns) when its current run began; 0: not in a run
+        self.cpu_clock: int | None = None
         self._stop = False
         self._efd = os.eventfd(0, os.EFD_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name=f"edgeinfer-trial-{name}", daemon=True)
@@ -120,38 +131,60 @@ class Trial:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    # ---------------------------------------------------------------- the loop's side (no lock, no allocation
-    # but the outputs ORT made anyway)
+    def cancel_overdue_run(self, deadline_s: float) -> bool:
+        """The lane's control thread: cancels the trial thread's run once it used deadline_s of CPU (once)."""
+        started, clock = self.run_cpu_from, self.cpu_clock
+        if not started or clock is None or self.run_options.terminate:
+            return False
+        try:
+            used = time.clock_gettime_ns(clock) - started
+        except OSError:  # the thread has just ended
+            return False
+        if used > deadline_s * 1e9:
+            self.run_options.terminate = True
+            return True
+        return False
 
-    def ran(self, frame: np.ndarray, geometry, size, outputs, run_ns: int, by_candidate: bool) -> None:
+    # ---------------------------------------------------------------- the loop's side (no lock; no allocation
+    # unless the frame is sampled)
+
+    def ran(self, frame: np.ndarray, geometry, size, outputs, row: int, run_ns: int, by_candidate: bool) -> bool:
         """A frame of this model was run by the loop (frame: its [H,W,C] view, still valid; size: (width,
-        height); run_ns: the run's time, -1 for a batch's later frames: a run is recorded once)."""
+        height); outputs: the run's, of a batch whose frame `row` this is (-1: not a batch); run_ns: the run's
+        CPU time for this frame). True if the frame was copied for the trial thread (the lane counts copies)."""
         if by_candidate:
             self.runs += 1
-        if run_ns >= 0:
-            (self.candidate_hist if by_candidate else self.serving_hist)[bucket(run_ns)] += 1
+        (self.candidate_hist if by_candidate else self.serving_hist)[bucket(run_ns)] += 1
         if self.mode == "canary" and not by_candidate:
-            return  # canary: agreement from the candidate's streams (the thread runs the serving version there)
+            return False  # canary: agreement from the candidate's streams (the thread runs the serving version)
         self.credit += self.sample
         if self.credit < 1.0:
-            return
+            return False
         self.credit -= 1.0
         pair = self.sessions.get(geometry)
         if self.busy or pair is None:
             self.skipped += 1
-            return
+            return False
         np.copyto(pair[2][0], frame)
-        self.slot = (geometry, size, outputs, by_candidate)
+        self.slot = (geometry, size, outputs if row < 0 else [o[row:row + 1] for o in outputs], by_candidate)
         self.busy = True
         os.eventfd_write(self._efd, 1)
+        return True
 
     def failed(self) -> None:
-        """A candidate run by the loop (canary) failed, was cancelled or could not be decoded."""
+        """A candidate run by the loop (canary) failed, was cancelled or could not be decoded: counted a run (if
+        the loop did not count it yet) and an error."""
+        self.runs += 1
+        self.errors += 1
+
+    def decode_failed(self) -> None:
+        """A candidate run the loop counted in ran() gave outputs its decoder refused (canary)."""
         self.errors += 1
 
     # ---------------------------------------------------------------- the trial thread
 
     def _setup(self) -> None:
+        self.cpu_clock = time.pthread_getcpuclockid(threading.get_ident())
         try:
             if self.cpus:
                 os.sched_setaffinity(0, self.cpus)
@@ -176,8 +209,8 @@ class Trial:
             geometry, (w, h), served, by_candidate = self.slot
             try:
                 self._compare(geometry, w, h, served, by_candidate)
-            except Exception as e:  # the trial must not die silently: counted an error, said by the lane
-                self.errors += 1
+            except Exception as e:  # the trial must not die silently: counted, said by the lane
+                self.compare_errors += 1
                 self.thread_error = f"{type(e).__name__}: {e}"
             finally:
                 self.slot = None
@@ -185,14 +218,17 @@ class Trial:
 
     def _compare(self, geometry, w: int, h: int, served, by_candidate: bool) -> None:
         serving, candidate, buf = self.sessions[geometry]
-        started = time.thread_time_ns()
+        self.run_options.terminate = False
+        self.run_cpu_from = started = time.thread_time_ns()
         try:
-            outputs = (serving if by_candidate else candidate).run(buf)
+            outputs = (serving if by_candidate else candidate).run(buf, self.run_options)
         except Exception:
-            if not by_candidate:
+            if not by_candidate:  # shadow: the candidate's run failed or was cancelled
                 self.runs += 1
                 self.errors += 1
             return
+        finally:
+            self.run_cpu_from = 0
         if not by_candidate:  # shadow: the candidate's run, as this thread's own CPU time
             self.runs += 1
             self.candidate_hist[bucket(time.thread_time_ns() - started)] += 1
@@ -205,6 +241,9 @@ class Trial:
         self.meter.add(serving_out, candidate_out, w, h)
 
     def report(self) -> dict:
+        """The cumulative figures, each read before the one it may not exceed (agreed before answers, errors
+        before runs): the writers update them the other way round."""
         m = self.meter
-        return {"frames": m.frames, "agreed": m.agreed, "answers": m.total, "runs": self.runs,
-                "errors": self.errors, "skipped": self.skipped}
+        agreed, errors = m.agreed, self.errors
+        return {"frames": m.frames, "agreed": agreed, "answers": m.total, "runs": self.runs, "errors": errors,
+                "skipped": self.skipped}

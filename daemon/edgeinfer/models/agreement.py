@@ -100,8 +100,8 @@ class AgreementMeter:
         if self.kind == KIND_CLASSIFICATION:
             sa, sb = scores(self.a, outputs_a), scores(self.b, outputs_b)
             ia, ib = int(sa.argmax()), int(sb.argmax())
+            self.total += 1  # before what agreed: a reader on another thread never sees more agreed than compared
             self.same += int(ia == self._as_a(ib))
-            self.total += 1
             if len(sa) == len(sb) and self.b_to_a is None:
                 self.delta = max(self.delta, float(np.abs(sa - sb).max()))
             return
@@ -112,8 +112,8 @@ class AgreementMeter:
             ok = (cls >= 0) & (cls < len(self.b_to_a))
             rb[ok, 5] = self.b_to_a[cls[ok]]
         pairs = match_boxes(ra, rb)
-        self.matched += 2 * len(pairs)
         self.total += len(ra) + len(rb)
+        self.matched += 2 * len(pairs)
         for i, j in pairs:
             self.delta = max(self.delta, abs(float(ra[i, 4]) - float(rb[j, 4])))
 

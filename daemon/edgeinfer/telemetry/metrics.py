@@ -151,8 +151,9 @@ class DaemonCollector:
                                         "runtime.max_sessions.", labels=["lane"])
         batches = CounterMetricFamily("edgeinfer_lane_batches", "Runs of more than one frame (micro-batching).",
                                       labels=["lane"])
-        copies = CounterMetricFamily("edgeinfer_lane_batch_copies", "Frames copied into a batch tensor: the only "
-                                     "copy of a frame the daemon makes (micro-batching).", labels=["lane"])
+        copies = CounterMetricFamily("edgeinfer_lane_batch_copies", "Frames copied: into a batch tensor "
+                                     "(micro-batching), or a rollout's sampled frame for its trial thread; the only "
+                                     "copies of a frame the daemon makes.", labels=["lane"])
         mutes = CounterMetricFamily("edgeinfer_lane_doorbell_mutes", "Times the lane stopped sleeping on a "
                                     "camera's doorbell for 100 ms because it rang without frames (polled every "
                                     "1 ms meanwhile; the log names the stream).", labels=["lane"])
