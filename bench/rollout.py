@@ -230,7 +230,7 @@ def main() -> int:
             meta = Path(work, tag, "model.yaml")
             meta.write_text(meta.read_text().replace("version: 0.0.11", f"version: {version}"))
             sign_bundle(os.path.join(work, tag), key)
-        never = {"min_frames": 10_000_000, "min_seconds": 7 * 86400}
+        never = {"min_frames": 10_000_000, "min_seconds": 86400, "max_seconds": 7 * 86400}
         d = Daemon(work, children, args.streams, args.sample, never)
         try:
             cap = capacity(d, children, args.streams, 2.0 if args.quick else 5.0)

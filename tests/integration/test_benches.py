@@ -36,7 +36,8 @@ def test_scale_bench_runs_lanes_and_batched_rows_with_exact_accounting():
 
 
 def test_e2e_bench_runs_to_its_summary():
-    s = _summary(["bench/e2e.py", "--quick", "--no-abi1", "--frames", "40", "--rss-results", "200"], timeout=300)
+    s = _summary(["bench/e2e.py", "--quick", "--no-abi1", "--frames", "40", "--rss-results", "200", "--rounds", "1"],
+                 timeout=300)
     rows = s["rows"]
     assert rows["edgeinferd (40 fps offered)"]["n"] >= 30, rows
     assert rows["floor: fused graph, bare run"]["n"] == 40

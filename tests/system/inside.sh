@@ -134,7 +134,8 @@ restart_gaps() {  # $1: restart | kill
         # MainPID is 0 while the daemon is between processes: `kill -KILL 0` would kill this script itself.
         if [ "$1" = restart ]; then systemctl restart edgeinferd; else wait_active; local p; p=$(systemctl show -P MainPID edgeinferd); [ "${p:-0}" -gt 0 ] && kill -KILL "$p"; fi
         for _ in $(seq 1 100); do [ "$(invocation)" != "$before" ] && wait_active && break; sleep 0.2; done
-        sleep 4
+        # Results flow again (the gap reader sees them) before the next restart: waited for, not a fixed 4 s.
+        runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 20 > /dev/null
     done
     touch /tmp/gap.stop
     wait $g; rm -f /tmp/gap.ready /tmp/gap.stop
@@ -180,7 +181,7 @@ restart_accounting() {
     before=$(invocation)
     systemctl restart edgeinferd || return 1
     for _ in $(seq 1 100); do [ "$(invocation)" != "$before" ] && wait_active && break; sleep 0.2; done
-    sleep 4
+    runuser -u reader -- edgeinferctl results cam0 --count 10 --timeout 20 > /dev/null  # the new daemon serves
     read -r p1 c1 o1 v1 n1 <<< "$(cam0_counts)" && [ -n "$n1" ] || return 1
     echo "cam0: $p0 -> $p1 frames published across the restart; old daemon $o0 counted ($v0 overload), ring accounted to $c0; new daemon $o1 counted: $n1 processed, $v1 overload (the gap)"
     # Everything the new daemon counted lies after what the ring had accounted for before the restart.
