@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from _cameras import Cameras  # noqa: E402
 from _proc import process_tree  # noqa: E402
+from daemon_helpers import read_stats  # noqa: E402
 
 BUNDLE = os.path.join(ROOT, "models", "bundles", "orientation")
 SIDE = 224
@@ -57,16 +58,8 @@ def median(values) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def stats(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
 def rollout_of(path: str) -> dict:
-    return ((stats(path).get("models") or {}).get(MODEL) or {}).get("rollout") or {}
+    return ((read_stats(path).get("models") or {}).get(MODEL) or {}).get("rollout") or {}
 
 
 def wait(predicate, timeout: float, what: str):
@@ -140,7 +133,7 @@ def capacity(d: Daemon, children, streams: int, seconds: float) -> dict:
         cams.window(seconds)
     finally:
         cams.close()
-    st = stats(d.stats)
+    st = read_stats(d.stats)
     infer = median([s.get("infer_ms_p50") for s in st["streams"].values()])
     lanes = len(st["lanes"])
     return {"infer_ms_p50": infer, "lanes": lanes, "frames_per_s": lanes * 0.9 / (infer / 1e3)}

@@ -224,9 +224,11 @@ def test_shadow_rolls_back_a_version_that_takes_twice_as_long(tmp_path, children
     assert stop_daemon(proc) == 0
 
 
-def test_canary_serves_its_streams_with_the_candidate_and_promotion_moves_the_rest(tmp_path, children, bundles,
-                                                                                  versions):
-    names = [f"c{i}-{os.getpid()}" for i in range(4)]
+def _canary(tmp_path, children, versions, prefix: str, candidate: str, edit):
+    """Four streams at 15 fps on a daemon with a canary rollout on half of them (every canary frame compared); the
+    bundle flipped to `candidate` (made by `edit`) once all four serve 0.0.11. (daemon, stats file, readers by
+    stream, the canary streams)."""
+    names = [f"{prefix}{i}-{os.getpid()}" for i in range(4)]
     current = tmp_path / "current"
     os.symlink(versions("v11"), current)
     proc, stats, log, _ = _daemon(tmp_path, children, current, names,
@@ -237,45 +239,38 @@ def test_canary_serves_its_streams_with_the_candidate_and_promotion_moves_the_re
     readers = {n: results(proc, n) for n in names}
     for n in names:
         assert set(_versions(readers[n], 3)) == {"0.0.11"}
-    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    _flip(tmp_path, current, versions(candidate, edit))
     proc.send_signal(signal.SIGHUP)
     r = wait_for(lambda: _rollout(stats).get("candidate") and _rollout(stats), 30, "the canary to start")
-    canary = r["canary"]
-    assert canary == sorted(names)[:2], r
+    assert r["canary"] == sorted(names)[:2], r  # share 0.5 of 4: the first two by name
+    return proc, stats, readers, r["canary"]
+
+
+def test_canary_serves_its_streams_with_the_candidate_and_promotion_moves_the_rest(tmp_path, children, bundles,
+                                                                                  versions):
+    proc, stats, readers, canary = _canary(tmp_path, children, versions, "c", "v12", _version("0.0.12"))
     # While it runs: the canary streams' results come from the candidate, the others' from the serving version.
-    for n in names:
+    for n, reader in readers.items():
         want = "0.0.12" if n in canary else "0.0.11"
-        seen = _settles_on(readers[n], want)
+        seen = _settles_on(reader, want)
         assert seen[-5:] == [want] * 5, (n, seen)
     assert _rollout(stats).get("candidate") == "0.0.12"  # still under way: those were the canary's results
     last = _decided(stats)
     assert last["decision"] == "promote", last
-    for n in names:
-        seen = _settles_on(readers[n], "0.0.12")
+    for n, reader in readers.items():
+        seen = _settles_on(reader, "0.0.12")
         assert seen[-5:] == ["0.0.12"] * 5, (n, seen)
     assert stop_daemon(proc) == 0
 
 
 def test_canary_rollback_returns_its_streams_to_the_serving_version(tmp_path, children, bundles, versions):
-    names = [f"r{i}-{os.getpid()}" for i in range(4)]
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, names,
-                                  {"policy": "canary", "share": 0.5, "sample": 1.0,
-                                   "window": {"min_frames": 40, "min_seconds": 3}})
-    for n in names:
-        _feed(children, proc, n, fps=15)
-    readers = {n: results(proc, n) for n in names}
-    _flip(tmp_path, current, versions("swapped", _swap_labels))
-    proc.send_signal(signal.SIGHUP)
-    r = wait_for(lambda: _rollout(stats).get("candidate") and _rollout(stats), 30, "the canary to start")
-    canary = r["canary"]
+    proc, stats, readers, canary = _canary(tmp_path, children, versions, "r", "swapped", _swap_labels)
     for n in canary:
         assert _settles_on(readers[n], "0.0.12")[-5:] == ["0.0.12"] * 5, n
     last = _decided(stats)
     assert last["decision"] == "rollback", last
-    for n in names:  # every stream back on the serving version once the window decided
-        seen = _settles_on(readers[n], "0.0.11")
+    for n, reader in readers.items():  # every stream back on the serving version once the window decided
+        seen = _settles_on(reader, "0.0.11")
         assert seen[-5:] == ["0.0.11"] * 5, (n, seen)
     assert stop_daemon(proc) == 0
 
