@@ -1,4 +1,4 @@
-"""Drift (control/drift.py): the PSI and the bins, the reference's file, and the chore itself on real result rings
+"""Drift (models/drift.py, control/drift.py): the PSI and the bins, the reference's file, and the chore itself on real result rings
 written in this process (the daemon's lanes write the same records): a reference taken from a version's first
 frames and kept in the state directory, windows that slide, a figure that stays flat on the same mix and moves on
 another, a new version that starts from its own reference, a bundle's own reference, and the exposition."""
@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgeinfer.abi import ring
 from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION
 from edgeinfer.config.sections import DriftConfig
-from edgeinfer.control.drift import (BUNDLE_FILE, EPS, Drift, Reference, box_buckets, frame_features, psi,
-                                     score_edges, state_path)
+from edgeinfer.control.drift import Drift, state_path
+from edgeinfer.models.drift import BUNDLE_FILE, EPS, Reference, box_buckets, frame_features, psi, score_edges
 from edgeinfer.telemetry.metrics import _drift
 
 
