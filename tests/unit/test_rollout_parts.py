@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from edgeinfer.config.sections import ModelEntry
 from edgeinfer.control.rollout import Rollouts
 from edgeinfer.lanes.protocol import ProtocolError, TrialReport
-from edgeinfer.lanes.supervisor import LaneSet
+from edgeinfer.lanes.trials import TrialBook
 from edgeinfer.lanes.trial import BUCKETS, bucket, bucket_floor_us, quantile_us
 from edgeinfer.models.agreement import AgreementMeter, NotComparable
 from edgeinfer.models.decoders import make_decoder
@@ -91,22 +91,21 @@ def _report(**kw) -> TrialReport:
 def test_a_lane_report_that_cannot_be_true_is_a_protocol_violation():
     """A lane is not trusted further than the protocol: a report on a model it does not hold, or with figures
     that cannot be true, gets the lane killed (supervisor.poll); a plausible one is kept by lane and pid."""
-    lanes = LaneSet.__new__(LaneSet)
-    lanes.trial_reports = {"orient": {}}
-    ln = types.SimpleNamespace(index=0, pid=1234, name="lane0", plan=types.SimpleNamespace(models=["orient"]))
-    lanes._trial_report(ln, _report())
-    assert list(lanes.trial_reports["orient"]) == [(0, 1234)]
+    book = TrialBook()
+    book.begin("orient", None, [], None)
+    book.keep(0, 1234, ["orient"], _report())
+    assert list(book.reports["orient"]) == [(0, 1234)]
     for bad in (dict(name="other"), dict(agreed=11), dict(errors=11), dict(frames=-1),
                 dict(candidate_us=(BUCKETS, 1)), dict(candidate_us=(1,)), dict(serving_us=(1, -5)),
                 dict(candidate_us=tuple(range(2 * BUCKETS + 2)))):
         with pytest.raises(ProtocolError):
-            lanes._trial_report(ln, _report(**bad))
+            book.keep(0, 1234, ["orient"], _report(**bad))
 
 
 class _Lanes:
     def __init__(self, reports, problem=None):
-        self.trial_reports = {"orient": {(0, 1): r for r in reports}}
-        self.trial_problems = {"orient": problem} if problem else {}
+        self.trials = types.SimpleNamespace(reports={"orient": {(0, 1): r for r in reports}},
+                                            problems={"orient": problem} if problem else {})
 
 
 def _rollouts(tmp_path, rollout: dict, reports, problem=None, elapsed: float = 10.0) -> Rollouts:
@@ -173,7 +172,7 @@ def test_a_malformed_rollouts_record_is_read_for_what_is_well_formed(tmp_path, c
 
 def test_a_trial_never_reports_more_errors_than_runs_or_more_agreed_than_compared():
     """The loop and the trial thread write the counters without a lock; a failure is counted a run first, and the
-    report reads what may not exceed another before it (checked by supervisor._trial_report)."""
+    report reads what may not exceed another before it (checked by lanes/trials.py TrialBook.keep)."""
     from edgeinfer.lanes.trial import Trial
     serving = types.SimpleNamespace(decoder=_classifier(["a", "b", "c", "d"]), geometries=[], get=lambda g: None)
     t = Trial("orient", "canary", serving, serving, 0.5, frozenset({1}))

@@ -153,7 +153,7 @@ class Rollouts:
         c = self.active.get(name)
         if c is None:
             return None
-        reports = list(self.lanes.trial_reports.get(name, {}).values())
+        reports = list(self.lanes.trials.reports.get(name, {}).values())
         cand, serv = [0] * BUCKETS, [0] * BUCKETS
         for r in reports:
             for hist, flat in ((cand, r.candidate_us), (serv, r.serving_us)):
@@ -169,8 +169,8 @@ class Rollouts:
     def verdict(self, name: str, f: Figures) -> tuple[str, str] | None:
         """("promote" | "rollback", why) once the window is full (or a lane could not run the trial); else None."""
         c, rollout = self.active[name], self.policy(name)
-        problem = self.lanes.trial_problems.get(name) or next(
-            (r.problem for r in self.lanes.trial_reports.get(name, {}).values() if r.problem), None)
+        problem = self.lanes.trials.problems.get(name) or next(
+            (r.problem for r in self.lanes.trials.reports.get(name, {}).values() if r.problem), None)
         if problem:
             return "rollback", problem
         w, g = rollout.window, rollout.gates

@@ -27,6 +27,23 @@ class LaneHandle:
     def name(self) -> str:
         return f"lane{self.index}"
 
+    def is_stuck(self, counters, now: float, deadline_s: float) -> bool:
+        """Down, or its loop made no progress within deadline_s. Any thread: the progress counter is read from
+        shared memory now, not from what the control plane last saw (a stalled control plane must not make serving
+        lanes look stuck). `seen` is one tuple, replaced whole: a caller that loses a race to another leaves an
+        older (value, time) pair, which only makes the next call see a change sooner."""
+        progress = int(counters[dispatch.LANE_PROGRESS])
+        value, since = self.seen
+        if progress != value:
+            self.seen, since = (progress, now), now
+        return self.state != "ready" or now - since > deadline_s
+
+    def watchdog_ok(self, since: float, restarts_allowed: int) -> bool:
+        """It made progress after `since` (an idle loop still counts), or is being restarted within its budget. A
+        hung lane is not: the watchdog pauses until the control plane has killed and restarted it
+        (runtime.lane_hang_s, below the unit's WatchdogSec), so systemd acts only when that recovery fails."""
+        return self.progress_at > since if self.state == "ready" else len(self.recent) < restarts_allowed
+
     def status(self, c) -> dict:
         """What the status dict and /metrics say of this lane; `c`: its counters in the dispatch table."""
         return {"state": self.state, "pid": self.pid, "cpus": list(self.plan.cpus), "models": list(self.plan.models),

@@ -25,7 +25,7 @@ from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
 from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Attached, Commit, Detach, Discard, Dropped,
                                       Log, ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
                                       TrialReport, receive, send, to_memfd)
-from edgeinfer.lanes.trial import BUCKETS
+from edgeinfer.lanes.trials import TrialBook
 
 log = logging.getLogger("edgeinferd")
 
@@ -48,13 +48,7 @@ class LaneSet:
         self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
         self.stopped = False              # stop() was called: nothing is restarted any more
         self.shorts_logged = LogLimiter(EVENT_LOG_S)  # short frames, by stream (whichever lane took them)
-        # A rollout's trial per model: the latest report of each lane process holding it, by (lane, pid): a
-        # restarted lane serves the serving version only, and what its predecessor measured still counts.
-        self.trial_reports: dict[str, dict[tuple, TrialReport]] = {}
-        # The trial under way per model, so that a restarted lane gets it again: (candidate ModelRuntime, its
-        # geometries, StartTrial); and why a lane could not take it (the rollout is then rolled back).
-        self.trials: dict[str, tuple] = {}
-        self.trial_problems: dict[str, str] = {}
+        self.trials = TrialBook()         # the rollouts' trials: what each is, the lanes' reports, problems
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -152,11 +146,9 @@ class LaneSet:
     def start_trial(self, name: str, model, geometries, mode: str, sample: float, canary: tuple) -> None:
         """`model`, staged for `name` (stage(), for `geometries`), becomes its rollout's candidate in every lane
         holding it: measured in shadow, or serving the streams of `canary` (indices). Its reports arrive in
-        trial_reports; a lane restarted meanwhile is given it again (or says why not in trial_problems)."""
+        self.trials; a lane restarted meanwhile is given it again (or says why not there)."""
         msg = StartTrial(name, mode, sample, tuple(canary))
-        self.trials[name] = (model, list(geometries), msg)
-        self.trial_reports[name] = {}
-        self.trial_problems.pop(name, None)
+        self.trials.begin(name, model, geometries, msg)
         for ln in self.holding(name):
             if ln.sock is not None and not send(ln.sock, msg, wait_s=REPLY_WAIT_S):
                 self._lost(ln, "did not take the rollout's trial: restarted")
@@ -164,9 +156,7 @@ class LaneSet:
     def end_trial(self, name: str, promote_to=None) -> None:
         """Ends the trial of `name`: promote_to (the candidate's ModelRuntime) serves every stream, or (None) the
         candidate is dropped and the serving version serves on."""
-        self.trial_reports.pop(name, None)
-        self.trials.pop(name, None)
-        self.trial_problems.pop(name, None)
+        self.trials.end(name)
         if promote_to is not None:
             self.runtimes[name] = promote_to
         for ln in self.holding(name):
@@ -223,28 +213,13 @@ class LaneSet:
                 raise ProtocolError(f"Short.stream {msg.stream[:40]!r}: not one of {ln.name}'s streams")
             self.report_short(msg.stream, msg.seq, msg.received, msg.expected, msg.geometry)
         elif isinstance(msg, TrialReport):
-            self._trial_report(ln, msg)
+            self.trials.keep(ln.index, ln.pid, ln.plan.models, msg)
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
             stream = self._stream_of(ln, msg.index)
             log.error("%s: cannot serve stream %s: %s", ln.name, stream.name, msg.error)
             self.on_dropped(stream, msg.epoch, f"refused by {ln.name}: {msg.error}")
-
-    def _trial_report(self, ln: LaneHandle, msg: TrialReport) -> None:
-        """Kept if it is the report of a trial this control plane started on a model the lane holds, with figures
-        that can be true (counts not negative, agreed within compared, histogram buckets in range)."""
-        if msg.name not in ln.plan.models:
-            raise ProtocolError(f"TrialReport.name {msg.name[:40]!r}: not one of {ln.name}'s models")
-        counts = (msg.frames, msg.agreed, msg.answers, msg.runs, msg.errors, msg.skipped)
-        hists = (msg.candidate_us, msg.serving_us)
-        if (min(counts) < 0 or msg.agreed > msg.answers or msg.errors > msg.runs
-                or any(len(h) % 2 or len(h) > 2 * BUCKETS or not all(isinstance(v, int) and v >= 0 for v in h)
-                       or not all(h[i] < BUCKETS for i in range(0, len(h), 2)) for h in hists)):
-            raise ProtocolError(f"TrialReport for {msg.name[:40]!r}: figures out of range")
-        reports = self.trial_reports.get(msg.name)
-        if reports is not None:  # else: a report that crossed the trial's end
-            reports[(ln.index, ln.pid)] = msg
 
     def _stream_of(self, ln: LaneHandle, index: int):
         if not 0 <= index < len(self.streams) or self.streams[index].model not in ln.plan.models:
@@ -362,7 +337,7 @@ class LaneSet:
                 if errors:
                     raise BundleError("; ".join(errors.values()))
                 send(ln.sock, Commit(name))
-                if name in self.trials:
+                if name in self.trials.trials:
                     self._restart_trial(ln, name)
             for index, (reader, epoch, geometry) in self.attached.items():
                 if self.streams[index].model in ln.plan.models:
@@ -378,13 +353,13 @@ class LaneSet:
 
     def _restart_trial(self, ln: LaneHandle, name: str) -> None:
         """A lane restarted during a rollout of `name` gets its candidate again (what its predecessor measured
-        still counts, in trial_reports under the old pid); if it cannot load it, the rollout is rolled back."""
-        model, geometries, msg = self.trials[name]
+        still counts, under the old pid); if it cannot load it, the rollout is rolled back."""
+        model, geometries, msg = self.trials.trials[name]
         errors = self.stage(name, model, geometries, [ln])
         if errors or not send(ln.sock, msg, wait_s=REPLY_WAIT_S):
             why = "; ".join(errors.values()) or "its control socket is full"
-            self.trial_problems[name] = f"{ln.name} was restarted and could not take the candidate again: {why}"
-            log.error("model %s: %s", name, self.trial_problems[name])
+            self.trials.problems[name] = f"{ln.name} was restarted and could not take the candidate again: {why}"
+            log.error("model %s: %s", name, self.trials.problems[name])
         else:
             log.info("model %s: %s restarted with the rollout's candidate %s beside the serving version", name,
                      ln.name, model.version)
@@ -396,27 +371,13 @@ class LaneSet:
     # ---------------------------------------------------------------- health
 
     def stuck(self, deadline_s: float) -> list[str]:
-        """Lanes down, or whose loop made no progress within deadline_s. Any thread: each lane's progress counter is
-        read from shared memory now, not from what the control plane last saw (a stalled control plane must not make
-        serving lanes look stuck). `ln.seen` is one tuple, replaced whole: a caller that loses a race to another
-        leaves an older (value, time) pair, which only makes the next call see a change sooner."""
+        """Lanes down, or whose loop made no progress within deadline_s (any thread: LaneHandle.is_stuck)."""
         now = time.monotonic()
-        out = []
-        for ln in self.lanes:
-            progress = int(self.table.lane_counters(ln.index)[dispatch.LANE_PROGRESS])
-            value, since = ln.seen
-            if progress != value:
-                ln.seen, since = (progress, now), now
-            if ln.state != "ready" or now - since > deadline_s:
-                out.append(ln.name)
-        return out
+        return [ln.name for ln in self.lanes if ln.is_stuck(self.table.lane_counters(ln.index), now, deadline_s)]
 
     def watchdog_ok(self, since: float) -> bool:
-        """Every lane made progress after `since` (an idle loop still counts), or is being restarted within
-        its budget. A hung lane is not: the watchdog pauses until the control plane has killed and restarted
-        it (runtime.lane_hang_s, below the unit's WatchdogSec), so systemd acts only when that recovery fails."""
-        return all(ln.progress_at > since if ln.state == "ready"
-                   else len(ln.recent) < self.cfg.runtime.lane_restarts for ln in self.lanes)
+        """Every lane made progress after `since`, or is being restarted within its budget (LaneHandle)."""
+        return all(ln.watchdog_ok(since, self.cfg.runtime.lane_restarts) for ln in self.lanes)
 
     def status(self, now_ns: int) -> dict:
         return {ln.name: ln.status(self.table.lane_counters(ln.index)) for ln in self.lanes}
