@@ -69,8 +69,10 @@ def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, st
                 all(n > c for n, c in zip(now, counts)) and served == set(inodes)
             counts = now
             # Rings only: the control plane also opens short-lived memfds of its own (a fused graph on its way
-            # to the lanes), which are not rings.
-            held.append((len(memfds(proc.pid, "edgeinfer-frames:")) + len(memfds(proc.pid, "edgeinfer-results:")),
+            # to the lanes), which are not rings. Counted by ring (inode), not by fd: the drift chore reads each
+            # result ring through an fd of its own (control/drift.py), the same ring.
+            rings = {**memfds(proc.pid, "edgeinfer-frames:"), **memfds(proc.pid, "edgeinfer-results:")}
+            held.append((len({os.stat(f"/proc/{proc.pid}/fd/{fd}").st_ino for fd in rings}),
                          mapped_memfds(proc.pid)))
         alive = http_status(proc.metrics_url + "/healthz") == 200 if proc.metrics_url else None
     finally:
@@ -84,8 +86,8 @@ def test_daemon_sigkilled_under_load_and_restarted(request, matrix, tmp_path, st
                 f"{statistics.median(resume_s) if resume_s else float('nan'):.2f} s kill → first result, incl. "
                 f"model load); producers untouched (alive, same ring handed over again, still publishing) "
                 f"{untouched}/{kills}; {checked:,} results checked, {bad} bad; rings held by the daemon after each "
-                f"restart (fds, mappings): {sorted(set(held))}; after a clean stop: exit {code}, sockets left "
-                f"{sockets_left}; healthy at the end: {alive}")
+                f"restart (rings by inode, mappings): {sorted(set(held))}; after a clean stop: exit {code}, sockets "
+                f"left {sockets_left}; healthy at the end: {alive}")
     passed = (len(resume_s) == kills and untouched == kills and bad == 0 and code == 0 and not sockets_left
               and set(held) == {(4, 4)} and alive)
     assert matrix.record(request, "daemon", "SIGKILL under load (2 streams × 30 fps), restart loop as supervisor",
