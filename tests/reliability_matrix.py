@@ -20,8 +20,8 @@ PROFILE = os.environ.get("EDGEINFER_RELIABILITY_PROFILE", "short")
 # How hard each fault is pushed. "short" runs inside `make test`; "long" on demand.
 _PROFILES = {
     "short": dict(producer_kills=1000, producer_resize_attempts=1000, daemon_kills=12, fuzz_segments=100_000, fuzz_native=1_000_000, fuzz_configs=1_000,
-                  fuzz_bundle_flips=300, bad_bundles=1000, bad_bundles_sample=50, load_seconds=8.0, soak_seconds=180.0, timestamp_frames=300,
-                  rtsp_flap_seconds=40.0, control_plane_rounds=3),
+                  fuzz_bundle_flips=300, bad_bundles=600, bad_bundles_sample=50, load_seconds=8.0, soak_seconds=180.0, timestamp_frames=300,
+                  rtsp_flap_seconds=40.0, control_plane_rounds=2),
     "long": dict(producer_kills=5000, producer_resize_attempts=10_000, daemon_kills=60, fuzz_segments=1_000_000, fuzz_native=20_000_000, fuzz_configs=30_000,
                  fuzz_bundle_flips=3000, bad_bundles=5000, bad_bundles_sample=150, load_seconds=120.0, soak_seconds=3600.0, timestamp_frames=3000,
                  rtsp_flap_seconds=300.0, control_plane_rounds=7),

@@ -21,8 +21,8 @@ from edgeinfer.control.drift import state_path
 
 # Few score bins and a reference and window of several hundred frames: with no change a PSI is about
 # (bins - 1) * (1/window + 1/reference), here ~0.02, well under 0.1.
-DRIFT = {"reference_frames": 600, "window_s": 6, "min_window_frames": 250, "interval_s": 0.25, "score_bins": 5}
-FPS = 60
+DRIFT = {"reference_frames": 600, "window_s": 3, "min_window_frames": 250, "interval_s": 0.25, "score_bins": 5}
+FPS = 120
 
 
 class MixCamera(threading.Thread):
