@@ -490,6 +490,13 @@ def main() -> int:
             targets.update(abi2_split_p50_us=now, abi1_split_p50_us=old["split"])
             print(f"  where (p50): capture → loop start {now['pickup_us']:.0f} vs {old['split']['pickup_us']:.0f} µs, "
                   f"loop start → result published {now['run_us']:.0f} vs {old['split']['run_us']:.0f} µs")
+    slow = targets["tail_40fps"] = tail(split, lat, paced_lat)
+    print(f"the slowest 1 % at 40 fps ({slow['frames']} frames over {slow['e2e_from_us']:.0f} µs): pickup p50 "
+          f"{slow['pickup_p50_us']['slow']:.0f} µs (all frames {slow['pickup_p50_us']['all']:.0f}), run p50 "
+          f"{slow['run_p50_us']['slow']:.0f} µs (all {slow['run_p50_us']['all']:.0f}); {slow['late_in_run']} late in "
+          f"the run, {slow['late_in_pickup']} in pickup (> 1 ms); the daemon's run p99/p99.9 {slow['run_p99_us']:.0f}/"
+          f"{slow['run_p999_us']:.0f} µs against the bare floor's {slow['floor_p99_us']:.0f}/{slow['floor_p999_us']:.0f}"
+          " µs at the same rate")
     targets.update(camera_connect_us=setup_cam, reader_connect_us=setup_reader)
     print(f"connection setup ({setup_cam['n']} each): camera connect → accepted p50 {setup_cam['p50']:.0f} µs, "
           f"p99 {setup_cam['p99']:.0f} µs; reader connect → ring mapped p50 {setup_reader['p50']:.0f} µs, "
@@ -504,6 +511,25 @@ def main() -> int:
               "edgeinferd, CPU hog, RT off": hog_lat["other"], "edgeinferd, full load": full_lat}, args.plot)
         print(f"plots: {args.plot}-cdf.png, {args.plot}-hist.png")
     print(json.dumps(summary))
+
+
+def tail(split: list, lat: list, floor_lat: list) -> dict:
+    """Where the slowest 1 % of the 40 fps frames spent their time (issue 28, item 2): waiting to be picked up
+    (capture → loop start: the wake, the lane's duty ceiling, the GIL) or in the run (loop start → published:
+    ONNX Runtime, the CPU), against every frame, and the bare floor's own run times at the same rate (its tail
+    is outside the daemon). A slow frame is "late in pickup" when it waited more than 1 ms."""
+    a = np.asarray(split or [(0, 0)], np.float64) / 1e3
+    e2e = np.asarray(lat or [0], np.float64) / 1e3
+    floor = np.asarray(floor_lat or [0], np.float64) / 1e3
+    cut = float(np.percentile(e2e, 99))
+    slow = a[e2e >= cut] if len(a) == len(e2e) else a[:0]
+    med = (lambda x: float(np.median(x)) if len(x) else float("nan"))
+    return {"frames": int(len(slow)), "e2e_from_us": cut,
+            "pickup_p50_us": {"slow": med(slow[:, 0]), "all": med(a[:, 0])},
+            "run_p50_us": {"slow": med(slow[:, 1]), "all": med(a[:, 1])},
+            "late_in_pickup": int((slow[:, 0] > 1000).sum()), "late_in_run": int((slow[:, 0] <= 1000).sum()),
+            "run_p99_us": float(np.percentile(a[:, 1], 99)), "run_p999_us": float(np.percentile(a[:, 1], 99.9)),
+            "floor_p99_us": float(np.percentile(floor, 99)), "floor_p999_us": float(np.percentile(floor, 99.9))}
 
 
 def split_p50(split: list) -> dict:
