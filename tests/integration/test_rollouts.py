@@ -75,7 +75,11 @@ def _flip(tmp_path, current, target) -> None:
     os.replace(link, current)
 
 
-def _daemon(tmp_path, children, current, streams: list[str], rollout: dict):
+def _daemon(tmp_path, children, versions, streams: list[str], rollout: dict):
+    """edgeinferd serving 0.0.11 through `current` (the symlink a deploy flips) on `streams`, with `rollout`:
+    (daemon, stats file, log file, config file, current)."""
+    current = tmp_path / "current"
+    os.symlink(versions("v11"), current)
     stats = str(tmp_path / "stats.json")
     cfg = write_config(tmp_path, None, [{"name": s, "width": 224, "height": 224, "max_age_ms": 2000}
                                         for s in streams],
@@ -83,7 +87,7 @@ def _daemon(tmp_path, children, current, streams: list[str], rollout: dict):
                        runtime={"status_interval_s": 1})
     log = str(tmp_path / "daemon.log")
     proc = start_daemon(children, cfg, stats_file=stats, log_file=log)
-    return proc, stats, log, cfg
+    return proc, stats, log, cfg, current
 
 
 def _feed(children, proc, stream: str, fps: int = 30):
@@ -137,10 +141,8 @@ def versions(tmp_path, signing_key):
 
 def test_shadow_promotes_a_good_version_and_moves_the_floor_only_then(tmp_path, children, bundles, stream,
                                                                       versions):
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, cfg = _daemon(tmp_path, children, current, [stream],
-                                    {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
+    proc, stats, log, cfg, current = _daemon(tmp_path, children, versions, [stream],
+                                             {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
     _feed(children, proc, stream)
     reader = results(proc, stream)
     assert set(_versions(reader, 10)) == {"0.0.11"}
@@ -174,10 +176,8 @@ def test_shadow_promotes_a_good_version_and_moves_the_floor_only_then(tmp_path, 
 
 
 def test_shadow_rolls_back_a_version_that_swaps_two_labels(tmp_path, children, bundles, stream, versions):
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
-                                  {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
+    proc, stats, log, _, current = _daemon(tmp_path, children, versions, [stream],
+                                           {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
     _feed(children, proc, stream)
     reader = results(proc, stream)
     assert set(_versions(reader, 5)) == {"0.0.11"}
@@ -206,10 +206,9 @@ def test_shadow_rolls_back_a_version_that_swaps_two_labels(tmp_path, children, b
 
 
 def test_shadow_rolls_back_a_version_that_takes_twice_as_long(tmp_path, children, bundles, stream, versions):
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
-                                  {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 60, "min_seconds": 3}})
+    window = {"min_frames": 60, "min_seconds": 3}
+    proc, stats, log, _, current = _daemon(tmp_path, children, versions, [stream],
+                                           {"policy": "shadow", "sample": 0.5, "window": window})
     _feed(children, proc, stream, fps=20)
     reader = results(proc, stream)
     assert set(_versions(reader, 5)) == {"0.0.11"}
@@ -229,11 +228,9 @@ def _canary(tmp_path, children, versions, prefix: str, candidate: str, edit):
     bundle flipped to `candidate` (made by `edit`) once all four serve 0.0.11. (daemon, stats file, readers by
     stream, the canary streams)."""
     names = [f"{prefix}{i}-{os.getpid()}" for i in range(4)]
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, names,
-                                  {"policy": "canary", "share": 0.5, "sample": 1.0,
-                                   "window": {"min_frames": 40, "min_seconds": 4}})
+    proc, stats, log, _, current = _daemon(tmp_path, children, versions, names,
+                                           {"policy": "canary", "share": 0.5, "sample": 1.0,
+                                            "window": {"min_frames": 40, "min_seconds": 4}})
     for n in names:
         _feed(children, proc, n, fps=15)
     readers = {n: results(proc, n) for n in names}
@@ -276,10 +273,8 @@ def test_canary_rollback_returns_its_streams_to_the_serving_version(tmp_path, ch
 
 
 def test_a_daemon_killed_mid_rollout_restarts_on_the_proven_version(tmp_path, children, bundles, stream, versions):
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
     rollout = {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 100000, "min_seconds": 3600}}
-    proc, stats, log, cfg = _daemon(tmp_path, children, current, [stream], rollout)
+    proc, stats, log, cfg, current = _daemon(tmp_path, children, versions, [stream], rollout)
     feed = _feed(children, proc, stream)
     _flip(tmp_path, current, versions("v12", _version("0.0.12")))
     proc.send_signal(signal.SIGHUP)
@@ -306,11 +301,9 @@ def test_shadow_costs_serving_frames_nothing_by_the_counters(tmp_path, children,
     and the stream's counters account for exactly those frames (nothing stale, overloaded or failed); the trial
     compared frames meanwhile, on its own thread (the lanes ran no candidate: its runs are the compared frames and
     its errors). Timing figures (p99 with and without a shadow) are bench/rollout.py's."""
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
-                                  {"policy": "shadow", "sample": 1.0, "window": {"min_frames": 100000,
-                                                                                "min_seconds": 3600}})
+    proc, stats, log, _, current = _daemon(tmp_path, children, versions, [stream],
+                                           {"policy": "shadow", "sample": 1.0, "window": {"min_frames": 100000,
+                                                                                         "min_seconds": 3600}})
     _flip(tmp_path, current, versions("v12", _version("0.0.12")))
     proc.send_signal(signal.SIGHUP)
     wait_for(lambda: _rollout(stats).get("candidate") == "0.0.12", 30, "the rollout to start")
@@ -344,11 +337,9 @@ def _ctl(*args: str, timeout: float = 60):
 def test_the_operator_sees_the_gates_and_promotes_or_aborts_early(tmp_path, children, bundles, stream, versions):
     """`edgeinferctl model rollout NAME` shows the candidate against each gate; `promote` serves it at once (the
     floor moves); `abort` rolls the next one back at once, and that bundle is refused on the next reload."""
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
-                                  {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 100000,
-                                                                                "min_seconds": 3600}})
+    proc, stats, log, _, current = _daemon(tmp_path, children, versions, [stream],
+                                           {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 100000,
+                                                                                         "min_seconds": 3600}})
     _feed(children, proc, stream)
     url = proc.metrics_url + "/metrics"
     state = str(tmp_path / "state")
@@ -414,11 +405,9 @@ def test_a_lane_restarted_mid_rollout_takes_the_candidate_again(tmp_path, childr
     promotion every lane serves the new version (a lane that missed it would keep answering with the old one,
     below the new floor)."""
     from test_lane_sandbox import _lanes_of
-    current = tmp_path / "current"
-    os.symlink(versions("v11"), current)
-    proc, stats, log, _ = _daemon(tmp_path, children, current, [stream],
-                                  {"policy": "shadow", "sample": 1.0, "window": {"min_frames": 100000,
-                                                                                "min_seconds": 3600}})
+    proc, stats, log, _, current = _daemon(tmp_path, children, versions, [stream],
+                                           {"policy": "shadow", "sample": 1.0, "window": {"min_frames": 100000,
+                                                                                         "min_seconds": 3600}})
     lanes = _lanes_of(proc.pid)
     assert len(lanes) >= 2, lanes  # one per CPU here: frames go to either
     _feed(children, proc, stream)
