@@ -10,8 +10,6 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-REQUEST_FILE = "rollout-request-{model}.json"  # control/rollout.py reads it: the same name
-
 
 FIGURES = {"edgeinfer_rollout_compared_frames": "frames", "edgeinfer_rollout_agreement": "agreement",
            "edgeinfer_rollout_p99_ratio": "p99_ratio", "edgeinfer_rollout_error_rate": "error_rate",
@@ -95,6 +93,7 @@ def render(model: str, r: dict) -> str:
 def request(url: str, model: str, action: str, state_dir: str, wait_s: float) -> tuple[int, str]:
     """Asks the daemon to promote or abort the candidate under way now (named by its version, so a request never
     applies to a later one); waits up to wait_s for the daemon to take it. (exit code, what to print)."""
+    from edgeinfer.control.rollout import REQUEST_FILE  # the daemon's name for it (imported here: it pulls in ORT)
     from edgeinfer.support.statefile import write_json
     before = read(url, model)
     a = before["active"]

@@ -90,7 +90,6 @@ class Lane:
         self.staged: dict[str, SessionSet] = {}
         self.trials: dict[str, Trial] = {}  # a rollout's candidate per model (the loop has its own reference)
         self.next_report = 0.0
-        self.said: set = set()  # trial troubles already logged, by (model, text)
         self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
         self.trim = DeferredTrim()  # gives a replaced model's freed memory back to the kernel
         self.mutes_logged = LogLimiter(MUTE_LOG_S)  # by stream
@@ -127,19 +126,23 @@ class Lane:
     def on_commit(self, msg: Commit, fds) -> None:
         name = msg.name
         model = self.staged.pop(name)
-        sessions = {}
-        for s in self.streams.values():
-            if s.model == name and s.index in self.rings:
-                g = self.rings[s.index][1].geometry_key
-                session = model.get(g)
-                if session is None:  # cannot happen (the control plane staged every attached geometry): say so
-                    self.log("error", f"stream {s.name}: model {name} {model.version} has no session for {g}")
-                    self.detach(s.index, self.rings[s.index][0])
-                    continue
-                sessions[s] = session
+        sessions = self._sessions_for_every_stream(name, model)
         self.models[name] = model
         self.engine.swap_model(name, model, sessions)
         self.trim.schedule()  # once the loop let go of the old version
+
+    def _sessions_for_every_stream(self, name: str, model: SessionSet) -> dict:
+        """{stream: its session in `model`} for every attached stream of model `name`, which `model` is about to
+        serve (a commit, a promotion). A stream whose geometry `model` has no session for (attached after it was
+        staged) is given up: the control plane drops its producer, which reconnects and is attached anew."""
+        sessions = self._sessions_of(name, model)
+        for s in self.streams.values():
+            if s.model == name and s.index in self.rings and s not in sessions:
+                epoch, reader = self.rings[s.index]
+                send(self.sock, Dropped(s.index, epoch, f"model {name} {model.version} has no session for "
+                                                        f"{reader.geometry_key}: reconnect"), wait_s=REPLY_WAIT_S)
+                self.detach(s.index, epoch)
+        return sessions
 
     def on_discard(self, msg: Discard, fds) -> None:
         self.staged.pop(msg.name, None)
@@ -179,15 +182,7 @@ class Lane:
         if trial is None:
             return
         name, candidate = msg.name, trial.candidate
-        sessions = self._sessions_of(name, candidate)
-        for s in self.streams.values():  # attached after the trial began with a geometry it was not staged for
-            if s.model == name and s.index in self.rings and s not in sessions:
-                epoch, reader = self.rings[s.index]
-                # The control plane drops its producer, which reconnects and is attached with the new version.
-                send(self.sock, Dropped(s.index, epoch, f"model {name} {candidate.version}, promoted, has no "
-                                                        f"session for {reader.geometry_key}: reconnect"),
-                     wait_s=REPLY_WAIT_S)
-                self.detach(s.index, epoch)
+        sessions = self._sessions_for_every_stream(name, candidate)
         self.models[name] = candidate
         self.engine.end_trial(name, candidate, sessions)
         self.trim.schedule()
@@ -206,9 +201,8 @@ class Lane:
             return
         self.next_report = now + TRIAL_REPORT_S
         for name, t in self.trials.items():
-            for trouble in (t.sched_error, t.thread_error):
-                if trouble and (name, trouble) not in self.said:
-                    self.said.add((name, trouble))
+            for trouble in (t.sched_error, t.thread_error):  # like the loop's events: a line a minute at most
+                if trouble and self.events_logged.hit((name, trouble), now) is not None:
                     self.log("warning", f"model {name}: the rollout's trial of {t.candidate.version}: {trouble}")
             r = t.report()
             send(self.sock, TrialReport(name, t.candidate.version, r["frames"], r["agreed"], r["answers"], r["runs"],
