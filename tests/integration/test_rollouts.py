@@ -25,6 +25,9 @@ from edgeinfer.cameras.synthetic import make_frames
 
 MODEL = "orient"
 FAST_WINDOW = {"min_frames": 40, "min_seconds": 2}
+# Where a test is not about the p99 gate, the gate is opened wide: on 40 frames of a busy machine the same model's
+# p99 ratio once measured 1.64 (a fresh-clone run). Only the slower-version test relies on that gate.
+NO_P99 = {"max_p99_ratio": 100}
 
 
 def _version(version: str):
@@ -142,7 +145,8 @@ def versions(tmp_path, signing_key):
 def test_shadow_promotes_a_good_version_and_moves_the_floor_only_then(tmp_path, children, bundles, stream,
                                                                       versions):
     proc, stats, log, cfg, current = _daemon(tmp_path, children, versions, [stream],
-                                             {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW})
+                                             {"policy": "shadow", "sample": 0.5, "window": FAST_WINDOW,
+                                              "gates": NO_P99})
     _feed(children, proc, stream)
     reader = results(proc, stream)
     assert set(_versions(reader, 10)) == {"0.0.11"}
@@ -230,7 +234,7 @@ def _canary(tmp_path, children, versions, prefix: str, candidate: str, edit):
     names = [f"{prefix}{i}-{os.getpid()}" for i in range(4)]
     proc, stats, log, _, current = _daemon(tmp_path, children, versions, names,
                                            {"policy": "canary", "share": 0.5, "sample": 1.0,
-                                            "window": {"min_frames": 40, "min_seconds": 4}})
+                                            "window": {"min_frames": 40, "min_seconds": 4}, "gates": NO_P99})
     for n in names:
         _feed(children, proc, n, fps=15)
     readers = {n: results(proc, n) for n in names}
