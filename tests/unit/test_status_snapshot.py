@@ -23,7 +23,8 @@ def _snapshot() -> Snapshot:
     lane = {"state": "ready", "pid": 42, "cpus": [1], "models": ["orient"], "restarts": 1, "progress": 7,
             "busy_ns": 2_000_000_000, "frames": 90, "realtime": True, "tid": 43, "runs_cancelled": 0,
             "sessions": 1, "session_evictions": 0, "batches": 0, "batch_copies": 0, "doorbell_mutes": 0,
-            "wakeups": 91, "last_error": None}
+            "wakeups": 91, "gc_ns": 1_500_000, "gc_longest_ns": 400_000, "gc_frozen": 45_000,
+            "last_error": None}
     return Snapshot(
         now_ns=now, uptime_s=10.0,
         streams=(StreamView("cam0", "orient", cam, True, "uid 1001 (cam)", ("rgb24", 224, 224), 2, 1),
@@ -79,6 +80,8 @@ def test_metrics_come_from_the_snapshot():
     assert 'edgeinfer_stream_connected{model="orient",stream="cam1"} 0.0' in text
     assert 'edgeinfer_stream_readers{model="orient",stream="cam0"} 1.0' in text
     assert 'edgeinfer_lane_busy_seconds_total{lane="lane0"} 2.0' in text
+    assert 'edgeinfer_lane_gc_seconds_total{lane="lane0"} 0.0015' in text
+    assert 'edgeinfer_lane_gc_longest_seconds{lane="lane0"} 0.0004' in text
     assert 'edgeinfer_model_info{model="orient",name="orientation",sha256="' + "ab" * 32 + '",version="1.2.0"} 1.0' \
         in text
     assert 'edgeinfer_model_reload_failures_total{model="orient",reason="signature"} 1.0' in text

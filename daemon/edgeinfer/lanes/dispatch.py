@@ -42,6 +42,8 @@ LANE_BATCHES = 10   # runs of more than one frame (micro-batching)
 LANE_COPIES = 11    # frames copied into a batch tensor or for a rollout's trial (the only copies the daemon makes)
 LANE_DOORBELL_MUTES = 12  # times a camera's doorbell was muted: rung without frames (ring.h ei_wake_guard)
 LANE_WAKEUPS = 13  # waits that ended with a ring ready: a frame nobody took yet (never a flag change alone)
+LANE_GC_NS = 14    # time the lane's process spent in Python's cyclic collector (the loop waits meanwhile)
+LANE_GC_LONGEST_NS = 15  # the longest single collection since the lane started (gcwatch.py)
 LANE_WORDS = 2 * LINE // 8  # the counter words a lane has
 
 

@@ -22,6 +22,7 @@ class LaneHandle:
         self.progress_at = time.monotonic()
         self.seen = (-1, self.progress_at)  # /healthz's own (progress, when first seen): never the control plane's
         self.last_error: str | None = None
+        self.gc_frozen = 0                # objects its collector never walks (frozen by the zygote), as it said
 
     @property
     def name(self) -> str:
@@ -53,4 +54,6 @@ class LaneHandle:
                 "runs_cancelled": int(c[dispatch.LANE_CANCELLED]), "sessions": int(c[dispatch.LANE_SESSIONS]),
                 "session_evictions": int(c[dispatch.LANE_EVICTIONS]), "batches": int(c[dispatch.LANE_BATCHES]),
                 "batch_copies": int(c[dispatch.LANE_COPIES]), "doorbell_mutes": int(c[dispatch.LANE_DOORBELL_MUTES]),
-                "wakeups": int(c[dispatch.LANE_WAKEUPS]), "last_error": self.last_error}
+                "wakeups": int(c[dispatch.LANE_WAKEUPS]), "gc_ns": int(c[dispatch.LANE_GC_NS]),
+                "gc_longest_ns": int(c[dispatch.LANE_GC_LONGEST_NS]), "gc_frozen": self.gc_frozen,
+                "last_error": self.last_error}

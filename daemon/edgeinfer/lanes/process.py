@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from edgeinfer.lanes import dispatch
+from edgeinfer.lanes import dispatch, gcwatch
 from edgeinfer.abi import ring
 from edgeinfer.lanes.protocol import (TO_LANE, Abort, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
                                       ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
@@ -213,17 +213,20 @@ class Lane:
         """Takes the ring's fd (fds[0]) and the fused graph's memfd (fds[1])."""
         index, epoch = msg.index, msg.epoch
         s = self.streams[index]
+        geometry = msg.geometry
+        model = self.models.get(s.model)
         try:
             # The camera may have rewritten its header since the control plane checked it: checked again here.
             reader = ring.FrameReader(fds[0], f"stream {s.name}", join=True)
-            fused = from_memfd(fds[1])
+            # The fused graph only if this geometry has no session yet: reading it took up to 5 ms of a camera's
+            # first frame (issue 28), and a reconnecting camera's geometry has one.
+            fused = None if model is not None and model.get(geometry) is not None else from_memfd(fds[1])
         except (ring.RingError, OSError, ValueError) as e:
             send(self.sock, Attached(index, epoch, str(e)), wait_s=REPLY_WAIT_S)
             return
         finally:
             for fd in fds:
                 os.close(fd)
-        geometry = msg.geometry
         reader.geometry_key = geometry
         reader.native.share(self.table.memory, self.table.cursor_offset(index), epoch)
         try:
@@ -311,7 +314,7 @@ class Lane:
         if self.keeps_nice:  # the loop thread has it (and drops it once its priority is taken); this one needs none
             sandbox.release_nice()
         self.table.lane_counters(self.id)[dispatch.LANE_READY] = 1
-        send(self.sock, Ready(os.getpid()))
+        send(self.sock, Ready(os.getpid(), gcwatch.frozen()))
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         try:
@@ -361,6 +364,7 @@ def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket,
     try:
         # Before the first camera byte and the first thread: its uid, capabilities, no_new_privs, seccomp filter.
         keeps_nice = sandbox.harden_lane(identity, cfg.runtime.scheduling, cfg.runtime.priority)
+        gcwatch.watch(table.lane_counters(lane))
         return Lane(lane, plans, cfg, streams, table, sock, keeps_nice).run()
     except Exception as e:
         send(sock, Log("error", f"lane stopped after {time.monotonic() - started:.1f} s: "

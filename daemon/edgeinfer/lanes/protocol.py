@@ -98,6 +98,7 @@ class Stop(NamedTuple):
 
 class Ready(NamedTuple):
     pid: int
+    gc_frozen: int = 0  # objects in its collector's permanent generation (the zygote's heap: never walked)
 
 
 class Log(NamedTuple):

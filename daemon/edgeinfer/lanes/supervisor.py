@@ -19,6 +19,7 @@ import signal
 import time
 
 from edgeinfer.lanes import dispatch
+from edgeinfer.lanes.fusedfds import FusedFds
 from edgeinfer.lanes.handle import LaneHandle
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
@@ -49,6 +50,7 @@ class LaneSet:
         self.stopped = False              # stop() was called: nothing is restarted any more
         self.shorts_logged = LogLimiter(EVENT_LOG_S)  # short frames, by stream (whichever lane took them)
         self.trials = TrialBook()         # the rollouts' trials: what each is, the lanes' reports, problems
+        self.fused = FusedFds(cfg.runtime.max_sessions)  # the fused graphs handed over with rings, kept sealed
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -75,6 +77,7 @@ class LaneSet:
         msg = self._expect(ln, Ready)
         if msg is None:
             raise BundleError(f"{ln.name} did not start: {ln.last_error or 'it exited'}")
+        ln.gc_frozen = msg.gc_frozen
 
     def _expect(self, ln: LaneHandle, kind: type, timeout_s: float = REPLY_TIMEOUT_S):
         """Waits for one reply of type `kind` from a lane, handling whatever else it says meanwhile. None: it
@@ -175,13 +178,9 @@ class LaneSet:
                 self._send_attach(ln, stream, reader, epoch, geometry)
 
     def _send_attach(self, ln: LaneHandle, stream, reader, epoch: int, geometry) -> None:
-        fused = to_memfd(self.runtimes[stream.model].fused_model(*geometry), "edgeinfer-fused")
-        try:
-            if not send(ln.sock, Attach(stream.index, epoch, tuple(geometry)), [reader.fd, fused],
-                        wait_s=REPLY_WAIT_S):
-                log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
-        finally:
-            os.close(fused)
+        fused = self.fused.fd(stream.model, self.runtimes[stream.model], geometry)
+        if not send(ln.sock, Attach(stream.index, epoch, tuple(geometry)), [reader.fd, fused], wait_s=REPLY_WAIT_S):
+            log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
 
     def detach(self, stream, epoch: int) -> None:
         held = self.attached.get(stream.index)
@@ -384,6 +383,7 @@ class LaneSet:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self.stopped = True
+        self.fused.close()
         for ln in self.lanes:
             if ln.sock is not None:
                 send(ln.sock, Stop())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -64,6 +65,11 @@ class Zygote:
                         f.write("edgeinfer-zygote")
                 except OSError:
                     pass
+                # Every object alive now (the modules, ORT's and numpy's included: ~45,000) goes to the
+                # collector's permanent generation, so no lane's collection ever walks them: unfrozen, a lane's
+                # first full collection took 68 ms here (the loop waits for the GIL meanwhile), and writing
+                # their GC headers copied the pages the lanes share with the zygote.
+                gc.freeze()
                 code = _serve(theirs, cfg, plans, streams, table, lane_identity)
             finally:
                 os._exit(code)

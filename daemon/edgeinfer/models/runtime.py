@@ -142,12 +142,15 @@ class SessionSet:
             self._sessions.move_to_end(key)
         return s
 
-    def add(self, key: tuple, fused: bytes, pinned=()) -> FusedSession:
-        """Builds and warms the session of geometry `key` from its fused graph. To make room, the least recently
-        used session whose geometry is not in `pinned` (in use) is dropped; if every one is, SessionCapReached."""
+    def add(self, key: tuple, fused: bytes | None, pinned=()) -> FusedSession:
+        """Builds and warms the session of geometry `key` from its fused graph (None: the session exists). To make
+        room, the least recently used session whose geometry is not in `pinned` (in use) is dropped; if every one
+        is, SessionCapReached."""
         s = self.get(key)
         if s is not None:
             return s
+        if fused is None:
+            raise BundleError(f"{self.where}: no session and no fused graph for {key[2]}x{key[1]} {key[0]}")
         if len(self._sessions) >= self.max_sessions:
             victim = next((k for k in self._sessions if k not in pinned), None)
             if victim is None:

@@ -160,6 +160,11 @@ class DaemonCollector:
         wakeups = CounterMetricFamily("edgeinfer_lane_wakeups", "Times the lane's loop woke with a ring ready: a "
                                       "frame nobody took yet (a camera's doorbell or flags alone never count).",
                                       labels=["lane"])
+        gc_time = CounterMetricFamily("edgeinfer_lane_gc_seconds", "Time the lane's process spent in Python's cyclic "
+                                      "garbage collector: its loop waits meanwhile.", labels=["lane"])
+        gc_longest = GaugeMetricFamily("edgeinfer_lane_gc_longest_seconds", "The lane's longest single garbage "
+                                       "collection since it started (a frame served meanwhile was that late).",
+                                       labels=["lane"])
         for name, ln in d.lanes.items():
             up.add_metric([name], 1.0 if ln["state"] == "ready" else 0.0)
             realtime.add_metric([name], 1.0 if ln["realtime"] else 0.0)
@@ -176,8 +181,10 @@ class DaemonCollector:
             copies.add_metric([name], ln["batch_copies"])
             mutes.add_metric([name], ln["doorbell_mutes"])
             wakeups.add_metric([name], ln["wakeups"])
+            gc_time.add_metric([name], ln["gc_ns"] / 1e9)
+            gc_longest.add_metric([name], ln["gc_longest_ns"] / 1e9)
         yield from (up, realtime, progress, busy, served, restarts, cancelled, holds, sessions, evictions, batches,
-                    copies, mutes, wakeups)
+                    copies, mutes, wakeups, gc_time, gc_longest)
 
     @staticmethod
     def _models(d: Snapshot):
