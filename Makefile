@@ -22,7 +22,7 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev libseccomp-dev
 TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-ugly mosquitto
-NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgeinfer/*.h) native/consumer.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/harden.pyx native/harden.h setup.py
+NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgeinfer/*.h) native/consumer.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/decode.pyx native/harden.pyx native/harden.h setup.py
 EXT_STAMP := daemon/edgeinfer/.native-built
 
 .PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb clean distclean
@@ -128,7 +128,7 @@ deb:
 	@ls -l $(DEB_BUILD)/edgeinfer_*.deb
 
 clean:
-	rm -rf build native/ring.c native/hist.c native/harden.c daemon/edgeinfer/_ring*.so daemon/edgeinfer/_hist*.so daemon/edgeinfer/_harden*.so $(EXT_STAMP) *.egg-info
+	rm -rf build native/ring.c native/hist.c native/decode.c native/harden.c daemon/edgeinfer/_ring*.so daemon/edgeinfer/_hist*.so daemon/edgeinfer/_decode*.so daemon/edgeinfer/_harden*.so $(EXT_STAMP) *.egg-info
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 # .system-packages.stamp: the single stamp from before the two sets.

@@ -18,6 +18,13 @@ hist = Extension(
     extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
 )
 
+# A decoder's per-frame arithmetic (the classification top-k), one C call after each inference.
+decode = Extension(
+    "edgeinfer._decode",
+    sources=["native/decode.pyx"],
+    extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
+)
+
 # The lane's hardening (uid, capabilities, no_new_privs, seccomp): links libseccomp (libseccomp-dev to build).
 harden = Extension(
     "edgeinfer._harden",
@@ -36,7 +43,8 @@ setup(
     python_requires=">=3.11",
     packages=find_packages("daemon", include=["edgeinfer", "edgeinfer.*"]),
     package_dir={"": "daemon"},
-    ext_modules=cythonize([ring, hist, harden], include_path=["native"], compiler_directives={"language_level": "3"}),
+    ext_modules=cythonize([ring, hist, decode, harden], include_path=["native"],
+                          compiler_directives={"language_level": "3"}),
     install_requires=["numpy>=1.26", "onnxruntime>=1.20", "onnx>=1.16", "pyyaml>=6", "pydantic>=2.5", "pillow>=10.1",
                       "model-signing==1.1.1", "pyopenssl>=24", "packaging>=23", "prometheus-client>=0.20",
                       "av>=18.1"],

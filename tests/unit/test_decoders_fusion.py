@@ -29,6 +29,33 @@ def test_classification_top_k_best_first_with_optional_softmax():
     assert d.payload_capacity == 2 * 2 * 4
 
 
+@pytest.mark.parametrize("classes,k", [(4, 4), (4, 2), (1000, 5), (1000, 1), (3, 7)])
+@pytest.mark.parametrize("softmax", [False, True])
+def test_classification_top_k_equals_numpy_on_ties_nan_and_any_size(classes, k, softmax):
+    """The native top-k (edgeinfer._decode) against numpy written out: the k best, best first, ties by the lower
+    class index; NaN ranks last and stays NaN; softmax over every class."""
+    rng = np.random.default_rng(classes * 31 + k)
+    d = make_decoder({"type": "classification", "top_k": k, "softmax": softmax}, [], 8, 8, [[1, classes]])
+    for trial in range(20):
+        s = rng.integers(-3, 4, classes).astype(np.float32) if trial % 2 else rng.normal(size=classes).astype(np.float32)
+        if trial == 5 and classes > 2:
+            s[[0, 2]] = np.nan
+        rows, n = d.decode([s[None]], 8, 8)
+        rows = rows.copy()  # the decoder's own buffer: the next decode writes it again
+        order = sorted(range(classes), key=lambda i: (np.isnan(s[i]), -s[i] if not np.isnan(s[i]) else 0, i))
+        want = order[:min(k, classes)]
+        assert n == len(want) and rows[:, 0].astype(int).tolist() == want, (s, rows)
+        if softmax:
+            e = np.exp(s - s.max())
+            ref = (e / e.sum())[want]
+        else:
+            ref = s[want]
+        np.testing.assert_allclose(rows[:, 1], ref, rtol=1e-5, atol=1e-7)
+        for other in (s, s.astype(np.float64)[None, :, None, None], s[None, ::-1][:, ::-1]):  # converted first
+            again, m = d.decode([other], 8, 8)
+            assert m == n and np.array_equal(again, rows, equal_nan=True)
+
+
 def test_detection_decodes_grid_scales_to_the_frame_and_suppresses_overlaps():
     d = make_decoder({"type": "detection", "strides": [32], "score_threshold": 0.5}, [], 64, 64, [[1, 4, 6]])
     out = np.zeros((1, 4, 6), np.float32)

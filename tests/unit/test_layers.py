@@ -12,7 +12,7 @@ rank do not import each other):
                        (processes of their own)
   5  cli               edgeinferd, edgeinferctl, status views, the demo
 The native modules edgeinfer._ring and edgeinfer._hist are imported by abi only, edgeinfer._harden (the lanes'
-sandbox) by support only. The compatibility names at
+sandbox) by support only, edgeinfer._decode (a decoder's per-frame arithmetic) by models only. The compatibility names at
 the top (edgeinfer.ring, edgeinfer.payloads, edgeinfer.producers) are for clients: no module of the package
 imports them."""
 from __future__ import annotations
@@ -24,7 +24,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "daemon"  # tests/unit/ -> 
 
 RANKS = {"abi": 0, "support": 0, "models": 1, "config": 2, "lanes": 3, "telemetry": 3, "cameras": 3,
          "control": 4, "fronts": 4, "bridges": 4, "cli": 5}
-NATIVE = {"edgeinfer._ring": "abi", "edgeinfer._hist": "abi", "edgeinfer._harden": "support"}  # module → its importer
+NATIVE = {"edgeinfer._ring": "abi", "edgeinfer._hist": "abi", "edgeinfer._harden": "support",
+          "edgeinfer._decode": "models"}  # module → its importer
 COMPAT = ("edgeinfer.ring", "edgeinfer.payloads", "edgeinfer.producers")
 
 
