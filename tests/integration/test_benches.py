@@ -41,6 +41,12 @@ def test_e2e_bench_runs_to_its_summary():
     rows = s["rows"]
     assert rows["edgeinferd (40 fps offered)"]["n"] >= 30, rows
     assert rows["floor: fused graph, bare run"]["n"] == 40
+    t = s["targets"]
+    # Every row's first frame after connecting is reported apart (never silently dropped), and the daemon's own
+    # stages split the 40 fps row.
+    assert t["first_frame_us"]["n"] >= 3 and t["first_frame_us"]["max"] > 0, t["first_frame_us"]
+    assert {"age", "inference", "decode", "publish"} <= set(t["stages_40fps_mean_us"]), t["stages_40fps_mean_us"]
+    assert t["stages_40fps_mean_us"]["inference"] > 0
 
 
 def test_quantize_bench_runs_both_models_to_its_summary():
