@@ -45,6 +45,7 @@ from edgeinfer.abi import ring
 from edgeinfer.support import sandbox
 from edgeinfer.models.decoders import DecoderError
 from edgeinfer.models.runtime import FusedSession, SessionSet
+from edgeinfer.lanes.stats import words
 from edgeinfer.lanes.stream import LaneStream
 from edgeinfer.abi.vocabulary import RESULT_OK
 
@@ -61,8 +62,9 @@ class Engine:
         self.trials: dict = {}      # name → lanes.trial.Trial: a rollout's candidate beside the model (loop-owned)
         self.streams = streams
         self.lane_id = lane + 1     # the cursor's owner word (0 = free)
-        # The lane's counters (dispatch.LANE_*), shared with the control plane; private without a table.
-        self.counters = counters if counters is not None else np.zeros(dispatch.LANE_WORDS, np.int64)
+        # The lane's counters (dispatch.LANE_*), shared with the control plane; private without a table. Written
+        # as int64 words of a memoryview (stats.words: no numpy scalar per frame).
+        self.counters = words(counters if counters is not None else np.zeros(dispatch.LANE_WORDS, np.int64))
         self.loop_cpus = tuple(loop_cpus)
         self.scheduling = scheduling
         self.priority = priority
@@ -271,6 +273,13 @@ class Engine:
         except that a stream passed over as many times as there are other ready streams goes first: nobody
         starves. (It, the ready streams in that order), or None if other lanes claimed every one first."""
         attached = self._attached
+        if not mask & (mask - 1):  # one stream ready (the common case): nothing to order, nobody passed over
+            s = attached[mask.bit_length() - 1]
+            native = s.reader.native
+            if native.claim(self.lane_id):
+                native.picked()
+                return s, [s]
+            return None
         ready = [attached[i] for i in range(len(attached)) if mask >> i & 1]
         now = ring.monotonic_ns()
         for s in ready:
