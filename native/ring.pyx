@@ -9,7 +9,8 @@ here can fault on a producer-written number, because ring.h checks them all.
 Ownership of fds: every class that keeps an fd someone passed in keeps its
 own duplicate (F_DUPFD_CLOEXEC); the caller's fd stays the caller's.
 """
-from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE,
+                             PyBuffer_Release, PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, int32_t
@@ -851,12 +852,31 @@ cdef class ResultProducer:
 
     def write(self, uint64_t frame_seq, uint64_t frame_id, uint64_t capture_mono_ns, uint64_t capture_real_ns,
               uint64_t start_mono_ns, uint64_t done_mono_ns, uint32_t status, uint32_t payload_kind,
-              const uint8_t[::1] payload, uint32_t item_count, bytes model_name, bytes model_version,
+              object payload, uint32_t item_count, bytes model_name, bytes model_version,
               uint32_t frame_width=0, uint32_t frame_height=0):
-        """Writes one record; returns its number. The payload must fit the capacity."""
+        """Writes one record; returns its number. payload: any C-contiguous buffer (bytes, a numpy array of any
+        dtype: its bytes as they lie, with no reshape or view made per record), or None; it must fit the
+        capacity."""
         if self.closed:
             raise RingStateError(f"{self.label}: writer is closed")
-        cdef Py_ssize_t n = payload.shape[0] if payload is not None else 0
+        cdef Py_buffer view
+        cdef Py_ssize_t n = 0
+        if payload is None:
+            return self._write(frame_seq, frame_id, capture_mono_ns, capture_real_ns, start_mono_ns, done_mono_ns,
+                               status, payload_kind, NULL, 0, item_count, model_name, model_version, frame_width,
+                               frame_height)
+        PyObject_GetBuffer(payload, &view, PyBUF_C_CONTIGUOUS)
+        try:
+            return self._write(frame_seq, frame_id, capture_mono_ns, capture_real_ns, start_mono_ns, done_mono_ns,
+                               status, payload_kind, <const uint8_t *>view.buf, view.len, item_count, model_name,
+                               model_version, frame_width, frame_height)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef uint64_t _write(self, uint64_t frame_seq, uint64_t frame_id, uint64_t capture_mono_ns,
+                         uint64_t capture_real_ns, uint64_t start_mono_ns, uint64_t done_mono_ns, uint32_t status,
+                         uint32_t payload_kind, const uint8_t *payload, Py_ssize_t n, uint32_t item_count,
+                         bytes model_name, bytes model_version, uint32_t frame_width, uint32_t frame_height) except? 0:
         if <uint64_t>n > self.wr.layout.payload_capacity:
             raise ValueError(f"{self.label}: payload of {n} bytes exceeds the record capacity "
                              f"{self.wr.layout.payload_capacity}")
@@ -878,7 +898,7 @@ cdef class ResultProducer:
         memcpy(r.model_name, <const char *>model_name, min(len(model_name), EI_MODEL_NAME_LEN))
         memcpy(r.model_version, <const char *>model_version, min(len(model_version), EI_MODEL_VERSION_LEN))
         if n:
-            memcpy(ei_result_payload(r), &payload[0], n)
+            memcpy(ei_result_payload(r), payload, n)
         return ei_result_writer_commit(&self.wr, r)
 
     def close(self):

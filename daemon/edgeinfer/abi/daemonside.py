@@ -3,7 +3,6 @@ ResultWriter, the writer of a stream's result ring (both re-exported by abi/ring
 """
 from __future__ import annotations
 
-import numpy as np
 
 from edgeinfer import _ring
 from edgeinfer.abi.ringdefs import Frame, _waitset, monotonic_ns
@@ -125,12 +124,18 @@ class ResultWriter:
               start_ns: int = 0, done_ns: int | None = None, status: int = RESULT_OK, kind: int = 0,
               payload=b"", item_count: int = 0, model_name: str = "", model_version: str = "",
               frame_width: int = 0, frame_height: int = 0) -> int:
-        """Publishes one record; returns its number (1-based)."""
-        buf = np.frombuffer(payload, dtype=np.uint8) if not isinstance(payload, np.ndarray) \
-            else payload.reshape(-1).view(np.uint8)
+        """Publishes one record; returns its number (1-based). payload: bytes or a C-contiguous array (its bytes)."""
         return self._p.write(frame_seq, frame_id, capture_ns, capture_realtime_ns, start_ns,
-                             monotonic_ns() if done_ns is None else done_ns, status, kind, buf, item_count,
+                             monotonic_ns() if done_ns is None else done_ns, status, kind, payload, item_count,
                              model_name.encode(), model_version.encode(), frame_width, frame_height)
+
+    def write_served(self, frame, start_ns: int, done_ns: int, kind: int, payload, item_count: int,
+                     model_name: bytes, model_version: bytes, frame_width: int, frame_height: int) -> int:
+        """The lane loop's write of a served frame's result (RESULT_OK): positional, the names already encoded,
+        the payload's buffer read in place (no keyword parsing, encoding or array view made per frame)."""
+        return self._p.write(frame.seq, frame.frame_id, frame.capture_ns, frame.capture_realtime_ns, start_ns,
+                             done_ns, RESULT_OK, kind, payload, item_count, model_name, model_version, frame_width,
+                             frame_height)
 
     def close(self) -> None:
         """Marks the ring closed: readers see it at once."""

@@ -47,7 +47,6 @@ from edgeinfer.models.decoders import DecoderError
 from edgeinfer.models.runtime import FusedSession, SessionSet
 from edgeinfer.lanes.stats import words
 from edgeinfer.lanes.stream import LaneStream
-from edgeinfer.abi.vocabulary import RESULT_OK
 
 _POLICIES = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "other": os.SCHED_OTHER}
 SHORTS_PENDING_MAX = 64  # short frames waiting for the control thread to say why (more are counted, not said)
@@ -477,11 +476,8 @@ class Engine:
         writer = s.writer
         writer.resume()  # another lane may have written this stream's last record
         writer.set_wake(s.flags is None or s.flags[dispatch.FLAG_WAKE] != 0)
-        writer.write(frame_seq=frame.seq, frame_id=frame.frame_id, capture_ns=frame.capture_ns,
-                     capture_realtime_ns=frame.capture_realtime_ns, start_ns=start, done_ns=done,
-                     status=RESULT_OK, kind=model.decoder.kind, payload=payload, item_count=items,
-                     model_name=model.name, model_version=model.version, frame_width=s.geometry[0],
-                     frame_height=s.geometry[1])
+        writer.write_served(frame, start, done, model.decoder.kind, payload, items, model.name_b, model.version_b,
+                            s.geometry[0], s.geometry[1])
         published = ring.monotonic_ns()
         st.processed += 1
         self.counters[dispatch.LANE_FRAMES] += 1

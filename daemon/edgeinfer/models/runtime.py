@@ -118,6 +118,7 @@ class SessionSet:
                  threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3, warmup_deadline_s: float = 30.0,
                  max_sessions: int = 8, batch: int = 1):
         self.name, self.version, self.sha256 = name, version, sha256
+        self.name_b, self.version_b = name.encode(), version.encode()  # as every result record carries them
         self.batch = batch  # frames of one geometry run together at most (models.NAME.batch)
         self.decoder = decoder
         self.where = where  # the bundle's model file, for messages
