@@ -536,7 +536,8 @@ def main() -> int:
     floor_mean = float(np.mean([p["floor"]["mean"] for p in pairs]))
     targets["stages_40fps_mean_us"] = stages
     print(f"where the 40 fps row's frames spent their time, the daemon's own stage histograms (mean µs per frame, "
-          f"the same frames): capture → loop start {stages.get('age', 0):.0f} (the wake, the pick, the take), "
+          f"the same frames): capture → loop start {stages.get('age', 0):.0f} (of which the kernel's wake "
+          f"{stages.get('age', 0) - stages.get('pick', 0):.0f}, the daemon's pick and take {stages.get('pick', 0):.0f}), "
           f"inference {stages.get('inference', 0):.0f} (the paired floor's mean run: {floor_mean:.0f}), decode "
           f"{stages.get('decode', 0):.0f}, publish {stages.get('publish', 0):.0f}")
     first = np.asarray(FIRSTS or [(0, 0)], np.float64) / 1e3

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of observability, side by side in one run.
 
-1. Recording: StageHistograms.record_frame (all six stages of one frame, as the
+1. Recording: StageHistograms.record_frame (all seven stages of one frame, as the
    loop calls it) in a tight loop, ns per frame; next to an empty Python method
    call, the floor of any call from the loop.
 2. End to end: the real edgeinferd at 40 fps (demo model, 224×224), once with
@@ -28,14 +28,14 @@ from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
 
 
 class Empty:
-    def call(self, a, b, c, d, e, f):
+    def call(self, a, b, c, d, e, f, g):
         pass
 
 
 def per_call_ns(fn, n: int) -> float:
     t = time.perf_counter_ns()
     for _ in range(n):
-        fn(1000, 2000, 5_000_000, 40_000, 5_000, 5_100_000)
+        fn(1000, 2000, 40_000, 5_000_000, 40_000, 5_000, 5_100_000)
     return (time.perf_counter_ns() - t) / n
 
 

@@ -22,9 +22,12 @@ cdef enum:
     EXP_MIN = 10                       # 2^10 ns = 1.024 µs: below is the underflow bucket
     EXP_MAX = 34                       # 2^34 ns = 17.2 s: at and above is the overflow bucket
     NBUCKETS = (34 - 10) * 32 + 2      # (EXP_MAX - EXP_MIN) * SUB + underflow + overflow
-    NSTAGES = 6                        # len(STAGES)
+    NSTAGES = 7                        # len(STAGES)
 
-STAGES = ("wait", "age", "inference", "decode", "publish", "e2e")
+# wait: the loop asleep before the frame; age: capture → the frame's start; pick: the loop's wake → the frame's
+# start (the daemon's own part of age: picking, claiming and taking the frame; the rest is the kernel's wake);
+# inference; decode; publish; e2e: capture → record published.
+STAGES = ("wait", "age", "pick", "inference", "decode", "publish", "e2e")
 N_BUCKETS = NBUCKETS
 
 
@@ -89,15 +92,16 @@ cdef class StageHistograms:
         self.sums[stage] += v
         self.totals[stage] += 1
 
-    def record_frame(self, int64_t wait, int64_t age, int64_t inference, int64_t decode, int64_t publish,
-                     int64_t e2e):
+    def record_frame(self, int64_t wait, int64_t age, int64_t pick, int64_t inference, int64_t decode,
+                     int64_t publish, int64_t e2e):
         """Records one frame's stage durations (ns) in one call."""
         self._add(0, wait)
         self._add(1, age)
-        self._add(2, inference)
-        self._add(3, decode)
-        self._add(4, publish)
-        self._add(5, e2e)
+        self._add(2, pick)
+        self._add(3, inference)
+        self._add(4, decode)
+        self._add(5, publish)
+        self._add(6, e2e)
 
     def record(self, int stage, int64_t ns):
         if not 0 <= stage < NSTAGES:

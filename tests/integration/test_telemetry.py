@@ -46,8 +46,8 @@ def test_native_histogram_quantiles_within_5_percent():
                    np.concatenate([rng.normal(2e5, 1e4, 45_000), rng.normal(3e7, 1e6, 5_000)])):  # bimodal
         h = _hist.StageHistograms()
         for v in values.astype(np.int64):
-            h.record(5, int(v))
-        counts, total_ns, n = h.snapshot(5)
+            h.record(6, int(v))
+        counts, total_ns, n = h.snapshot(6)
         assert n == len(values) and counts.sum() == len(values)
         assert abs(total_ns - values.astype(np.int64).sum()) <= len(values)
         for q in (0.5, 0.95, 0.99):

@@ -89,6 +89,7 @@ class Engine:
         self._attached: list[LaneStream] = []      # loop-owned: streams with a ring, in wait-set order
         self._natives: list = []               # their native consumers (the wait set)
         self._waited = 0          # ns the loop slept before the frame being served
+        self._woke = 0            # when the loop last woke (monotonic ns): its frames' pick stage starts there
         self._fault_stall = 0.0   # seconds; set by the fault hook only
         self._run_options = ort.RunOptions()  # one object, reused: terminate cancels the current run
         self.runs_cancelled = 0
@@ -236,8 +237,9 @@ class Engine:
                 mask &= (1 << len(self._natives)) - 1  # the bell's bit: handled at the top
                 if not mask:
                     continue
+                self._woke = ring.monotonic_ns()
                 counters[dispatch.LANE_WAKEUPS] += 1
-                self._waited = ring.monotonic_ns() - waited_from
+                self._waited = self._woke - waited_from
                 picked = self._pick(mask)
                 if picked is None:  # another lane claimed them first
                     continue
@@ -482,6 +484,6 @@ class Engine:
         st.processed += 1
         self.counters[dispatch.LANE_FRAMES] += 1
         st.record(published - frame.capture_ns, inferred - start, age, published)
-        st.stages.record_frame(self._waited, age, inferred - start, done - inferred, published - done,
-                               published - frame.capture_ns)
+        st.stages.record_frame(self._waited, age, start - self._woke, inferred - start, done - inferred,
+                               published - done, published - frame.capture_ns)
         st.last_frame_id = frame.frame_id

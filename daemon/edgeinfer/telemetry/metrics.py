@@ -45,8 +45,9 @@ class DaemonCollector:
         d = self.snapshot()
         streams = d.streams
         stage = HistogramMetricFamily("edgeinfer_stage_duration_seconds",
-                                      "Time per pipeline stage per frame (wait, age = capture to start, inference, "
-                                      "decode, publish).", labels=["stream", "model", "stage"])
+                                      "Time per pipeline stage per frame (wait = the loop asleep before it, age = "
+                                      "capture to start, pick = the loop's wake to start, inference, decode, "
+                                      "publish).", labels=["stream", "model", "stage"])
         e2e = HistogramMetricFamily("edgeinfer_e2e_latency_seconds",
                                     "Producer capture clock to result published.", labels=["stream", "model"])
         frames = CounterMetricFamily("edgeinfer_frames", "Frames offered by producers, by outcome.",
