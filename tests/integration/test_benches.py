@@ -9,6 +9,7 @@ its JSON summary, and its accounting of frames was exact.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -68,7 +69,11 @@ def test_rtsp_clock_bench_runs_both_decoders_to_its_summary():
     if missing:
         pytest.skip(missing)
     s = _summary(["bench/rtsp_clock.py", "--quick"], timeout=300)
-    assert set(s["cpu_ms_per_frame"]) == {"sender", "stream"} and all(v > 0 for v in s["cpu_ms_per_frame"].values())
+    # Both clocks ran their feeds to the end (the bench raises otherwise). Their CPU per frame is a difference of
+    # two runs' CPU times: under a loaded suite the start-up's own variance can exceed 50 frames' worth, so the
+    # figure is a measurement (bench/), never asserted here.
+    assert set(s["cpu_ms_per_frame"]) == {"sender", "stream"} and s["frames"] == 50
+    assert all(math.isfinite(v) for v in s["cpu_ms_per_frame"].values()), s
 
 
 def test_fronts_bench_runs_every_row_of_both_models_to_its_summary():
