@@ -97,7 +97,11 @@ def test_the_drift_figure_moves_with_the_rotation_mix_and_its_reference_survives
         for _ in range(8):
             flat.append((_psi(proc, "cam-a"), _psi(proc, "*")))
             time.sleep(0.5)
-        assert all(a is not None and a < 0.1 and b < 0.1 for a, b in flat), flat
+        # Absent (None) is the figure's own answer while the 3 s window holds under 250 frames: a busy host
+        # serving the 120 fps camera at 2/3 of its rate for a moment (seen in a fresh-clone run). Present, it is
+        # flat; and it is present most of the time.
+        present = [(a, b) for a, b in flat if a is not None]
+        assert len(present) >= 4 and all(a < 0.1 and b is not None and b < 0.1 for a, b in present), flat
 
         # Upright pages only: the figure moves well above 0.25 once the window is mostly of them.
         cam.mix = (0,)
