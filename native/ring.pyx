@@ -860,18 +860,16 @@ cdef class ResultProducer:
         if self.closed:
             raise RingStateError(f"{self.label}: writer is closed")
         cdef Py_buffer view
-        cdef Py_ssize_t n = 0
-        if payload is None:
-            return self._write(frame_seq, frame_id, capture_mono_ns, capture_real_ns, start_mono_ns, done_mono_ns,
-                               status, payload_kind, NULL, 0, item_count, model_name, model_version, frame_width,
-                               frame_height)
-        PyObject_GetBuffer(payload, &view, PyBUF_C_CONTIGUOUS)
+        view.buf, view.len = NULL, 0
+        if payload is not None:
+            PyObject_GetBuffer(payload, &view, PyBUF_C_CONTIGUOUS)
         try:
             return self._write(frame_seq, frame_id, capture_mono_ns, capture_real_ns, start_mono_ns, done_mono_ns,
                                status, payload_kind, <const uint8_t *>view.buf, view.len, item_count, model_name,
                                model_version, frame_width, frame_height)
         finally:
-            PyBuffer_Release(&view)
+            if payload is not None:
+                PyBuffer_Release(&view)
 
     cdef uint64_t _write(self, uint64_t frame_seq, uint64_t frame_id, uint64_t capture_mono_ns,
                          uint64_t capture_real_ns, uint64_t start_mono_ns, uint64_t done_mono_ns, uint32_t status,

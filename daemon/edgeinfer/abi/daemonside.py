@@ -3,7 +3,6 @@ ResultWriter, the writer of a stream's result ring (both re-exported by abi/ring
 """
 from __future__ import annotations
 
-
 from edgeinfer import _ring
 from edgeinfer.abi.ringdefs import Frame, _waitset, monotonic_ns
 from edgeinfer.abi.vocabulary import RESULT_OK

@@ -18,11 +18,14 @@ import gc
 import time
 
 from edgeinfer.lanes import dispatch
+from edgeinfer.lanes.stats import words
 
 
 def watch(counters) -> None:
     """Adds every collection's duration to counters[LANE_GC_NS] and keeps the longest in
-    counters[LANE_GC_LONGEST_NS] (the lane's counters in the dispatch table)."""
+    counters[LANE_GC_LONGEST_NS] (the lane's counters in the dispatch table), as int64 words (stats.words: no
+    numpy scalar on the loop's thread when it collects)."""
+    counters = words(counters)
     started = [0]
     clock = time.monotonic_ns
 

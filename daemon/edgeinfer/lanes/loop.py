@@ -279,7 +279,7 @@ class Engine:
             native = s.reader.native
             if native.claim(self.lane_id):
                 native.picked()
-                return s, [s]
+                return s, ()  # _group finds no other ready stream to batch with
             return None
         ready = [attached[i] for i in range(len(attached)) if mask >> i & 1]
         now = ring.monotonic_ns()
