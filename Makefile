@@ -2,7 +2,9 @@
 # They install what they need: Debian packages (checked, installed if missing)
 # and a .venv with pinned Python packages.
 SHELL := /bin/bash
-PYTHON ?= python3
+# Debian's own interpreter, the one the package runs on: a python3 first in PATH may be a pyenv under a 0700
+# home, which the tests that run code as other users cannot execute.
+PYTHON ?= /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages in two sets, so that `make demo` installs only the first.
@@ -31,7 +33,7 @@ all: native
 
 help:
 	@echo "make demo         edgeinferd on the orientation model with two synthetic cameras (DEMO_SECONDS=N)"
-	@echo "make check        the unit tests (tests/unit): no root, no .deb, the build packages only; < 3 min"
+	@echo "make check        the unit tests (tests/unit): no root, no .deb, the build packages only (time: README.md)"
 	@echo "make test         the whole suite, what CI runs: unit, integration, reliability (short), system;"
 	@echo "                  installs the test packages and builds the .deb first; needs root; ~35 min"
 	@echo "make deb          the Debian package, into DEB_BUILD (default build/deb)"

@@ -1,8 +1,10 @@
-"""Processes of a benchmark: a process and its descendants, and the CPU time they used (bench/scale.py,
-bench/mqtt.py)."""
+"""What benchmarks share: a process and its descendants, the CPU time they used (bench/scale.py, bench/mqtt.py,
+bench/shedding.py), and the end of a run (its wall time and its JSON summary: bench/fronts.py, bench/shedding.py)."""
 from __future__ import annotations
 
+import json
 import os
+import time
 
 
 def process_tree(pid: int) -> list[int]:
@@ -28,13 +30,32 @@ def cpu_ticks(pids: list[int]) -> tuple[int, int]:
     """(busy clock ticks of all CPUs, /proc/stat; ticks of `pids`, every thread: utime + stime)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-    busy = sum(v) - v[3] - v[4]
-    mine = 0
+    return sum(v) - v[3] - v[4], pid_ticks(pids)
+
+
+def pid_ticks(pids) -> int:
+    """Clock ticks of `pids`, every thread: utime + stime (a process gone meanwhile counts nothing)."""
+    total = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            mine += int(fields[11]) + int(fields[12])
+            total += int(fields[11]) + int(fields[12])
         except (OSError, ValueError, IndexError):
             pass
-    return busy, mine
+    return total
+
+
+def finish(summary: dict, t_start: float, json_path: str | None) -> int:
+    """The end of a run: its wall time (into `summary` too), then the summary as one JSON line, on stdout and
+    in `json_path` if given. The bench's exit status (0)."""
+    summary["wall_s"] = time.monotonic() - t_start
+    summary["load_at_end"] = os.getloadavg()  # a shared machine's other work, beside the figures
+    print(f"\n(wall time {summary['wall_s']:.0f} s; load average at the end "
+          f"{' '.join(f'{x:.1f}' for x in summary['load_at_end'])}; {summary['machine']})")
+    text = json.dumps(summary)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0

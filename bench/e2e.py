@@ -47,7 +47,7 @@ try:
     from edgeinfer.models.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
     from edgeinfer.models.runtime import ModelRuntime, ThreadPlan  # noqa: E402
     from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
-    from edgeinfer.models.signing import throwaway_signed_copy  # noqa: E402
+    from edgeinfer.models.verify import throwaway_signed_copy  # noqa: E402
 except ImportError:  # the --abi1-child run: 0.1's flat package (bench/abi1.py)
     from edgeinfer.bundle import load_unverified_bundle as load_bundle  # noqa: E402
     from edgeinfer.model import ModelRuntime, ThreadPlan  # noqa: E402

@@ -23,7 +23,8 @@ both models to a local stream, a camera stream and a pool of 4 streams each, and
                    and alone just before (what the lanes give it with no load at all)
 Every answer is checked for its shape (the front's rows, the 480 bytes of a Frigate reply). The gateway's
 settings the load needs: max_waiting 12 per model (16 clients never shed: 4 in flight, 12 waiting),
-max_inflight_per_client 4096 (every load thread comes from 127.0.0.1, one "client" to the front), Frigate's
+max_inflight_per_client 4096 and max_streams_per_connection 1024 (every load thread comes from 127.0.0.1, on one
+connection: one "client" to the front), Frigate's
 timeout --frigate-timeout-ms (Frigate's own default, 200 ms, is below the detector's run time on a small host).
 
 Usage: bench/fronts.py [--seconds S] [--models orientation,detector] [--clients 1,4,16] [--rows ROW,...]
@@ -56,6 +57,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from _proc import finish  # noqa: E402
 from edgeinfer.abi import ring  # noqa: E402
 from edgeinfer.abi.vocabulary import RESULT_OK  # noqa: E402
 from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
@@ -368,7 +370,8 @@ def camera_child(stream: str, side: int, fps: float, ingress: str, results: str)
 class Served:
     """edgeinferd with both models (a local stream, a camera stream, a pool each) and the gateway in front."""
 
-    def __init__(self, work: str, models: list[str], frigate_timeout_ms: int, frigate: bool, batch: int = 1):
+    def __init__(self, work: str, models: list[str], frigate_timeout_ms: int, frigate: bool, batch: int = 1,
+                 max_waiting: int | None = MAX_WAITING, grpc: dict | None = None):
         from conftest import Children
         from daemon_helpers import start_daemon, write_config
         from edgeinfer.models.sign import self_sign
@@ -386,7 +389,7 @@ class Served:
             streams += [{"name": f"loc-{name}", "model": name, "width": side, "height": side, "max_age_ms": 1000},
                         {"name": f"cam-{name}", "model": name, "width": side, "height": side}]
             pools[f"gw-{name}"] = {"model": name, "user": uid, "streams": POOL_STREAMS}
-            fronts[name] = {"max_waiting": MAX_WAITING}
+            fronts[name] = {"max_waiting": max_waiting} if max_waiting is not None else {}
         config = write_config(Path(work), None, models=entries, streams=streams, pools=pools, trust_dir=trust,
                               state_dir=os.path.join(work, "state"))
         self.daemon = start_daemon(self.children, config, log_file=os.path.join(work, "daemon.log"))
@@ -396,7 +399,8 @@ class Served:
             front = {"enabled": True, "endpoint": self.frigate_endpoint, "model": "det",
                      "timeout_ms": frigate_timeout_ms}
         gw_config, self.address = write_gateway_config(Path(work), config, models=fronts,
-                                                       grpc={"max_inflight_per_client": 4096},
+                                                       grpc={"max_inflight_per_client": 4096,
+                                                             "max_streams_per_connection": 1024, **(grpc or {})},
                                                        frigate=front)
         self.gateway = start_gateway(self.children, gw_config, self.address,
                                      log_file=os.path.join(work, "gateway.log"))
@@ -650,14 +654,7 @@ def main() -> int:
             served.close()
         zctx.destroy(linger=0)
         shutil.rmtree(work, ignore_errors=True)
-    summary["wall_s"] = time.monotonic() - t_start
-    print(f"\n(wall time {summary['wall_s']:.0f} s; {summary['machine']})")
-    text = json.dumps(summary)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0
+    return finish(summary, t_start, a.json)
 
 
 if __name__ == "__main__":

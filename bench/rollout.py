@@ -209,7 +209,7 @@ def main() -> int:
     loads = [float(x) for x in args.loads.split(",")]
 
     from conftest import Children
-    from edgeinfer.models.signing import generate_keys, sign_bundle
+    from edgeinfer.models.verify import generate_keys, sign_bundle
     work = tempfile.mkdtemp(prefix="bench-rollout-")
     children = Children()
     summary = {"machine": os.uname().nodename, "streams": args.streams, "sample": args.sample, "loads": {}}
@@ -254,7 +254,10 @@ def main() -> int:
             summary["decision"] = dt
             f = dt["figures"]
             print(f"decision: {dt['decision']} {dt['seconds']:.1f} s after the flip (window {decide_window}, sample "
-                  f"{args.sample:g}, {dt['fps_total']:.0f} frames/s): {f['frames']} compared, {f['skipped']} skipped",
+                  f"{args.sample:g}, {dt['fps_total']:.0f} frames/s): {f['frames']} compared, {f['skipped']} skipped; "
+                  f"gated: paired run-time ratio candidate ÷ serving {_num(f.get('time_ratio'))} (upper bound "
+                  f"{_num(f.get('time_ratio_high'))}, {f.get('pairs', 0)} pairs), agreement {_num(f.get('agreement'))} "
+                  f"(lower bound {_num(f.get('agreement_low'))}); p99 run ratio {_num(_p99_ratio(f))} (informs)",
                   flush=True)
     finally:
         children.cleanup()
@@ -263,6 +266,15 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items()}, separators=(",", ":")))
     return 0
+
+
+def _p99_ratio(f: dict):
+    c, s = f.get("p99_candidate_us"), f.get("p99_serving_us")
+    return c / s if c is not None and s else None
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
 
 
 if __name__ == "__main__":

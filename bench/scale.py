@@ -62,7 +62,7 @@ from daemon_helpers import daemon_log, edgeinferd_args, read_stats, start_daemon
 
 from edgeinfer import ring  # noqa: E402
 from edgeinfer.cameras.synthetic import make_frames  # noqa: E402
-from edgeinfer.models.signing import throwaway_signed_copy  # noqa: E402
+from edgeinfer.models.verify import throwaway_signed_copy  # noqa: E402
 from edgeinfer.lanes.stats import OUTCOMES  # noqa: E402
 
 W, H = 224, 224

@@ -25,7 +25,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from edgeinfer.models.signing import TrustStore, copy_trust, generate_keys, load_verified_bundle, sign_bundle  # noqa: E402
+from edgeinfer.models.verify import TrustStore, copy_trust, generate_keys, load_verified_bundle, sign_bundle  # noqa: E402
 
 
 def best_of(n: int, fn) -> float:

@@ -27,7 +27,7 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from edgeinfer import ring  # noqa: E402
-from edgeinfer.models.signing import throwaway_signed_copy  # noqa: E402
+from edgeinfer.models.verify import throwaway_signed_copy  # noqa: E402
 
 W, H, FPS = 1920, 1080, 25
 FORMATS = ("bgr24", "i420", "nv12")

@@ -50,9 +50,11 @@ static int ei_allow_rtprio(int priority)
 }
 
 #define EI_NICE_MASK (1u << CAP_SYS_NICE)
+#define EI_SETPCAP_MASK (1u << CAP_SETPCAP)
 
 /* Sets every capability set of the calling thread to CAP_SYS_NICE (keep_nice, if it has it) or to nothing, and
- * no_new_privs.
+ * no_new_privs. A thread that still holds CAP_SETPCAP (kept by ei_become beside CAP_SYS_NICE) first empties its
+ * bounding set with it, so that a lane ends with CapBnd 0 as well.
  * Capabilities are per thread: a thread started afterwards inherits what its creator has then. 0 or -errno. */
 static int ei_limit_capabilities(int keep_nice)
 {
@@ -62,7 +64,11 @@ static int ei_limit_capabilities(int keep_nice)
     struct __user_cap_data_struct now[2];
     if (syscall(SYS_capget, &hdr, now) != 0)
         return -errno;
-    __u32 keep = keep_nice ? (now[0].permitted & EI_NICE_MASK) : 0;  /* never more than it has */
+    if (!keep_nice && (now[0].effective & EI_SETPCAP_MASK))
+        for (int cap = 0; cap <= CAP_LAST_CAP; cap++)
+            if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+                return -errno;
+    __u32 keep = keep_nice ? (now[0].permitted & (EI_NICE_MASK | EI_SETPCAP_MASK)) : 0;  /* never more than it has */
     struct __user_cap_data_struct data[2] = {{keep, keep, 0}, {0, 0, 0}};
     if (syscall(SYS_capset, &hdr, data) != 0)
         return -errno;
@@ -71,12 +77,13 @@ static int ei_limit_capabilities(int keep_nice)
     return 0;
 }
 
-/* Root only: empties the bounding set (but CAP_SYS_NICE if keep_nice) and the supplementary groups, then takes
- * (uid, gid) as real, effective and saved ids, keeping at most CAP_SYS_NICE. 0 or -errno. */
+/* Root only: empties the bounding set (but CAP_SYS_NICE and CAP_SETPCAP if keep_nice) and the supplementary groups,
+ * then takes (uid, gid) as real, effective and saved ids, keeping at most CAP_SYS_NICE and CAP_SETPCAP (with which
+ * each thread empties its bounding set when it lets CAP_SYS_NICE go: ei_limit_capabilities(0)). 0 or -errno. */
 static int ei_become(uid_t uid, gid_t gid, int keep_nice)
 {
     for (int cap = 0; cap <= CAP_LAST_CAP; cap++)
-        if (!(keep_nice && cap == CAP_SYS_NICE) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+        if (!(keep_nice && (cap == CAP_SYS_NICE || cap == CAP_SETPCAP)) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
             return -errno;
     if (setgroups(0, NULL) != 0)
         return -errno;
@@ -91,6 +98,11 @@ static int ei_become(uid_t uid, gid_t gid, int keep_nice)
     return ei_limit_capabilities(keep_nice);
 }
 
+/* The ioctl commands a lane makes (traced: strace -f -e trace=ioctl on a serving daemon), all on its own fds and
+ * none that writes to a terminal: isatty (TCGETS), the terminal's size (TIOCGWINSZ), bytes waiting (FIONREAD),
+ * blocking or not (FIONBIO) and close-on-exec (FIOCLEX, FIONCLEX: CPython's os.set_inheritable). */
+static const unsigned int ei_lane_ioctls[] = {TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX, FIONCLEX};
+
 /* The system calls a lane makes (traced: a lane's whole life, sessions built and swapped, streams attached and
  * detached, runs cancelled), each allowed as such; everything else fails with EPERM. Narrowed further:
  *  - clone only for threads, with no namespace flag; clone3 answers ENOSYS (its flags sit behind a pointer that
@@ -99,9 +111,12 @@ static int ei_become(uid_t uid, gid_t gid, int keep_nice)
  *  - no socket of its own (it answers on the one it was forked with), no exec, no ptrace, no other process's
  *    memory, no signal to another process, no namespaces, no mounts, no keyrings, no BPF, no io_uring;
  *  - write-and-execute memory refused as systemd's MemoryDenyWriteExecute= refuses it;
- *  - ioctl without TIOCSTI (a lane started in a terminal must not type into it);
+ *  - ioctl only for the commands a lane makes (ei_lane_ioctls), compared as the kernel reads them, by their low
+ *    32 bits: TIOCSTI (typing into a terminal), TIOCLINUX and every other command fail, whatever the upper bits;
  *  - prctl only to name a thread or a mapping, to read, or to give up (capabilities, new privileges);
- *  - scheduling policy and priority set for the calling thread only.
+ *  - scheduling policy, priority and CPU affinity set for the calling thread only (pid 0): never for another lane's
+ *    thread. ONNX Runtime's pool threads, which would pin themselves by their tid, are pinned by inheritance
+ *    instead (models/runtime.py: created while the creating thread has their CPUs).
  * 0 or -errno. */
 static int ei_install_lane_filter(pid_t self)
 {
@@ -123,7 +138,7 @@ static int ei_install_lane_filter(pid_t self)
         SCMP_SYS(getpid), SCMP_SYS(getppid), SCMP_SYS(gettid), SCMP_SYS(getuid), SCMP_SYS(geteuid),
         SCMP_SYS(getgid), SCMP_SYS(getegid), SCMP_SYS(getgroups), SCMP_SYS(getresuid), SCMP_SYS(getresgid),
         SCMP_SYS(capget), SCMP_SYS(capset) /* only ever lowers: nothing is left to raise */, SCMP_SYS(getrlimit), SCMP_SYS(getpriority),
-        SCMP_SYS(sched_yield), SCMP_SYS(sched_getaffinity), SCMP_SYS(sched_setaffinity),
+        SCMP_SYS(sched_yield), SCMP_SYS(sched_getaffinity),
         SCMP_SYS(sched_getscheduler), SCMP_SYS(sched_getparam), SCMP_SYS(sched_getattr),
         SCMP_SYS(sched_get_priority_max), SCMP_SYS(sched_get_priority_min),
         SCMP_SYS(poll), SCMP_SYS(ppoll), SCMP_SYS(select), SCMP_SYS(pselect6), SCMP_SYS(epoll_create1),
@@ -158,11 +173,14 @@ static int ei_install_lane_filter(pid_t self)
     if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(mprotect), 1,
                                SCMP_A2(SCMP_CMP_MASKED_EQ, PROT_EXEC, 0))) != 0)
         goto out;
-    if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_NE, TIOCSTI))) != 0)
-        goto out;
+    /* The kernel takes an ioctl's command as 32 bits: compared by those alone, so that no upper bit sneaks one by. */
+    for (size_t i = 0; i < sizeof ei_lane_ioctls / sizeof ei_lane_ioctls[0]; i++)
+        if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(ioctl), 1,
+                                   SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, ei_lane_ioctls[i]))) != 0)
+            goto out;
     static const int prctl_ok[] = {PR_SET_NAME, PR_GET_NAME, PR_GET_DUMPABLE, PR_GET_NO_NEW_PRIVS, PR_GET_SECCOMP,
                                    PR_CAPBSET_READ, PR_GET_TIMERSLACK, PR_GET_PDEATHSIG, PR_SET_VMA,
-                                   PR_CAP_AMBIENT, PR_SET_NO_NEW_PRIVS};
+                                   PR_CAP_AMBIENT, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP};
     for (size_t i = 0; i < sizeof prctl_ok / sizeof prctl_ok[0]; i++)
         if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
                                    SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)prctl_ok[i]))) != 0)
@@ -170,8 +188,9 @@ static int ei_install_lane_filter(pid_t self)
     if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(tgkill), 1, SCMP_A0(SCMP_CMP_EQ, self))) != 0 ||
         (rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(kill), 1, SCMP_A0(SCMP_CMP_EQ, self))) != 0)
         goto out;
-    /* Scheduling policy and priority: of the calling thread only (pid 0). */
-    static const int own[] = {SCMP_SYS(sched_setscheduler), SCMP_SYS(sched_setparam), SCMP_SYS(sched_setattr)};
+    /* Scheduling policy, priority and CPUs: of the calling thread only (pid 0). */
+    static const int own[] = {SCMP_SYS(sched_setscheduler), SCMP_SYS(sched_setparam), SCMP_SYS(sched_setattr),
+                              SCMP_SYS(sched_setaffinity)};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, own[i], 1, SCMP_A0(SCMP_CMP_EQ, 0))) != 0)
             goto out;

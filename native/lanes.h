@@ -30,7 +30,11 @@ typedef struct ei_stream_cursor {
     _Atomic uint64_t seen_latest;      /* the `latest` word last consumed, by any lane */
     _Atomic uint64_t last_seq;         /* seq of the last frame taken */
     _Atomic uint64_t pending_since_ns; /* first lane's arrival stamp of news not taken yet; 0 = none */
-    uint8_t reserved[24];              /* to a cache line of its own */
+    /* The journal of the last consumption (ei_lane_consumed), written before the cursor's words above, so that
+     * the control plane can settle what a lane that died held (dispatch.py settle_cursors_of): */
+    _Atomic uint64_t j_latest;         /* the seen_latest it stores; 0 = none */
+    _Atomic uint64_t j_last_seq;       /* the last_seq it stores */
+    _Atomic int64_t j_total;           /* the stream's outcome total once it is counted (outcomes + skipped) */
 } ei_stream_cursor;
 
 /* What a lane's wait set tests for one stream: its own consumer (for the
@@ -40,6 +44,8 @@ typedef struct ei_lane_view {
     ei_stream_cursor *cur;         /* borrowed: the stream's cursor in the dispatch table */
     uint32_t epoch;                /* the producer generation of the lane's ring */
     uint64_t claimed_since;        /* the cursor's arrival stamp when we claimed it */
+    const int64_t *outcomes;       /* borrowed: the stream's outcome counters (stats.py), NULL = no journal */
+    uint32_t n_outcomes;
 } ei_lane_view;
 
 /* News the lane may serve: a `latest` word nobody consumed (a newly published frame), on a free cursor of its
@@ -84,6 +90,7 @@ static inline int ei_lane_claim(ei_lane_view *v, ei_frame_consumer *c, uint32_t 
     if (epoch < v->epoch) { /* first lane on a newly admitted ring: it starts where the ring's last consumer
                              * stopped (a ring handed over again, or restored after a restart), else at zero */
         ei_frame_consumer_resume(c);
+        atomic_store(&cur->j_latest, 0); /* the journal was an earlier ring's */
         atomic_store(&cur->seen_latest, c->seen_latest);
         atomic_store(&cur->last_seq, c->last_seq);
         atomic_store(&cur->seen_flags, 0);
@@ -113,15 +120,35 @@ static inline int ei_lane_unclaim(ei_lane_view *v, ei_frame_consumer *c) {
     return latest != 0 && latest != c->seen_latest;
 }
 
-/* Right after an acquire (taken or refused): what was consumed goes to the cursor at once, before the
- * frame is run. A lane that dies while running it (a frame that crashes ONNX Runtime) must not leave the
- * frame to the next lane, or one poison frame would take every lane down in turn. */
-static inline void ei_lane_consumed(ei_lane_view *v, const ei_frame_consumer *c) {
-    atomic_store(&v->cur->seen_latest, c->seen_latest);
-    atomic_store(&v->cur->last_seq, c->last_seq);
+/* Right after an acquire that consumed something (taken or refused): what was consumed goes to the cursor at
+ * once, before the frame is run. A lane that dies while running it (a frame that crashes ONNX Runtime) must not
+ * leave the frame to the next lane, or one poison frame would take every lane down in turn. `owed`: the outcomes
+ * the caller will count for it (the frame's own, and the frames skipped before it). First the journal: the
+ * stream's outcome total once they are counted, then the cursor. A lane that dies anywhere after this leaves a
+ * journal naming what the cursor says was consumed, with a total its counters have not reached yet: the control
+ * plane counts what is missing (dispatch.py settle_cursors_of), exactly once. A lane that dies before the
+ * cursor's store leaves the frame to the next lane, uncounted. */
+static inline void ei_lane_consumed(ei_lane_view *v, const ei_frame_consumer *c, uint64_t owed) {
+    ei_stream_cursor *cur = v->cur;
+    if (v->outcomes) {
+        uint64_t total = owed > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX : owed;
+        for (uint32_t i = 0; i < v->n_outcomes; i++) { /* saturating: a camera's forged skips cannot wrap it */
+            int64_t n = v->outcomes[i];
+            total += n > 0 ? (uint64_t)n : 0;
+            if (total > (uint64_t)INT64_MAX) total = (uint64_t)INT64_MAX;
+        }
+        atomic_store(&cur->j_total, (int64_t)total);
+        atomic_store(&cur->j_last_seq, c->last_seq);
+        atomic_store(&cur->j_latest, c->seen_latest);
+    }
+    atomic_store(&cur->seen_latest, c->seen_latest);
+    atomic_store(&cur->last_seq, c->last_seq);
 }
 
-/* Fairness (engine.py's pick): how often the stream was passed over while ready, by any lane. */
+/* The journal's total (what the stream's outcomes add up to once the last consumption is counted). */
+static inline int64_t ei_lane_owed_total(const ei_lane_view *v) { return atomic_load(&v->cur->j_total); }
+
+/* Fairness (lanes/pick.py's policy, applied by lanes/loop.py): how often the stream was passed over while ready, by any lane. */
 static inline uint32_t ei_lane_passed_over(const ei_lane_view *v) { return atomic_load(&v->cur->passed_over); }
 static inline void ei_lane_pass_over(ei_lane_view *v) { atomic_fetch_add(&v->cur->passed_over, 1); }
 static inline void ei_lane_picked(ei_lane_view *v) { atomic_store(&v->cur->passed_over, 0); }

@@ -592,17 +592,28 @@ cdef class FrameConsumer:
 
     # -------------------------------------------------- lanes taking turns (lanes.h)
 
-    def share(self, table, Py_ssize_t offset, uint32_t epoch):
+    def share(self, table, Py_ssize_t offset, uint32_t epoch, Py_ssize_t outcomes=-1, uint32_t n_outcomes=0):
         """Consume through the cursor at `offset` of the writable dispatch table (a buffer shared with the
-        other lanes), for the producer generation `epoch`."""
+        other lanes), for the producer generation `epoch`. `outcomes`: the offset in the table of the stream's
+        `n_outcomes` int64 outcome counters, for the cursor's journal (lanes.h ei_lane_consumed): what a lane
+        that dies holding a frame owes is settled from it."""
         cdef uint8_t[::1] view = table
         if offset < 0 or <size_t>offset + EI_CURSOR_SIZE > <size_t>view.shape[0] or offset % 64:
             raise ValueError(f"cursor offset {offset} outside the table or not cache-line aligned")
+        if outcomes >= 0 and (<size_t>outcomes + 8 * <size_t>n_outcomes > <size_t>view.shape[0] or outcomes % 8):
+            raise ValueError(f"outcome counters at {outcomes} outside the table or not aligned")
         self.table = table
         self.lane.c = &self.c
         self.lane.cur = <ei_stream_cursor *>&view[offset]
         self.lane.epoch = epoch
+        self.lane.outcomes = <const int64_t *>&view[outcomes] if outcomes >= 0 else NULL
+        self.lane.n_outcomes = n_outcomes if outcomes >= 0 else 0
         self.shared = True
+
+    @property
+    def owed_total(self):
+        """The stream's outcome total once the last frame consumed (and those skipped before it) is counted."""
+        return ei_lane_owed_total(&self.lane) if self.shared else 0
 
     def claim(self, uint32_t lane_id):
         """True if this lane now serves the stream alone (until unclaim())."""
@@ -659,12 +670,15 @@ cdef class FrameConsumer:
         if self.frame.owner is None:
             raise RingStateError(f"{self.name}: take() after close()")
         cdef uint64_t before = self.c.last_seq
+        cdef uint64_t before_latest = self.c.seen_latest
         cdef int rc = ei_frame_consumer_acquire(&self.c, &self.info)
         cdef Frame f
-        if self.shared:
-            ei_lane_consumed(&self.lane, &self.c)
         if rc == 1 or rc == EI_ERR_SHORT:
             self.skipped = <int64_t>(self.info.seq - before) - 1 if self.info.seq > before else 0
+        if self.shared and self.c.seen_latest != before_latest:
+            # Consumed: the caller counts one outcome for it, and (taken or short) the frames skipped before it.
+            ei_lane_consumed(&self.lane, &self.c,
+                             1 + (<uint64_t>self.skipped if rc == 1 or rc == EI_ERR_SHORT else 0))
         if rc == 1:
             self.status = 0
             f = self.frame

@@ -314,12 +314,15 @@ cdef extern from "lanes.h" nogil:
         ei_stream_cursor *cur        # borrowed: the cursor in the dispatch table
         uint32_t epoch               # producer generation of the lane's ring
         uint64_t claimed_since       # the cursor's arrival stamp when claimed
+        const int64_t *outcomes      # borrowed: the stream's outcome counters, NULL = no journal
+        uint32_t n_outcomes
     int ei_lane_ready(const void *v)
     ei_waitable ei_lane_waitable(ei_lane_view *v)
     uint64_t ei_lane_note(ei_lane_view *v, uint64_t now_ns)
     int ei_lane_claim(ei_lane_view *v, ei_frame_consumer *c, uint32_t lane_id)
     int ei_lane_unclaim(ei_lane_view *v, ei_frame_consumer *c)
-    void ei_lane_consumed(ei_lane_view *v, const ei_frame_consumer *c)
+    void ei_lane_consumed(ei_lane_view *v, const ei_frame_consumer *c, uint64_t owed)
+    int64_t ei_lane_owed_total(const ei_lane_view *v)
     uint32_t ei_lane_passed_over(const ei_lane_view *v)
     void ei_lane_pass_over(ei_lane_view *v)
     void ei_lane_picked(ei_lane_view *v)

@@ -208,7 +208,7 @@ def read_line(proc: subprocess.Popen, timeout: float = 10.0) -> str:
 @pytest.fixture(scope="session")
 def signing_key(tmp_path_factory):
     """A test EC key pair; its public key is the only one in the test trust store."""
-    from edgeinfer.models.signing import generate_keys
+    from edgeinfer.models.verify import generate_keys
     d = tmp_path_factory.mktemp("keys")
     key, pub = generate_keys(str(d), "test")
     trust = d / "trust"

@@ -28,7 +28,7 @@ def bundle(name: str) -> str:
 
 def sign_copy(name: str, dest: Path, key: str, edit=None) -> str:
     """A signed copy of a fetched bundle; `edit(dir)` changes it before signing."""
-    from edgeinfer.models.signing import sign_bundle
+    from edgeinfer.models.verify import sign_bundle
     shutil.copytree(bundle(name), dest)
     if edit:
         edit(dest)

@@ -1,4 +1,6 @@
-"""edgeinfer: zero-copy, real-time ONNX inference on shared-memory camera frames."""
+"""edgeinfer: zero-copy, real-time ONNX inference on shared-memory camera frames.
+
+The packages, their layers and every module's one job: docs/architecture.md, "Module map"."""
 import os
 
 # ONNX Runtime >= 1.29 ships telemetry on Linux (a persistent device id in $TMPDIR and an uploader to

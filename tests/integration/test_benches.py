@@ -113,3 +113,20 @@ def test_rollout_bench_runs_its_windows_and_a_decision_to_its_summary():
     assert set(row["none"]["versions"]) == {"0.0.11"} and set(row["shadow"]["versions"]) == {"0.0.11"}, row
     assert row["none"]["answered"] > 0 and row["shadow"]["answered"] > 0, row
     assert s["decision"]["decision"] == "promote", s["decision"]
+
+
+def test_shedding_bench_runs_its_windows_and_a_refusal_burst_to_its_summary():
+    """bench/shedding.py --quick: capacity, the offered loads with clients that retry at once, the all-refused burst
+    (the daemon stopped, the pool held); every window's accounting, never its figures."""
+    from conftest import require_root
+    require_root("the bench starts edgeinferd with SCHED_FIFO lanes")
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (requirements/dev.txt)")
+    s = _summary(["bench/shedding.py", "--quick"], timeout=300)
+    rnd, = s["rounds"]
+    assert set(rnd["rows"]) == {"capacity", "100%", "150%", "300%"}, rnd["rows"].keys()
+    assert rnd["capacity"] > 0 and rnd["rows"]["capacity"]["refused"] == 0, rnd["rows"]["capacity"]
+    for key, row in rnd["rows"].items():
+        assert row["answered"] > 0 and set(row["cpu"]) == {"gateway", "daemon", "clients"}, (key, row)
+    burst = rnd["refusal"]
+    assert burst["refused"] > 0 and burst["cpu"]["gateway"]["ms_per_refused"] is not None, burst
+    assert set(s["targets"]) == {"150%", "300%"}

@@ -110,7 +110,7 @@ def test_camera_names_are_checked_as_useradd_checks_their_users():
     Debian): 18 characters pass, 19 are refused by the check itself (not later by useradd), with the limit said.
     As root where group edgeinfer exists (the package makes it; the booted container's camera_add check does this
     always), useradd is asked too: the longest name's user is made (and removed)."""
-    from edgeinfer.cameras import services as cameras
+    from edgeinfer.cameras import units as cameras
     longest = "Gate_1-" + "x" * (cameras.NAME_MAX - 7)
     assert cameras.check_name(longest) == longest and len(cameras.user_of(longest)) == 32
     for bad in (longest + "y", "-gate", "../etc", "gate.1", ""):

@@ -1,4 +1,4 @@
-"""The decision log (bridges/decisions.py) against crashes and from the operator's side: a writer process killed
+"""The decision log (bridges/decisionlog.py) against crashes and from the operator's side: a writer process killed
 with SIGKILL at random moments leaves a database that opens, passes `PRAGMA integrity_check` and holds only whole
 records, every commit it reported still there; rotation keeps the size bound under the same kills; the fsync
 interval measured by counting commits; `edgeinferctl decisions` (a subprocess, read-only) finds an event by stream,
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from edgeinfer.bridges.decisions import DecisionLog, DecisionReader
+from edgeinfer.bridges.decisionlog import DecisionLog, DecisionReader
 
 CTL = [sys.executable, "-c", "import sys; from edgeinfer.cli.ctl import edgeinferctl_main as m; sys.exit(m())"]
 KILLS = 20
@@ -24,7 +24,7 @@ FIELDS = {"id", "type", "stream", "rule", "peak_score", "start_ns", "capture_ns"
 # committed (so the parent knows what a crash must not lose).
 WRITER = r"""
 import sys, time
-from edgeinfer.bridges.decisions import DecisionLog
+from edgeinfer.bridges.decisionlog import DecisionLog
 path, run, interval, max_bytes = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 log = DecisionLog(path, fsync_interval_ms=interval, max_bytes=max_bytes)
 print("ready", flush=True)

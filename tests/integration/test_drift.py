@@ -20,8 +20,10 @@ from edgeinfer.cameras.synthetic import make_frames
 from edgeinfer.control.drift import state_path
 
 # Few score bins and a reference and window of several hundred frames: with no change a PSI is about
-# (bins - 1) * (1/window + 1/reference), here ~0.02, well under 0.1.
-DRIFT = {"reference_frames": 600, "window_s": 3, "min_window_frames": 250, "interval_s": 0.25, "score_bins": 5}
+# (bins - 1) * (1/window + 1/reference), here ~0.02, well under 0.1. The window is long (10 s for 250 frames:
+# 25 served frames a second, a fifth of what the camera offers), so that no test here waits on a throughput
+# that a slower or busier machine cannot give; the waits are sized to it.
+DRIFT = {"reference_frames": 600, "window_s": 10, "min_window_frames": 250, "interval_s": 0.25, "score_bins": 5}
 FPS = 120
 
 
@@ -92,20 +94,19 @@ def test_the_drift_figure_moves_with_the_rotation_mix_and_its_reference_survives
         assert min(saved["features"]["classes"][:4]) > 100 and saved["features"]["classes"][4] == 0
 
         # The same mix: flat. Every figure over a few seconds, once the window holds its frames.
-        wait_for(lambda: _psi(proc, "cam-a") is not None, 30, "a window of 250 frames")
+        wait_for(lambda: _psi(proc, "cam-a") is not None, 90, "a window of 250 frames")
         flat = []
         for _ in range(8):
             flat.append((_psi(proc, "cam-a"), _psi(proc, "*")))
             time.sleep(0.5)
-        # Absent (None) is the figure's own answer while the 3 s window holds under 250 frames: a busy host
-        # serving the 120 fps camera at 2/3 of its rate for a moment (seen in a fresh-clone run). Present, it is
-        # flat; and it is present most of the time.
+        # Absent (None) is the figure's own answer while the window holds under 250 frames (a host serving the
+        # camera at under 25 fps for a moment). Present, it is flat; and it is present most of the time.
         present = [(a, b) for a, b in flat if a is not None]
         assert len(present) >= 4 and all(a < 0.1 and b is not None and b < 0.1 for a, b in present), flat
 
         # Upright pages only: the figure moves well above 0.25 once the window is mostly of them.
         cam.mix = (0,)
-        moved = poll(lambda: (_psi(proc, "cam-a") or 0) > 1.0, 30)
+        moved = poll(lambda: (_psi(proc, "cam-a") or 0) > 1.0, 90)
         assert moved, (_psi(proc, "cam-a"), flat)
         s = _samples(proc)
         ids = (("model", "default"), ("stream", "cam-a"), ("version", "0.0.11"))
@@ -123,7 +124,7 @@ def test_the_drift_figure_moves_with_the_rotation_mix_and_its_reference_survives
         proc = _start(children, config, tmp_path, 2)
         wait_for(lambda: _reference(proc).get("state") == 600, 30, "the reference read back")
         assert _reference(proc) == {"complete": 1, "state": 600}
-        assert poll(lambda: (_psi(proc, "cam-a") or 0) > 1.0, 30), _psi(proc, "cam-a")
+        assert poll(lambda: (_psi(proc, "cam-a") or 0) > 1.0, 90), _psi(proc, "cam-a")
         assert "the reference recorded in" in daemon_log(proc)
         assert cam.is_alive()
     finally:

@@ -325,7 +325,7 @@ def test_the_pyav_decoder_keeps_or_converts_the_range_and_says_which(videos, ext
     """The PyAV decoder (RTSP's, driven here on a file): FFmpeg 8.1 keeps a JPEG range through the conversion to
     yuv420p, so its first line says pc and the ring gets full range; --range limited (an i420:bt601 ring)
     converts. The producer builds the ring's colorimetry from that line."""
-    r = subprocess.run([sys.executable, "-m", "edgeinfer.producers.avdecode", *extra, "yuv420p",
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cameras.avdecode", *extra, "yuv420p",
                         str(videos / "full.avi")], capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr
     said = next(x for x in r.stderr.decode().splitlines() if x.startswith("first "))
@@ -349,7 +349,7 @@ def test_the_pyav_decoder_gives_the_programs_bytes(videos, source, pix_fmt, size
     size; the program's -autoscale). (With a size asked and a change midway, the program's rebuilt scaler
     rounds differently by a level here and there: sizes still agree, the next test.)"""
     extra = ["--size", size] if size else []
-    mine = subprocess.run([sys.executable, "-m", "edgeinfer.producers.avdecode", *extra, pix_fmt,
+    mine = subprocess.run([sys.executable, "-m", "edgeinfer.cameras.avdecode", *extra, pix_fmt,
                            str(videos / source)], capture_output=True, timeout=60)
     assert mine.returncode == 0, mine.stderr
     scale = ["-vf", f"scale={size.replace('x', ':')}"] if size else []
@@ -364,7 +364,7 @@ def test_a_source_that_changes_size_keeps_the_asked_size(videos):
     """The ring's frames are one size: every frame of a stream that changes from 64x48 to 128x96 midway comes
     out at the asked 32x24 (a frame of another size would shift every later frame's bytes), within a level of
     what the program gives."""
-    mine = subprocess.run([sys.executable, "-m", "edgeinfer.producers.avdecode", "--size", "32x24", "yuv420p",
+    mine = subprocess.run([sys.executable, "-m", "edgeinfer.cameras.avdecode", "--size", "32x24", "yuv420p",
                            str(videos / "changing.ts")], capture_output=True, timeout=60)
     theirs = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(videos / "changing.ts"), "-vf", "scale=32:24",
                              "-f", "rawvideo", "-pix_fmt", "yuv420p", "-"], capture_output=True, timeout=60, check=True)

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import stat
+import sys
 import threading
 import time
 import urllib.request
@@ -333,3 +334,113 @@ def test_no_answer_is_sent_after_the_timeout(served, zctx):
         assert _since(gateway, "edgeinfer_front_requests_total", front="frigate", model="det", code="LATE") == late
     finally:
         dealer.close()
+
+
+# The attacker (an unprivileged user of the socket's group): `multipart` sends one message of 10 frames of 50 MiB
+# over and over (a DEALER reconnects by itself after each drop); `connections` opens 1,000 DEALER sockets and
+# keeps them, each having sent a region as float32 (under the frame cap: refused by the front, not by libzmq). Prints "STARTED", then runs until killed.
+ATTACK = r"""
+import sys, time, zmq
+endpoint, mode = sys.argv[1], sys.argv[2]
+ctx = zmq.Context()
+print("STARTED", flush=True)
+if mode == "multipart":
+    big = zmq.Frame(b"\0" * (50 << 20))
+    while True:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        try:
+            s.send_multipart([b"", b'{"shape": [1, 416, 416, 3], "dtype": "uint8"}'] + [big] * 10, copy=False,
+                             flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        time.sleep(0.5)
+        s.close()
+else:
+    socks, region = [], zmq.Frame(b"\0" * (416 * 416 * 3 * 4))
+    for _ in range(1000):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        s.send_multipart([b"", b'{"shape": [1, 416, 416, 3], "dtype": "float32"}', region], copy=False,
+                         flags=zmq.NOBLOCK)
+        socks.append(s)
+    while True:
+        time.sleep(1)
+"""
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_peers_huge_multipart_messages_and_a_thousand_connections_stay_within_the_caps(tmp_path, children, bundles,
+                                                                                        users, sandbox):
+    """An unprivileged user of the socket's group sends 10 frames of 50 MiB in one message, again and again, then
+    opens 1,000 DEALER connections. Each frame is capped (8 × the largest region's tensor: a larger one drops the
+    connection at its header) and the peer's connections are capped (frigate.max_connections_per_peer, by its uid
+    from SO_PEERCRED): under the multipart attack the gateway's RSS grows by less than a bound derived from those
+    caps, the connections beyond the cap are shut and counted, and its other peer (root,
+    standing for Frigate) is answered throughout. The RSS figures are
+    printed (issue 35 measured 139 → 644 MiB and → 382 MiB before)."""
+    per_peer = 8
+    config = write_config(tmp_path, None, models={"det": bundles("detector")},
+                          streams=[{"name": "cam-d", "model": "det"}],
+                          pools={"gw-d": {"model": "det", "user": os.getuid(), "streams": RINGS}})
+    daemon = start_daemon(children, config, log_file=str(tmp_path / "daemon.log"))
+    run = sandbox / f"fr-{os.urandom(3).hex()}"
+    endpoint = f"ipc://{run}/d.sock"
+    gw_config, address = write_gateway_config(tmp_path, config, frigate={
+        "enabled": True, "endpoint": endpoint, "timeout_ms": 5000, "socket_mode": "0660",
+        "socket_group": users.group, "max_connections_per_peer": per_peer})
+    gateway = start_gateway(children, gw_config, address, log_file=str(tmp_path / "gateway.log"))
+    frame = make_frames(W, H, pages=1)[0][0]
+    ctx = zmq.Context()
+    figures = {}
+    try:
+        def answered() -> bool:
+            s = _req(ctx, endpoint)
+            try:
+                s.send_multipart(_request(frame[None]))
+                return len(s.recv_multipart()[0]) == REPLY
+            except zmq.Again:
+                return False
+            finally:
+                s.close()
+        wait_for(answered, 60, "the Frigate front answering")
+        for _ in range(5):
+            assert answered()
+        cap = 8 * W * H * 3
+        for mode in ("multipart", "connections"):
+            before = _rss_kib(gateway.pid)
+            attacker = children.spawn([*users.run_as(users.cam_b), sys.executable, "-c", ATTACK, endpoint, mode])
+            assert attacker.stdout.readline().strip() == "STARTED", attacker.stderr.read()
+            peak, ok, end = before, 0, time.monotonic() + 8.0
+            while time.monotonic() < end:
+                peak = max(peak, _rss_kib(gateway.pid))
+                ok += answered()
+                assert attacker.poll() is None, attacker.stderr.read()
+            attacker.kill()
+            attacker.wait(10)
+            figures[mode] = (before >> 10, peak >> 10, ok)
+            assert gateway.poll() is None
+            assert ok >= 1, f"{mode}: root's requests were not answered during the attack"
+            if mode == "multipart":
+                # Derived from the caps: a frame over the cap is refused at its header, so at most per_peer
+                # connections each hold a message's frames under the cap, plus libzmq's own per connection (< 1 MiB)
+                # and 64 MiB for the allocator: far below the 500 MiB of one message of the attack.
+                bound_kib = (per_peer * (cap + (1 << 20)) + (64 << 20)) >> 10
+                assert peak - before < bound_kib, (mode, before, peak, bound_kib)
+            # 1,000 connections: not asserted. Each is accepted by libzmq's I/O thread and shut after the monitor
+            # says so, and may read one frame (up to the cap) meanwhile: how many at once depends on the CPU.
+        shut = _count(_metrics(gateway), "edgeinfer_front_refusals_total", front="frigate", reason="connections")
+        print(f"\nFrigate front under attack (gateway RSS MiB before → peak, root's answers during 8 s): 10 × 50 MiB "
+              f"multipart {figures['multipart'][0]} → {figures['multipart'][1]} ({figures['multipart'][2]}); 1,000 "
+              f"DEALERs {figures['connections'][0]} → {figures['connections'][1]} ({figures['connections'][2]}); "
+              f"connections shut: {shut:.0f}")
+        assert shut >= 1000 - per_peer
+        assert "a connection shut: uid " in gateway_log(gateway)
+    finally:
+        ctx.destroy(linger=0)

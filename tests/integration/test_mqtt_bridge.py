@@ -201,6 +201,7 @@ def test_results_availability_rate_limit_refusal_and_a_broker_outage(tmp_path, c
         assert "stream cam-x: refused by edgeinferd" in bridge.log.read_text()
 
         # The broker gone for 10 s: the bridge stays up, drops (counted) with its queue bounded, then resumes.
+        log_before = len(bridge.log.read_text())
         broker.stop()
         wait_for(lambda: metric(bridge.metrics_url, "edgeinfer_mqtt_broker_connected") == 0, 10, "disconnected")
         depth_max = 0
@@ -215,6 +216,13 @@ def test_results_availability_rate_limit_refusal_and_a_broker_outage(tmp_path, c
         t_back = time.monotonic()
         wait_for(lambda: len(_results(sub, "cam-a", since=t_back)) >= 5, 20, "results after the broker returned")
         assert metric(bridge.metrics_url, "edgeinfer_mqtt_broker_connected") == 1
+        # The outage in the log: one line per change of the connection, none of paho's at ERROR (it logged one at
+        # every turn of its loop while the broker was gone; the bridge runs at debug here, so its traces show).
+        outage = bridge.log.read_text()[log_before:]
+        assert outage.count("disconnected from the broker") == 1, outage
+        assert outage.count("cannot reach the broker") == 1, outage
+        assert outage.count("connected to the broker (connection") == 1, outage
+        assert not [ln for ln in outage.splitlines() if "ERROR edgeinfer-mqtt.paho" in ln], outage
 
         # SIGTERM: "stopped" (retained), exit 0.
         t_stop = time.monotonic()
@@ -242,7 +250,7 @@ def _passwords(tmp_path, **users: str) -> str:
     return str(path)
 
 
-# docs/operations.md, "Who may write the bridge's topics": only the bridge's broker user writes under the prefix.
+# docs/operations/mqtt.md, "Who may write the bridge's topics": only the bridge's broker user writes under the prefix.
 ACL = """user bridge
 topic write edgeinfer/#
 topic read edgeinfer/#

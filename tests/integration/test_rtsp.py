@@ -99,7 +99,7 @@ def test_the_stream_is_served(rtsp, tmp_path, children, clock):
     err = proc.stderr.read()
     assert err.strip().endswith("published 25 frames"), err
     assert "reconnection" not in err  # (the daemon connection line says "reconnecting": no daemon here)
-    assert ("edgeinfer.producers.avdecode" in decoders) == (clock == "sender"), decoders
+    assert ("edgeinfer.cameras.avdecode" in decoders) == (clock == "sender"), decoders
 
 
 def _stamps(url: str, tmp_path, children, stream: str, frames: int) -> tuple[list, str]:

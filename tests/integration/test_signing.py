@@ -17,10 +17,10 @@ import pytest
 from conftest import read_line
 from daemon_helpers import (bundle, edgeinferd_args, read_stats, results, sign_copy, start_daemon, stop_daemon,
                             wait_for, write_config)
-from edgeinfer.models import signing
+from edgeinfer.models import verify
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.models.rollback import RollbackRefused, RollbackState
-from edgeinfer.models.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.models.verify import SignatureError, TrustStore, load_verified_bundle
 
 MODEL_SIGNING = [sys.executable, "-m", "model_signing"]
 
@@ -80,7 +80,7 @@ def test_missing_signed_file(tmp_path, signing_key, trust):
 
 
 def test_untrusted_key(tmp_path, trust):
-    key, _ = signing.generate_keys(str(tmp_path / "other"), "other")
+    key, _ = verify.generate_keys(str(tmp_path / "other"), "other")
     path = sign_copy("cls-tiny", tmp_path / "b", key)
     msg = refused(path, trust)
     assert msg.startswith(f"{path}/model.sig: not signed by a trusted key (tried test.pub in ")
@@ -111,13 +111,13 @@ def test_file_swapped_after_verification_never_gets_in(signed, trust, monkeypatc
     parsed and loaded is still exactly the bytes that were verified."""
     original = open(f"{signed}/model.onnx", "rb").read()
     evil = open(f"{bundle('orientation')}/model.onnx", "rb").read()
-    real = signing.verify_files
+    real = verify.verify_files
 
     def verify_then_swap(path, files, trust_store):
         signer = real(path, files, trust_store)
         open(f"{path}/model.onnx", "wb").write(evil)  # the attacker wins the race on disk
         return signer
-    monkeypatch.setattr(signing, "verify_files", verify_then_swap)
+    monkeypatch.setattr(verify, "verify_files", verify_then_swap)
     b, _ = load_verified_bundle(signed, trust)
     assert open(f"{signed}/model.onnx", "rb").read() == evil  # the swap did happen
     assert hashlib.sha256(b.model_bytes).digest() == hashlib.sha256(original).digest()
@@ -254,7 +254,7 @@ def _tree(path) -> dict[str, str]:
 
 
 def test_self_sign_is_one_command_to_a_bundle_the_daemon_serves(tmp_path):
-    """The first run's one command (docs/operations.md, "Install"): the unsigned bundle `make models` fetched,
+    """The first run's one command (docs/operations/install-and-upgrade.md, "Install"): the unsigned bundle `make models` fetched,
     copied, signed with a one-off key whose private half is gone afterwards, that key trusted; the real
     daemon's start-up checks accept the copy with that trust store, and still refuse the unsigned source."""
     src = bundle("orientation")
@@ -401,7 +401,7 @@ def make_ca_and_leaf(tmp_path, name: str, leaf_days=(-1, 365), ca_days=(-1, 3650
 def cert_signed_bundle(tmp_path, pki) -> str:
     path = tmp_path / "cb"
     shutil.copytree(bundle("cls-tiny"), path)
-    signing.sign_bundle(str(path), str(pki / "leaf.key"), str(pki / "leaf.pem"), (str(pki / "ca.pem"),))
+    verify.sign_bundle(str(path), str(pki / "leaf.key"), str(pki / "leaf.pem"), (str(pki / "ca.pem"),))
     return str(path)
 
 

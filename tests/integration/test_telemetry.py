@@ -139,9 +139,11 @@ def test_shipped_rules_and_dashboard_are_valid():
     # the gateway's alerts (shedding, not ready, UNAVAILABLE, p99, down) on series shaped like its fronts'; the MQTT
     # bridge's (broker down, dropping, stream refused, down) on series shaped like its own; the drift alert on a
     # stream's PSI held over 0.25 for 10 minutes, never on the pooled stream="*"; the rollout alert on a rollback,
-    # the first of a pair of versions (a new series) and a later one alike, never on a promotion.
+    # the first of a pair of versions (a new series) and a later one alike, never on a promotion; the p99 alert on a
+    # camera's stream over its SLO, never on a front's pool stream (edgeinfer_stream_pool: its latency is the
+    # request's age by design).
     for case in ("lane_alerts_test.yml", "drop_alert_test.yml", "front_alerts_test.yml", "mqtt_alerts_test.yml",
-                 "drift_alert_test.yml", "rollout_alert_test.yml"):
+                 "drift_alert_test.yml", "rollout_alert_test.yml", "latency_alert_test.yml"):
         t = subprocess.run([promtool, "test", "rules", str(ROOT / "tests/promtool" / case)],
                            capture_output=True, text=True, timeout=60)
         assert t.returncode == 0 and "SUCCESS" in t.stdout, case + ": " + t.stdout + t.stderr
@@ -155,7 +157,8 @@ def test_shipped_rules_and_dashboard_are_valid():
                    "edgeinfer_front_latency_seconds_bucket", "edgeinfer_front_model_ready",
                    "edgeinfer_mqtt_published_total", "edgeinfer_mqtt_dropped_total", "edgeinfer_mqtt_queue_messages",
                    "edgeinfer_mqtt_broker_connected", "edgeinfer_mqtt_publish_latency_seconds_bucket",
-                   "edgeinfer_model_drift_psi", "edgeinfer_rollout_agreement", "edgeinfer_rollout_p99_ratio"):
+                   "edgeinfer_model_drift_psi", "edgeinfer_rollout_agreement", "edgeinfer_rollout_time_ratio",
+                   "edgeinfer_rollout_time_ratio_high", "edgeinfer_rollout_agreement_low"):
         assert metric in exprs, metric
 
 

@@ -23,10 +23,10 @@ import pytest
 
 from daemon_helpers import (edgeinferd_args, measured, read_stats, sign_copy, start_daemon, stop_daemon, wait_for,
                             write_config)
-from edgeinfer.models import signing
+from edgeinfer.models import verify
 from edgeinfer.models.bundle import BundleError, SizeLimits, read_bundle_files
 from edgeinfer.models.rollback import RollbackRefused, RollbackState
-from edgeinfer.models.signing import SignatureError, TrustStore, load_verified_bundle
+from edgeinfer.models.verify import SignatureError, TrustStore, load_verified_bundle
 
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
 NOBODY = 65534  # a uid that is neither root nor the tests' (root) user: a camera user's key
@@ -49,8 +49,8 @@ def store(tmp_path, signing_key):
     attacker's key that the tests then try to slip into the store."""
     trust = tmp_path / "trust"
     trust.mkdir(mode=0o755)
-    signing.copy_trust(signing_key[1], str(trust))
-    evil_key, evil_pub = signing.generate_keys(str(tmp_path / "attacker"), "evil")
+    verify.copy_trust(signing_key[1], str(trust))
+    evil_key, evil_pub = verify.generate_keys(str(tmp_path / "attacker"), "evil")
     evil_bundle = sign_copy("cls-tiny", tmp_path / "evil-bundle", evil_key)
     return trust, evil_pub, evil_bundle
 
@@ -374,8 +374,8 @@ def test_unsigned_model_is_never_read(signed_tiny, signing_key, monkeypatch):
     with pytest.raises(SignatureError, match="missing: the bundle is not signed"):
         load_verified_bundle(signed_tiny, TrustStore(signing_key[2]))
     assert reads == []
-    other_key, _ = signing.generate_keys(os.path.dirname(signed_tiny) + "/other", "other")
-    signing.sign_bundle(signed_tiny, other_key)
+    other_key, _ = verify.generate_keys(os.path.dirname(signed_tiny) + "/other", "other")
+    verify.sign_bundle(signed_tiny, other_key)
     with pytest.raises(SignatureError, match="not signed by a trusted key"):
         load_verified_bundle(signed_tiny, TrustStore(signing_key[2]))
     assert reads == ["model.sig"]

@@ -74,7 +74,7 @@ def sparse(d: str, name: str, size: int) -> None:
 
 
 def resign(d: str, key: str) -> None:
-    from edgeinfer.models.signing import sign_bundle
+    from edgeinfer.models.verify import sign_bundle
     _unlink(os.path.join(d, SIG))
     sign_bundle(d, key)
 

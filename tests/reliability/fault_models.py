@@ -104,7 +104,7 @@ def write_bundle(model: onnx.ModelProto, out: str, name: str, version: str, w: i
 
 
 def signed_bundle(kind: str, out, key: str, w: int = 64, h: int = 48, version: str = "1.0.0", **kw) -> str:
-    from edgeinfer.models.signing import sign_bundle
+    from edgeinfer.models.verify import sign_bundle
     model = {"checksum": checksum_model, "hang": hang_model}[kind](w, h, **kw)
     path = write_bundle(model, str(out), f"fault-{kind}", version, w, h)
     sign_bundle(path, key)

@@ -120,7 +120,7 @@ def appender(path: str, stop: threading.Event) -> threading.Thread:
 
 
 def make_context(root: str, signing_key) -> bad_bundles.Context:
-    from edgeinfer.models.signing import generate_keys, sign_bundle
+    from edgeinfer.models.verify import generate_keys, sign_bundle
     key, _, _ = signing_key
     good = sign_copy("orientation", os.path.join(root, "good"), key)
     files = {}

@@ -116,7 +116,7 @@ def test_damaged_bundles_are_refused_with_the_reason(request, matrix, tmp_path, 
     subdirectories, path traversal: each refused, with its own reason."""
     import fault_models
     from edgeinfer.models.bundle import BundleError
-    from edgeinfer.models.signing import TrustStore, load_verified_bundle, sign_bundle
+    from edgeinfer.models.verify import TrustStore, load_verified_bundle, sign_bundle
     key, _, trust_dir = signing_key
     trust = TrustStore(trust_dir)
     good = fault_models.signed_bundle("checksum", tmp_path / "good", key, 16, 8)
@@ -229,7 +229,7 @@ def test_adversarial_bundles_are_refused_unread(request, matrix, tmp_path, signi
     import stat as stat_mod
 
     from daemon_helpers import edgeinferd_args, sign_copy, write_config
-    from edgeinfer.models.signing import generate_keys, sign_bundle
+    from edgeinfer.models.verify import generate_keys, sign_bundle
     GiB = 1 << 30
     key, _, trust = signing_key
     other_key, other_pub = generate_keys(str(tmp_path / "other"), "other")

@@ -8,7 +8,7 @@ another stream's reader refused, and held reader connections never timed out.
 
 The arena is test_isolation's (its own daemon here), with three more streams: `crowd1` and `crowd2`, readable
 by the whole group, and `quiet`, read by cam_a alone; its caps are set so that a test fills them in seconds
-(docs/operations.md has the defaults). The attackers are evil_reader.c's `silent` (connections that never
+(docs/operations/tuning.md has the defaults). The attackers are evil_reader.c's `silent` (connections that never
 say hello, reopened as fast as the daemon closes them) and `hold` (reader connections kept open).
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ against the quiet windows is printed in the row, never asserted: a ratio of two 
 machine depends on the machine (it failed a fresh 2-vCPU EPYC run, issue 22); bench/http_abuse.py measures it
 side by side. End-to-end latency also carries the cameras' own scheduling and is reported.
 
-The host is set up as docs/operations.md tells an operator to: the lane has a CPU of its own, and the control
+The host is set up as docs/operations/tuning.md tells an operator to: the lane has a CPU of its own, and the control
 plane, the cameras, this test and the abuser share the others (systemd's AllowedCPUs= on the other slices; here
 taskset). On a 2-CPU host with a lane on each CPU, the abuser ran between a lane's frames on the lane's own
 CPU and the lanes' p99 rose 0.98-1.40x per round (1.11x median in CI): that measured the abuser taking the

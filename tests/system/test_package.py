@@ -1,7 +1,7 @@
 """What the .deb ships for its reader: man pages that say what 0.2 is and name every command and option of
-the real CLI, the docs and examples that README and docs/operations.md promise, the units' Documentation=
+the real CLI, the docs and examples that README and the operator's guide promise, the units' Documentation=
 that resolve to installed files, a package description of memfd rings (not 0.1's POSIX shared memory), and
-docs/operations.md's quote of `camera add` word for word.
+docs/operations/cameras.md's quote of `camera add` word for word.
 
 The package is the real one `make test` builds before pytest (conftest.built_deb; EDGEINFER_DEB_DIR for
 another build): its files are read from `dpkg-deb --fsys-tarfile`, nothing is installed."""
@@ -70,14 +70,16 @@ def test_man_pages_describe_0_2(shipped):
 
 
 def test_docs_and_examples_are_shipped_and_their_links_resolve(shipped):
-    for name in ("README.md", "abi.md", "operations.md", "decoders.md", "reliability.md", "architecture.md",
+    topics = sorted(f"operations/{p.name}" for p in (ROOT / "docs/operations").glob("*.md"))
+    assert topics, "docs/operations/ has no topic"
+    for name in ("README.md", "abi.md", "operations.md", *topics, "decoders.md", "reliability.md", "architecture.md",
                  "performance.md"):
         assert f"{DOC}/{name}" in shipped, f"{name} is not shipped (plain, as the units and the docs name it)"
     examples = subprocess.run(["git", "-C", str(ROOT), "ls-files", "examples"], capture_output=True, text=True,
                               check=True, timeout=30).stdout.split()
     assert {"examples/producer.c", "examples/reader.c"} <= set(examples)
     for e in examples:
-        assert f"{DOC}/{e}" in shipped, f"{e} is not shipped (README and docs/operations.md promise it)"
+        assert f"{DOC}/{e}" in shipped, f"{e} is not shipped (README and the operator's guide promise it)"
     # The docs link each other by relative path: in /usr/share/doc/edgeinfer each such link, taken from the
     # linking file's folder (decisions/ links ../architecture.md), lands on a shipped file.
     for md in [p for p in shipped if p.startswith(DOC) and p.endswith(".md")]:
@@ -237,11 +239,11 @@ def test_edgeinferd_man_page_names_every_option():
 
 
 def test_operations_md_quotes_camera_add_word_for_word(tmp_path):
-    """docs/operations.md quotes what `camera add` prints; the real command prints exactly that (its camera
+    """docs/operations/cameras.md quotes what `camera add` prints; the real command prints exactly that (its camera
     directory a temporary one here, --no-user: no system user made; neither changes a word of the output)."""
-    doc = (ROOT / "docs/operations.md").read_text()
+    doc = (ROOT / "docs/operations/cameras.md").read_text()
     quoted = re.search(r"^`camera add` prints, word for word:\n\n```text\n(.*?)^```$", doc, re.M | re.S)
-    assert quoted, "docs/operations.md no longer quotes camera add's output"
+    assert quoted, "docs/operations/cameras.md no longer quotes camera add's output"
     command = re.search(r"^edgeinferctl (camera add gate1 .*)$", doc, re.M)[1].split()
     r = subprocess.run([sys.executable, "-m", "edgeinfer.cli", *command, "--no-user", "--dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)

@@ -42,9 +42,15 @@ CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disable
           "socket_activation", "allow_downgrade_as_root", "refused_reload_then_restart", "camera_add", "camera_unit",
           "camera_stalled_source",
           "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "camera_add_as_told",
-          "gateway_serves", "gateway_daemon_restart", "gateway_sigkill_restart", "gateway_sandbox_zmq",
+          "gateway_serves", "gateway_daemon_restart", "gateway_restart_codes", "gateway_sigkill_restart",
+          "gateway_sandbox_zmq", "gateway_memory_bounded",
           "mqtt_publishes", "upgrade_keeps_cameras", "gateway_after_upgrade", "stop", "purge", "purge_cameras",
-          "purge_gateway", "purge_mqtt", "upgrade_from_0_1"]
+          "purge_gateway", "purge_mqtt",
+          # issue 35: a fresh install again, as an operator follows docs/operations.md
+          "several_models_start", "condition_follows_config", "frigate_socket_group", "start_file_gateway_tls_key",
+          "start_file_mqtt_password", "start_file_daemon_config", "remove_no_dangling_links",
+          "purge_reowns_operator_files",
+          "upgrade_from_0_1"]
 
 
 def free_ports(n: int) -> list[int]:
@@ -192,6 +198,7 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
     (test / "trust").mkdir()
     shutil.copy(pub, test / "trust" / "release.pub")
     sign_copy("orientation", test / "v1", key)
+    sign_copy("detector", test / "det", key)  # the several-models layout and Frigate's front (issue 35)
     shutil.copytree(bundle("orientation"), test / "unsigned")  # what `make models` fetched: `model self-sign` it
     sign_copy("orientation", test / "v2", key, lambda d: (d / "model.yaml").write_text(
         (d / "model.yaml").read_text().replace("version: 0.0.11", "version: 0.0.12")))
@@ -239,6 +246,9 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
     finally:
         rtsp.close()
     results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
+    # Every check's line (its figures: gaps, codes, counts) kept after the run, beside the .deb (build/ is ignored).
+    (ROOT / "build").mkdir(exist_ok=True)
+    (ROOT / "build/system-results.txt").write_text(results)
     extra = {name: (out / name).read_text() if (out / name).exists() else "" for name in ("journal.txt",
                                                                                        "security.txt",
                                                                                        "camera-security.txt",

@@ -1,4 +1,4 @@
-"""The decision log (bridges/decisions.py) without a bridge: append and query, commits batched by the fsync
+"""The decision log (bridges/decisionlog.py) without a bridge: append and query, commits batched by the fsync
 interval (counted), rotation by age and by size, the read-only reader beside a writer, and its settings."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sqlite3
 
 import pytest
 
-from edgeinfer.bridges.decisions import DecisionLog, DecisionReader
-from edgeinfer.bridges.settings import load_mqtt_config
+from edgeinfer.bridges.decisionlog import DecisionLog, DecisionReader
+from edgeinfer.bridges.mqttconfig import load_mqtt_config
 from edgeinfer.support.yamlconf import ConfigError
 
 T0 = 1_764_000_000_000_000_000  # 2025-11-24, ns
@@ -200,7 +200,7 @@ def test_the_bridge_logs_results_it_does_not_publish_and_commits_on_its_turn(tmp
 
 
 def test_a_failing_disk_is_counted_and_the_decisions_wait_up_to_a_bound(tmp_path, monkeypatch):
-    import edgeinfer.bridges.decisions as decisions
+    import edgeinfer.bridges.decisionlog as decisions
     monkeypatch.setattr(decisions, "MAX_PENDING", 50)
     path = str(tmp_path / "d.db")
     log = DecisionLog(path, fsync_interval_ms=0)

@@ -17,10 +17,10 @@ import zmq
 from edgeinfer.fronts import frigate
 from edgeinfer.fronts.frigate import FrigateFront, choose_model
 from edgeinfer.fronts.frigate_protocol import REPLY_BYTES, error_reply, parse_request, split_envelope
-from edgeinfer.fronts.metrics import FrontMetrics
+from edgeinfer.fronts.frontmetrics import FrontMetrics
 from edgeinfer.fronts.plan import PlanError
 from edgeinfer.fronts.pool import FrontError
-from edgeinfer.fronts.settings import FrigateConfig
+from edgeinfer.fronts.gatewayconfig import FrigateConfig
 
 SIZES = [(416, 416), (320, 240)]
 

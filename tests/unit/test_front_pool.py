@@ -97,3 +97,61 @@ def test_a_connected_ring_is_taken_before_one_still_connecting():
     pool = SizePool([connecting, connected], max_waiting=0)
     assert pool.acquire(_deadline(1)) is connected and not pool.connected
     assert pool.acquire(_deadline(1)) is connecting  # the only one left: its request says UNAVAILABLE itself
+
+
+def test_a_request_whose_deadline_is_shorter_than_its_expected_wait_is_refused_not_queued():
+    """Issue 35 item 11: admitted, such a request would hold a place in line, then a ring, for an answer nobody
+    reads. L ahead on R rings held hold_ns each: (L/R + 1) x hold_ns expected; shorter: RESOURCE_EXHAUSTED at once
+    (deadline_short, with the retry hint), never queued. A request with a ring free is never refused so."""
+    a, b = _Slot(), _Slot()
+    pool = SizePool([a, b], max_waiting=4)
+    assert pool.wait_ns() == 0
+    assert pool.acquire(_deadline(0.001)) is not None  # a free ring: taken, however short its deadline
+    second = pool.acquire(_deadline(1))
+    pool.hold_ns = 1_000_000_000  # the pace the pool measured: each request holds a ring about 1 s
+    assert pool.wait_ns() == 1_000_000_000  # nobody ahead: the soonest ring, then its own run
+    with pytest.raises(FrontError) as e:
+        pool.acquire(_deadline(0.5))
+    assert e.value.code == "RESOURCE_EXHAUSTED" and e.value.reason == "deadline_short" and e.value.retry_ms >= 1
+    assert pool.waiting == 0
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.acquire(_deadline(30))))
+    t.start()
+    _wait_until(lambda: pool.waiting == 1)
+    assert pool.wait_ns() == 1_500_000_000  # one ahead on two rings
+    with pytest.raises(FrontError) as e:
+        pool.acquire(_deadline(1.2))  # longer than the soonest ring, shorter than its turn behind the one waiting
+    assert e.value.reason == "deadline_short" and pool.waiting == 1
+    pool.release(second)
+    t.join(5)
+    assert got == [second] and pool.waiting == 0
+
+
+def test_a_waiter_past_its_deadline_is_never_handed_a_ring():
+    """The design's "never run afterwards": a ring freed after a waiter's deadline passed (before it woke to leave
+    the line) goes to the next waiter in time, and the late one gets DEADLINE_EXCEEDED without it."""
+    slot = _Slot()
+    pool = SizePool([slot], max_waiting=2)
+    held = pool.acquire(_deadline(1))
+    outcomes = {}
+
+    def wait(name, seconds):
+        try:
+            outcomes[name] = pool.acquire(_deadline(seconds))
+        except FrontError as e:
+            outcomes[name] = e
+    late = threading.Thread(target=wait, args=("late", 0.2))
+    late.start()
+    _wait_until(lambda: pool.waiting == 1)
+    in_time = threading.Thread(target=wait, args=("in_time", 30))
+    in_time.start()
+    _wait_until(lambda: pool.waiting == 2)
+    with pool.cond:  # the late waiter cannot leave the line by itself while its deadline passes
+        end = time.monotonic() + 0.4
+        while time.monotonic() < end:
+            time.sleep(0.05)
+        pool.release(held)
+    late.join(5)
+    in_time.join(5)
+    assert isinstance(outcomes["late"], FrontError) and outcomes["late"].code == "DEADLINE_EXCEEDED"
+    assert outcomes["in_time"] is held and pool.waiting == 0 and pool.in_flight == 1

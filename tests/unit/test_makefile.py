@@ -33,3 +33,18 @@ def test_demo_installs_only_what_the_demo_needs():
     assert demo & TEST_ONLY == set(), f"make demo would install test-only packages {sorted(demo & TEST_ONLY)}"
     assert DEMO_NEEDS <= demo
     assert DEMO_NEEDS | TEST_ONLY <= test  # make test still gets everything
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_the_venv_is_built_on_debians_python_whatever_comes_first_in_path(tmp_path):
+    """The .venv is made by /usr/bin/python3, the interpreter the package runs on, even where another
+    python3 (a pyenv under a 0700 home, which other users cannot execute) comes first in PATH."""
+    shadow = tmp_path / "python3"
+    shadow.write_text("#!/bin/sh\nexit 99\n")
+    shadow.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON")}
+    env["PATH"] = f"{tmp_path}:{env.get('PATH', '')}"
+    out = subprocess.run(["make", "-n", "-B", "--no-print-directory", "-C", str(ROOT), "VENV=" + str(tmp_path / "v"),
+                          "venv"], env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    made = [line for line in out.splitlines() if "-m venv" in line]
+    assert made and all("/usr/bin/python3 -m venv" in line for line in made), out

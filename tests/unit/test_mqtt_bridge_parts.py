@@ -11,7 +11,7 @@ from conftest import ROOT
 
 pytest.importorskip("paho.mqtt.client", reason="paho-mqtt (requirements/runtime.txt)")
 
-from edgeinfer.bridges.settings import load_mqtt_config, read_password
+from edgeinfer.bridges.mqttconfig import load_mqtt_config, read_password
 from edgeinfer.support.yamlconf import ConfigError
 
 
@@ -49,7 +49,7 @@ def test_a_password_file_others_may_read_is_refused(tmp_path):
 
 
 def test_the_queue_is_bounded_drops_results_oldest_first_and_counts_each(tmp_path):
-    from edgeinfer.bridges.metrics import BridgeMetrics
+    from edgeinfer.bridges.bridgemetrics import BridgeMetrics
     from edgeinfer.bridges.publisher import KIND_EVENT, KIND_RESULT, Outgoing, Publisher
     cfg = load_mqtt_config(_write(tmp_path, "queue: {max_messages: 3, max_bytes: 2048}\nstreams: {c: {}}\n"))
     m = BridgeMetrics()
@@ -104,7 +104,7 @@ def test_a_lapped_ring_is_counted_and_the_rate_limit_drops_what_it_holds_back(tm
     from edgeinfer.abi import ring
     from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION
     from edgeinfer.bridges.bridge import Bridge, StreamState
-    from edgeinfer.bridges.settings import load_mqtt_config
+    from edgeinfer.bridges.mqttconfig import load_mqtt_config
     cfg = load_mqtt_config(_write(tmp_path, f"daemon_config: {tmp_path}/none.yaml\nmetrics: {{enabled: false}}\n"
                                   "streams: {fast: {}, slow: {max_rate_hz: 1}}\n"))
     bridge = Bridge(cfg)
@@ -132,11 +132,53 @@ def test_a_lapped_ring_is_counted_and_the_rate_limit_drops_what_it_holds_back(tm
     bridge.close()
 
 
-def test_the_example_in_operations_md_is_a_valid_file():
-    from edgeinfer.bridges.settings import MqttConfig
+def test_the_example_in_the_guides_mqtt_page_is_a_valid_file():
+    from edgeinfer.bridges.mqttconfig import MqttConfig
     from edgeinfer.support.yamlconf import load_yaml_model
-    text = (ROOT / "docs" / "operations.md").read_text()
+    text = (ROOT / "docs" / "operations" / "mqtt.md").read_text()
     section = text[text.index("### Its file: /etc/edgeinfer/mqtt.yaml"):]
     example = section[section.index("```yaml\n") + 8:section.index("```\n", section.index("```yaml\n") + 8)]
-    cfg = load_yaml_model(MqttConfig, example, "operations.md")
+    cfg = load_yaml_model(MqttConfig, example, "mqtt.md")
     assert cfg.broker.tls.ca and cfg.streams["dock"].max_rate_hz == 2 and not cfg.streams["yard"].results
+
+
+def test_a_broker_outage_is_one_line_not_pahos_internals(tmp_path, caplog):
+    """Issue 35: the bridge logged paho's internals during an outage. A real paho client against a port nothing
+    listens on: each failed try is counted, the bridge says "cannot reach the broker" once, paho says nothing at
+    the default level; a socket error paho logs at ERROR (a lost connection, which the bridge says itself) shows
+    only at debug, as DEBUG."""
+    import logging
+    import socket
+    import time
+
+    from edgeinfer.bridges.bridgemetrics import BridgeMetrics
+    from edgeinfer.bridges.publisher import PAHO_LOG, Publisher
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_mqtt_config(_write(tmp_path, f"broker: {{host: 127.0.0.1, port: {port}, reconnect_min_s: 1, "
+                                            f"reconnect_max_s: 1}}\nstreams: {{c: {{}}}}\n"))
+    m = BridgeMetrics()
+    caplog.set_level(logging.INFO)
+    pub = Publisher(cfg, m)
+    pub.start()
+    try:
+        deadline = time.monotonic() + 20
+        while m.connect_failures.labels("unreachable")._value.get() < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert m.connect_failures.labels("unreachable")._value.get() >= 3
+    finally:
+        pub.stop()
+    said = [r.getMessage() for r in caplog.records if "cannot reach the broker" in r.getMessage()]
+    assert len(said) == 1 and f"127.0.0.1:{port}" in said[0], said
+    assert not [r for r in caplog.records if r.name == PAHO_LOG], [r.getMessage() for r in caplog.records]
+    # paho's own line for a lost connection: dropped at info, a DEBUG line at debug.
+    paho = logging.getLogger(PAHO_LOG)
+    caplog.clear()
+    paho.error("failed to receive on socket: %s", "[Errno 104] Connection reset by peer")
+    assert not caplog.records
+    caplog.set_level(logging.DEBUG)
+    paho.error("failed to receive on socket: %s", "[Errno 104] Connection reset by peer")
+    assert [r.levelname for r in caplog.records] == ["DEBUG"]
+    paho.error("Caught exception in on_publish: %s", "boom")  # a callback of ours that raised: as paho logs it
+    assert caplog.records[-1].levelname == "ERROR"

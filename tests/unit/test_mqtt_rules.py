@@ -12,7 +12,7 @@ from conftest import ROOT
 pytest.importorskip("paho.mqtt.client", reason="paho-mqtt (requirements/runtime.txt)")
 
 from edgeinfer.bridges.rules import END, NEW, UPDATE, Item, Observation, StreamRules, best_match
-from edgeinfer.bridges.settings import Rule, load_mqtt_config
+from edgeinfer.bridges.mqttconfig import Rule, load_mqtt_config
 from edgeinfer.support.yamlconf import ConfigError
 
 MODEL = {"name": "m", "version": "1", "digest": None}

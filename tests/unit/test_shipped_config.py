@@ -145,13 +145,18 @@ def edgeinfer_group(monkeypatch):
         real_gr = grp.getgrnam
         monkeypatch.setattr(grp, "getgrnam", lambda name: grp.struct_group(("edgeinfer", "x", 64999, []))
                             if name == "edgeinfer" else real_gr(name))
+    stand_in_user(monkeypatch, "edgeinfer", 64999, "/var/lib/edgeinfer")
+
+
+def stand_in_user(monkeypatch, user: str, uid: int, home: str) -> None:
+    """A system user the package creates (packaging/debian/*.sysusers), shown to the loader where this host has
+    none: pwd.getpwnam answers for it, in this process only (uid and gid `uid`, shell nologin)."""
     try:
-        pwd.getpwnam("edgeinfer")
+        pwd.getpwnam(user)
     except KeyError:
-        real_pw = pwd.getpwnam
+        real = pwd.getpwnam
         monkeypatch.setattr(pwd, "getpwnam", lambda name: pwd.struct_passwd(
-            ("edgeinfer", "x", 64999, 64999, "", "/var/lib/edgeinfer", "/usr/sbin/nologin"))
-            if name == "edgeinfer" else real_pw(name))
+            (user, "x", uid, uid, "", home, "/usr/sbin/nologin")) if name == user else real(name))
 
 
 def not_defaults(m: BaseModel, path: tuple = (), defaults: BaseModel | None = None,
@@ -199,3 +204,17 @@ def test_shipped_config_names_no_group_producer(edgeinfer_group):
         assert s.producer is not None and s.producer.user is not None and s.producer.group is None, s
         assert not s.producer.trust_any_member
     assert not re.search(r"^\s*group:", SHIPPED.read_text().split("producer:", 1)[1].split("readers:", 1)[0], re.M)
+
+
+def test_the_pixel_format_comment_names_every_format():
+    """Issue 35: the comment omitted i420 and nv12. Every format a camera may write, and every colorimetry suffix,
+    is named where pixel_format is shown."""
+    from edgeinfer.abi.ringdefs import COLORIMETRIES, PIXEL_FORMATS
+    text = SHIPPED.read_text()
+    at = text.index("    pixel_format: ")
+    comment = text[at:text.index("# width:", at)]
+    for name in PIXEL_FORMATS:
+        assert re.search(rf"\b{name}\b", comment), name
+    for colour in COLORIMETRIES:
+        if colour != "bt601":  # the default: said as "BT.601 limited range"
+            assert f":{colour}" in comment, colour

@@ -1,5 +1,5 @@
 """The shipped etc/edgeinfer/gateway.yaml is the gateway configuration's documentation: held here to the schema
-(daemon/edgeinfer/fronts/settings.py GatewayConfig), walked recursively with test_shipped_config.py's helpers, so
+(daemon/edgeinfer/fronts/gatewayconfig.py GatewayConfig), walked recursively with test_shipped_config.py's helpers, so
 that a key added to the schema fails these tests until the file documents it.
 
 The file's convention is edgeinferd.yaml's (stated at its top): every key appears; a key that is set shows its
@@ -11,11 +11,11 @@ from __future__ import annotations
 import yaml
 
 from conftest import ROOT
-from edgeinfer.fronts.settings import GATEWAY_CONFIG, GatewayConfig, load_gateway_config
+from edgeinfer.fronts.gatewayconfig import GATEWAY_CONFIG, GatewayConfig, load_gateway_config
 from test_shipped_config import commented_with_a_default, not_defaults, schema_fields, shown_keys, uncommented
 
 SHIPPED = ROOT / "etc/edgeinfer/gateway.yaml"
-EXAMPLES = {("models",)}
+EXAMPLES = {("models",), ("grpc", "sockets")}  # defaults that are no entry to show: an example instead
 
 
 def test_the_walk_sees_the_gateway_keys():
@@ -58,3 +58,19 @@ def test_the_example_model_entry_is_valid():
     cfg = GatewayConfig.model_validate(data)
     (name, front), = cfg.models.items()
     assert front.size_list() == [(640, 480), (1280, 720)] and cfg.grpc.tls is not None
+
+
+def test_a_socket_mode_is_octal_and_gives_others_nothing_each_naming_its_key():
+    """grpc.sockets[].mode and frigate.socket_mode share one check (settings._socket_mode); its message names
+    the key it was given."""
+    import pydantic
+    import pytest
+    cases = [({"grpc": {"sockets": [{"path": "/run/x.sock", "mode": "0667"}]}}, "mode is octal"),
+             ({"grpc": {"sockets": [{"path": "/run/x.sock", "mode": "rw"}]}}, "mode is octal"),
+             ({"frigate": {"socket_mode": "777"}}, "socket_mode is octal")]
+    for doc, said in cases:
+        with pytest.raises(pydantic.ValidationError, match=said + r', e.g. "0660", and gives others nothing'):
+            GatewayConfig.model_validate(doc)
+    ok = GatewayConfig.model_validate({"grpc": {"sockets": [{"path": "/run/x.sock", "mode": "640"}]},
+                                       "frigate": {"socket_mode": "0660"}})
+    assert ok.grpc.sockets[0].mode == "640" and ok.frigate.socket_mode == "0660"

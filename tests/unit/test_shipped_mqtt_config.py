@@ -1,5 +1,5 @@
 """The shipped etc/edgeinfer/mqtt.yaml is the MQTT bridge configuration's documentation: held here to the schema
-(daemon/edgeinfer/bridges/settings.py MqttConfig), walked recursively with test_shipped_config.py's helpers, so that
+(daemon/edgeinfer/bridges/mqttconfig.py MqttConfig), walked recursively with test_shipped_config.py's helpers, so that
 a key added to the schema fails these tests until the file documents it.
 
 The file's convention is edgeinferd.yaml's (stated at its top): every key appears; a key that is set shows its
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from edgeinfer.bridges.settings import MQTT_CONFIG, MqttConfig, StreamOut, load_mqtt_config
+from edgeinfer.bridges.mqttconfig import MQTT_CONFIG, MqttConfig, StreamOut, load_mqtt_config
 from edgeinfer.cli.ctl import edgeinferctl_main
 from test_shipped_config import commented_with_a_default, not_defaults, schema_fields, shown_keys, uncommented
 

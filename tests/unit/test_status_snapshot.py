@@ -2,6 +2,8 @@
 the same snapshot gives `edgeinferctl status`'s dict, systemd's STATUS= line and the Prometheus exposition."""
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from edgeinfer.abi import ring
@@ -35,7 +37,7 @@ def _snapshot() -> Snapshot:
         registry=RegistryView(3, 1, "bad signature", 0, None, None),
         refusals={("cam0", "producer", "busy"): 2, ("(unknown)", "reader", "unknown_stream"): 1},
         loop=LoopView(0.02, 1, 1.5),
-        fds=FdCloserView(0, 0, 1024, 0),
+        fds=FdCloserView(0, 0, 64, 0, 0),
         restored=1, chore_errors=0, metrics_address="127.0.0.1:9464")
 
 
@@ -56,7 +58,7 @@ def test_status_dict_and_line_come_from_the_snapshot():
 
 
 class _Lanes:
-    """What Health uses of the LaneSet (stuck()); a stand-in: the real one needs lane processes."""
+    """What Health uses of the Supervisor (stuck()); a stand-in: the real one needs lane processes."""
 
     def __init__(self, stuck):
         self._stuck = stuck
@@ -71,6 +73,9 @@ class _Models:
 
 def test_metrics_come_from_the_snapshot():
     snap = _snapshot()
+    gw = StreamView("gw-0", "orient", StreamStats("gw-0"), True, "uid 1002 (edgeinfer-gw)", ("rgb24", 224, 224), 1, 1,
+                    pool="gw")
+    snap = dataclasses.replace(snap, streams=(*snap.streams, gw))
     health = Health(_Lanes([]), _Models(), [], deadline_s=3.0, requires_stream=False)
     health.model_ready = True
     registry = CollectorRegistry(auto_describe=False)
@@ -89,5 +94,9 @@ def test_metrics_come_from_the_snapshot():
     assert "edgeinfer_control_plane_stalls_total 1.0" in text
     assert "edgeinfer_producers_restored_total 1.0" in text
     assert "edgeinfer_healthy 1.0" in text
+    # A front's pool stream is marked (the p99 alert leaves it out), a camera's is not.
+    assert 'edgeinfer_stream_pool{model="orient",pool="gw",stream="gw-0"} 1.0' in text
+    assert not [line for line in text.splitlines() if line.startswith("edgeinfer_stream_pool{") and "cam" in line]
+    assert "edgeinfer_uptime_seconds 10.0" in text
     health.lanes = _Lanes(["lane0"])  # a stuck lane: unhealthy, whatever the snapshot says
     assert "edgeinfer_healthy 0.0" in generate_latest(registry).decode()

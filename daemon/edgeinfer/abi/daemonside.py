@@ -7,6 +7,8 @@ from edgeinfer import _ring
 from edgeinfer.abi.ringdefs import Frame, _waitset, monotonic_ns
 from edgeinfer.abi.vocabulary import RESULT_OK
 
+__all__ = ["FrameReader", "ResultWriter"]
+
 
 class FrameReader:
     """The consumer of one frame ring, from the fd its producer handed over.
@@ -19,6 +21,7 @@ class FrameReader:
         self.name = name
         self.frames_acquired = 0
         self.frames_skipped = 0  # published frames never taken (newest frame wins)
+        self.geometry_key: tuple | None = None  # a lane's: the geometry of the session serving this ring
 
     @property
     def native(self) -> _ring.FrameConsumer:
@@ -114,6 +117,11 @@ class ResultWriter:
     def resume(self) -> None:
         """Continue from the ring's head (lanes sharing this writer take turns writing)."""
         self._p.resume()
+
+    @property
+    def head(self) -> int:
+        """The number of the newest record (1-based, 0 = none) as of this writer's last write or resume()."""
+        return self._p.head
 
     def set_wake(self, wake: bool) -> None:
         """FUTEX_WAKE on every record (while readers are connected), or not at all."""

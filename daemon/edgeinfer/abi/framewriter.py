@@ -14,6 +14,8 @@ from edgeinfer import _ring
 from edgeinfer.abi.ringdefs import (INGRESS_SOCKET, STREAM_NAME_MAX, BadArgument, RingError, monotonic_ns,
                                     parse_pixel_format, stream_name_ok, transient)
 
+__all__ = ["FrameWriter"]
+
 
 class FrameWriter:
     """A camera's end of a frame ring. Never blocks on the daemon."""

@@ -21,59 +21,16 @@ import time
 from typing import Iterator
 
 from edgeinfer import _ring
-from edgeinfer.abi.daemonside import FrameReader, ResultWriter  # noqa: F401  (re-exported: the daemon's API)
-from edgeinfer.abi.framewriter import FrameWriter  # noqa: F401  (re-exported: the cameras' API)
-from edgeinfer.abi.ringdefs import (  # noqa: F401  (re-exported: ring.h's names are part of the API)
-    COLORIMETRIES,
-    COLORIMETRY_NAMES,
-    INGRESS_SOCKET,
-    MAX_WAIT,
-    PIXEL_FORMAT_NAMES,
-    PIXEL_FORMATS,
-    RESULTS_SOCKET,
-    ROLE_PRODUCER,
-    ROLE_READER,
-    STATUS,
-    STREAM_NAME_MAX,
-    TAKE_CORRUPT,
-    TAKE_SHORT,
-    AbiMismatch,
-    AccessDenied,
-    BadArgument,
-    BadGeometry,
-    BadMagic,
-    ConnectionClosed,
-    CorruptFrame,
-    CorruptRing,
-    DaemonUnavailable,
-    Doorbell,
-    Frame,
-    HandshakeTimeout,
-    InsecureRing,
-    NoSpaceForRing,
-    ProtocolError,
-    Refused,
-    RingError,
-    RingStateError,
-    StreamBusy,
-    TruncatedRing,
-    TryAgain,
-    WaitSet,
-    _waitset,
-    error_for,
-    format_name,
-    frame_bytes,
-    monotonic_ns,
-    parse_pixel_format,
-    peer_cred,
-    recv_hello,
-    send_reply,
-    sigbus_absorbed,
-    sock_alive,
-    stream_name_ok,
-    transient,
-)
-from edgeinfer.abi.vocabulary import YUV_BASES, yuv_format_name  # noqa: F401  (re-exported)
+from edgeinfer.abi import daemonside, framewriter, ringdefs
+from edgeinfer.abi.daemonside import *  # noqa: F401,F403  (re-exported: the daemon's API)
+from edgeinfer.abi.framewriter import *  # noqa: F401,F403  (re-exported: the cameras' API)
+from edgeinfer.abi.ringdefs import *  # noqa: F401,F403  (re-exported: ring.h's names are part of the API)
+from edgeinfer.abi.ringdefs import MAX_WAIT, RESULTS_SOCKET, DaemonUnavailable, RingError, _waitset, transient
+from edgeinfer.abi.vocabulary import RESULT_OK, YUV_BASES, yuv_format_name  # noqa: F401  (re-exported)
+
+# The API's names (`from edgeinfer.ring import *`): this module's, then each part's own __all__.
+__all__ = ["ResultReader", "ResultRecord", "wait_any", "RESULT_OK", "YUV_BASES", "yuv_format_name",
+           *ringdefs.__all__, *framewriter.__all__, *daemonside.__all__]
 
 
 def wait_any(readers, timeout: float, spin: float = 0.0) -> list:
@@ -87,8 +44,6 @@ def wait_any(readers, timeout: float, spin: float = 0.0) -> list:
 
 
 # ------------------------------------------------------------------ results
-
-from edgeinfer.abi.vocabulary import RESULT_OK  # noqa: E402,F401  (re-exported: the readers' API)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,6 +180,11 @@ class ResultReader:
             self.last_error = e
             self._retry_at = time.monotonic() + self._retry
             self._retry = min(self._retry * 2, self.retry_max)
+
+    def retry_now(self) -> None:
+        """The next read() tries to reconnect at once, whatever the backoff (the daemon is known to be back)."""
+        self._retry_at = 0.0
+        self._retry = self.retry_min
 
     @property
     def connected(self) -> bool:

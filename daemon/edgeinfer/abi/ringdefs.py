@@ -1,7 +1,8 @@
 """ring.h's names in Python: the native core's error types and constants, the pixel formats and a frame's
 length (frame_bytes), the transient rule, and the per-thread wait set that readers sleep on.
 
-Both sides' modules import them from here; abi/ring.py re-exports every one (they are part of the API).
+Both sides' modules import them from here; abi/ring.py re-exports every one in `__all__` (they are part of
+the API, `edgeinfer.ring`): `__all__` is their one list.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 from edgeinfer import _ring
 from edgeinfer.abi import vocabulary as _vocabulary
 from edgeinfer.abi.vocabulary import YUV_BASES, yuv_format_name
-from edgeinfer._ring import (  # noqa: F401  (re-exported by ring.py: the error types are part of the API)
+from edgeinfer._ring import (  # the error types and objects: part of the API (__all__)
     AbiMismatch,
     AccessDenied,
     BadArgument,
@@ -34,6 +35,19 @@ from edgeinfer._ring import (  # noqa: F401  (re-exported by ring.py: the error 
     TryAgain,
     WaitSet,
 )
+
+__all__ = [
+    # the native core's errors and objects
+    "AbiMismatch", "AccessDenied", "BadArgument", "BadGeometry", "BadMagic", "ConnectionClosed", "CorruptFrame",
+    "CorruptRing", "DaemonUnavailable", "Doorbell", "Frame", "HandshakeTimeout", "InsecureRing", "NoSpaceForRing",
+    "ProtocolError", "Refused", "RingError", "RingStateError", "StreamBusy", "TruncatedRing", "TryAgain", "WaitSet",
+    # ring.h's constants
+    "INGRESS_SOCKET", "RESULTS_SOCKET", "PIXEL_FORMATS", "PIXEL_FORMAT_NAMES", "COLORIMETRIES", "COLORIMETRY_NAMES",
+    "MAX_WAIT", "STREAM_NAME_MAX", "STATUS", "ROLE_PRODUCER", "ROLE_READER", "TAKE_SHORT", "TAKE_CORRUPT",
+    # its functions
+    "monotonic_ns", "sigbus_absorbed", "stream_name_ok", "error_for", "recv_hello", "send_reply", "peer_cred",
+    "sock_alive", "transient", "parse_pixel_format", "frame_bytes", "format_name",
+]
 
 INGRESS_SOCKET = _ring.INGRESS_SOCKET
 RESULTS_SOCKET = _ring.RESULTS_SOCKET

@@ -24,15 +24,17 @@ import time
 
 from edgeinfer.abi import ring
 from edgeinfer.abi.ringdefs import RingError
-from edgeinfer.bridges.decisions import DecisionLog
+from edgeinfer.bridges.decisionlog import DecisionLog
 from edgeinfer.bridges.messages import Digests, result_message
-from edgeinfer.bridges.metrics import BridgeMetrics
+from edgeinfer.bridges.bridgemetrics import BridgeMetrics
 from edgeinfer.bridges.publisher import KIND_EVENT, KIND_RESULT, KIND_STATE, Outgoing, Publisher
 from edgeinfer.bridges.rules import StreamRules, observation
-from edgeinfer.bridges.settings import MqttConfig, load_mqtt_config
+from edgeinfer.bridges.mqttconfig import MqttConfig, load_mqtt_config
 from edgeinfer.config.labels import LabelSource
 from edgeinfer.config.schema import load_config
+from edgeinfer.support.liveness import Liveness
 from edgeinfer.support.signals import STOP, Signals
+from edgeinfer.support.startfiles import StartFile, StartFileError, check_start_files
 from edgeinfer.support.systemd import Notifier, Watchdog
 from edgeinfer.telemetry.probes import ProbeListener
 
@@ -68,23 +70,6 @@ class StreamState:
         return True
 
 
-class Liveness:
-    def __init__(self, bridge: Bridge):
-        self.bridge = bridge
-        self.turned_at = time.monotonic()
-
-    def watchdog_ok(self, since: float) -> bool:
-        return self.turned_at > since and self.bridge.publisher.thread_alive
-
-    def problems(self) -> list[str]:
-        out = []
-        if time.monotonic() - self.turned_at > 5.0:
-            out.append("the reader loop is stuck")
-        if not self.bridge.publisher.thread_alive:
-            out.append("the MQTT client's thread stopped")
-        return out
-
-
 class Bridge:
     def __init__(self, cfg: MqttConfig, signals: Signals | None = None):
         self.cfg = cfg
@@ -94,10 +79,12 @@ class Bridge:
         self.streams: list[StreamState] = []
         self.listener: ProbeListener | None = None
         self.publisher = Publisher(cfg, self.metrics, self._status)
-        self.live = Liveness(self)
+        self.live = Liveness("the reader loop")   # the watchdog's and /healthz's evidence
+        publisher = self.publisher
+        self.live.watch("the MQTT client's thread stopped", lambda: publisher.thread_alive)
         self.labels = LabelSource(config=cfg.daemon_config, warn=lambda m: log.warning("%s", m))
         self.digests = Digests(lambda: [b for b, _ in self.labels._candidates()])
-        self.decisions: DecisionLog | None = None   # the decision log (decisions.py), opened by start()
+        self.decisions: DecisionLog | None = None   # the decision log (decisionlog.py), opened by start()
         self._states_for = 0   # the broker connection the retained states were last offered for
 
     def start(self) -> None:
@@ -247,7 +234,7 @@ class Bridge:
         next_status = time.monotonic() + STATUS_INTERVAL_S
         while not self.signals.requested(*STOP):
             self.turn()
-            self.live.turned_at = time.monotonic()
+            self.live.turned()
             watchdog.tick()
             if time.monotonic() >= next_status:
                 next_status += STATUS_INTERVAL_S
@@ -274,18 +261,44 @@ class Bridge:
             self.listener = None
 
 
+# The owner and mode of each file the bridge (user edgeinfer-mqtt, group edgeinfer) reads at start
+# (docs/operations/install-and-upgrade.md, "Files each service reads at start").
+CONFIG_NEED = "readable by user edgeinfer-mqtt: 0644 root:root, as the package ships it"
+SECRET_NEED = "0640 root:edgeinfer-mqtt (install -m 0640 -o root -g edgeinfer-mqtt FILE PATH)"
+CERT_NEED = "readable by user edgeinfer-mqtt: 0644 root:root (or 0640 root:edgeinfer-mqtt)"
+
+
+def mqtt_start_files(cfg: MqttConfig) -> list[StartFile]:
+    """What the bridge reads at start besides mqtt.yaml: edgeinferd.yaml, the password file, broker.tls's files."""
+    b = cfg.broker
+    files = [StartFile(cfg.daemon_config, "daemon_config", CONFIG_NEED)]
+    if b.password_file:
+        files.append(StartFile(b.password_file, "broker.password_file", SECRET_NEED))
+    if b.tls is not None:
+        files += [StartFile(path, f"broker.tls.{key}", need) for key, path, need in
+                  (("ca", b.tls.ca, CERT_NEED), ("cert", b.tls.cert, CERT_NEED), ("key", b.tls.key, SECRET_NEED))
+                  if path]
+    return files
+
+
 def run(config_path: str) -> int:
     """`edgeinferctl mqtt`: runs until SIGTERM or SIGINT. Exit 2: a configuration that cannot work."""
     from edgeinfer.support.yamlconf import ConfigError
     signals = Signals(signal.SIGTERM, signal.SIGINT)
     try:
+        check_start_files([StartFile(config_path, "--config", CONFIG_NEED)])
         cfg = load_mqtt_config(config_path)
+        check_start_files(mqtt_start_files(cfg))
         bridge = Bridge(cfg, signals)
         bridge.start()
+    except StartFileError as e:
+        for line in e.problems:
+            log.error("cannot start: %s", line)
+        return 2
     except ConfigError as e:
         log.error("%s", e)
         return 2
-    except (OSError, ValueError) as e:  # a password file others may read, a TLS file missing, no daemon config
+    except (OSError, ValueError) as e:  # a password file others may read, no daemon config
         log.error("cannot start: %s", e)
         return 2 if isinstance(e, PermissionError) else 1
     try:

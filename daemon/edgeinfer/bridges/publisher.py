@@ -26,9 +26,30 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from edgeinfer.bridges.messages import finish
-from edgeinfer.bridges.settings import MqttConfig, read_password
+from edgeinfer.bridges.mqttconfig import MqttConfig, read_password
 
 log = logging.getLogger("edgeinfer-mqtt")
+PAHO_LOG = "edgeinfer-mqtt.paho"
+# paho's lines about its connection (ERROR for each socket error or timeout, DEBUG for each retry): the bridge says
+# each change of the connection once itself ("cannot reach the broker", "disconnected from the broker", "connected
+# to the broker"), so these show only at --log-level debug.
+_PAHO_STATE_LINES = ("failed to receive on socket", "timeout on socket", "Connection failed, retrying",
+                     "Client is not connected")  # the last: ERROR at every turn of its loop while unreachable
+
+
+class PahoLines(logging.Filter):
+    """On paho's logger: its connection lines dropped (kept, as DEBUG, at debug level); the rest as paho logs it
+    (its packet traces at DEBUG; at ERROR a callback of ours that raised)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_PAHO_STATE_LINES):
+            if not logging.getLogger(PAHO_LOG).isEnabledFor(logging.DEBUG):
+                return False
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_PAHO_FILTER = PahoLines()
 
 MAX_INFLIGHT = 64           # messages handed to paho and not yet written (QoS 0) or acknowledged (QoS 1, 2)
 STOP_FLUSH_S = 2.0          # how long a clean stop waits for "stopped" to reach the broker
@@ -61,6 +82,7 @@ class Publisher:
         self._early: set[int] = set()         # mids acknowledged before publish() returned them
         self.connected = False
         self.connections = 0
+        self._unreachable_said = False  # "cannot reach the broker" said since the last connection
         self._fallback = False
         self._stopping = False
         self._protocol = MQTTProtocolVersion.MQTTv5 if cfg.broker.protocol == "5" else MQTTProtocolVersion.MQTTv311
@@ -74,7 +96,9 @@ class Publisher:
         b, cfg = self.cfg.broker, self.cfg
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=b.client_id or f"edgeinfer-mqtt-{cfg.node}",
                         protocol=self._protocol, reconnect_on_failure=True)
-        c.enable_logger(logging.getLogger("edgeinfer-mqtt.paho"))
+        paho_log = logging.getLogger(PAHO_LOG)
+        paho_log.addFilter(_PAHO_FILTER)  # once: the same filter is not added twice
+        c.enable_logger(paho_log)
         if b.tls is not None:
             c.tls_set(ca_certs=b.tls.ca, certfile=b.tls.cert, keyfile=b.tls.key, cert_reqs=ssl.CERT_REQUIRED,
                       tls_version=ssl.PROTOCOL_TLS_CLIENT)
@@ -115,6 +139,7 @@ class Publisher:
             log.warning("broker refused the connection: %s", reason_code)
             return
         self._no_delay(client)
+        self._unreachable_said = False
         self.connected = True
         self.connections += 1
         self.metrics.connected.set(1)
@@ -137,6 +162,12 @@ class Publisher:
 
     def _on_connect_fail(self, client, userdata) -> None:
         self.metrics.connect_failures.labels("unreachable").inc()
+        if not self._unreachable_said and not self._stopping:  # once per outage, not once per retry
+            self._unreachable_said = True
+            b = self.cfg.broker
+            log.warning("cannot reach the broker %s:%d; retrying with backoff (%d-%d s, said once until it "
+                        "connects; edgeinfer_mqtt_connect_failures_total counts each try)", b.host, b.port,
+                        max(1, round(b.reconnect_min_s)), max(1, round(b.reconnect_max_s)))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected
@@ -249,7 +280,8 @@ class Publisher:
                 self.metrics.dropped.labels(kind, "stopped").inc()
             q.clear()
         self._bytes = 0
-        if self.connected:
+        sent = self.connected
+        if sent:
             info = self.client.publish(self.available, "stopped", qos=self.cfg.qos.availability, retain=True)
             try:
                 info.wait_for_publish(STOP_FLUSH_S)
@@ -261,4 +293,7 @@ class Publisher:
             unacked, self._inflight = list(self._inflight.values()), {}
         for o in unacked:
             self.metrics.dropped.labels(o.kind, "stopped").inc()
-        log.info("stopped: \"stopped\" sent to %s", self.available)
+        if sent:
+            log.info("stopped: \"stopped\" sent to %s", self.available)
+        else:
+            log.info("stopped (not connected to the broker: nothing sent to %s)", self.available)

@@ -28,7 +28,7 @@ import copy
 from dataclasses import dataclass, field
 
 from edgeinfer.bridges.messages import iso
-from edgeinfer.bridges.settings import Rule
+from edgeinfer.bridges.mqttconfig import Rule
 
 UPDATE_MIN_RISE = 0.05
 UPDATE_MIN_INTERVAL_NS = 1_000_000_000

@@ -1,2 +1,2 @@
-"""Cameras: camera services (`edgeinferctl camera`), frame sources, and the reference producers: synthetic
-frames with known content, ffmpeg, and the PyAV decoder."""
+"""Cameras: camera services (`edgeinferctl camera`), frame sources, and the reference producers. Rank 3.
+Its modules, one job each: docs/architecture.md, "Module map"."""

@@ -5,7 +5,7 @@ NTP/RTP pair into a wall clock per packet (AV_PKT_DATA_PRFT, "producer reference
 program drops it. This child reads it, and otherwise does what the ffmpeg program does for the
 producer (daemon/edgeinfer/cameras/ffmpeg/ runs it in its place for rtsp:// sources):
 
-    python -m edgeinfer.producers.avdecode --option rtsp_transport=tcp … [--size WxH] PIX_FMT URL
+    python -m edgeinfer.cameras.avdecode --option rtsp_transport=tcp … [--size WxH] PIX_FMT URL
 
 stdout: each frame's bytes, rows packed, in PIX_FMT (ffmpeg's name) and the asked size, else the
         source's; scaled and converted only when asked (--size, --range) or the format differs, by the
@@ -169,7 +169,7 @@ def decode(source: str, options: dict[str, str], pix_fmt: str, size: tuple[int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgeinfer.producers.avdecode")
+    p = argparse.ArgumentParser(prog="python -m edgeinfer.cameras.avdecode")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="FFmpeg's input options")
     p.add_argument("--size", metavar="WxH")
     p.add_argument("--range", choices=["limited", "full"], help="convert to this range (default: keep the source's)")

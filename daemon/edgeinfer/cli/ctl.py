@@ -217,8 +217,8 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("action", nargs="?", default="show", choices=["show", "promote", "abort"],
                    help="show (default): the candidate's figures against each gate; promote: serve it now; abort: "
                         "roll it back now (not tried again until the bundle changes)")
-    b.add_argument("--state-dir", default="/var/lib/edgeinfer", help="the daemon's model.state_dir, where a "
-                   "request is left for it (default %(default)s)")
+    b.add_argument("--state-dir", help="the daemon's model.state_dir, where a request is left for it (default: "
+                   "from --config's model.state_dir)")
     b.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the daemon to take a request")
     _endpoint_args(b)
     b.set_defaults(func=cmd_model_rollout)
@@ -233,9 +233,13 @@ def edgeinferctl_main(argv=None) -> int:
 
     p = sub.add_parser("status", help="one table of the daemon's streams (from its /metrics)")
     _endpoint_args(p)
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each scrape (a loaded "
+                   "daemon answers late; default %(default)s)")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("top", help="the same table, refreshed every second (Ctrl-C stops)")
     _endpoint_args(p)
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each scrape (default "
+                   "%(default)s)")
     p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes")
     p.set_defaults(func=cmd_top)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgeinfer.abi import ring
 from edgeinfer.support.signals import Signals
-from edgeinfer.models.signing import throwaway_signed_copy
+from edgeinfer.models.verify import throwaway_signed_copy
 from edgeinfer.abi.vocabulary import DROPS
 
 LABELS = ["0", "90", "180", "270"]

@@ -22,6 +22,34 @@ def _print_status(st: dict) -> None:
               f"{drops}  {'connected' if s['connected'] else 'waiting for producer'}", flush=True)
 
 
+# The owner and mode of what edgeinferd (user edgeinfer) reads at start before the bundles, whose own checks name
+# their files (docs/operations/install-and-upgrade.md, "Files each service reads at start").
+CONFIG_NEED = "readable by user edgeinfer: 0644 root:root, as the package ships it (or 0640 root:edgeinfer)"
+TRUST_NEED = "listable by user edgeinfer: 0755 root:root, its keys 0644 root:root"
+
+
+def _bundles_missing(cfg) -> str | None:
+    """None when a bundle the configuration names is installed (its model.onnx is there, or cannot be looked at:
+    the start says why); else what is missing, each with its key. The unit's ExecCondition= (edgeinferd
+    --condition): a fresh install, with no bundle, stays inactive instead of crash-looping."""
+    import os
+    entries = cfg.model_entries()
+    if not entries:
+        return None  # the configuration's own check refuses it
+    missing = []
+    for name, entry in entries.items():
+        onnx = os.path.join(entry.bundle, "model.onnx")
+        try:
+            os.stat(onnx)
+            return None
+        except FileNotFoundError:
+            legacy = cfg.model.bundle is not None and entry.bundle == cfg.model.bundle
+            missing.append(f"{onnx} (model.bundle)" if legacy else f"{onnx} (models.{name}.bundle)")
+        except OSError:
+            return None
+    return ", ".join(missing)
+
+
 def edgeinferd_main(argv=None) -> int:
     # From the first moment, before the slow imports (numpy, ONNX Runtime): a stop during start-up is orderly.
     signals = Signals(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -30,6 +58,10 @@ def edgeinferd_main(argv=None) -> int:
     ap.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
     ap.add_argument("--verify-only", action="store_true",
                     help="run the start-up checks (config, signature, anti-rollback, model) and exit")
+    ap.add_argument("--condition", action="store_true",
+                    help="the unit's ExecCondition=: exit 1 (the unit stays inactive, not failed) while no bundle the "
+                    "configuration names is installed; 0 otherwise, or when the configuration cannot be read (the "
+                    "start then says why)")
     ap.add_argument("--status-interval", type=float, default=0.0, help="print per-stream status every N seconds")
     ap.add_argument("--stats-file", help="write status as JSON here every --status-interval (default 1 s), and once "
                     "more after the lanes stopped at exit (the final counts)")
@@ -39,16 +71,39 @@ def edgeinferd_main(argv=None) -> int:
     from edgeinfer.models.bundle import BundleError
     from edgeinfer.config.schema import ConfigError, load_config
 
+    from edgeinfer.support.startfiles import StartFile, StartFileError, check_start_files
     try:
+        check_start_files([StartFile(args.config, "--config", CONFIG_NEED)])
         cfg = load_config(args.config)
+    except StartFileError as e:
+        if args.condition:
+            return 0  # the start refuses it, saying why (exit 2)
+        for line in e.problems:
+            print(f"edgeinferd: cannot start: {line}", file=sys.stderr)
+        return 2
     except ConfigError as e:
+        if args.condition:
+            return 0
         print(f"edgeinferd: {e}", file=sys.stderr)
         return 2
+    if args.condition:
+        missing = _bundles_missing(cfg)
+        if missing is None:
+            return 0
+        print(f"edgeinferd: no model bundle installed: {missing}; the unit stays inactive until one is (then "
+              f"systemctl start edgeinferd)")
+        return 1
     if args.check_config:
         for w in cfg.warnings:
             print(f"edgeinferd: warning: {w}", file=sys.stderr)
         print(f"{args.config}: OK" + (f" ({len(cfg.warnings)} warnings)" if cfg.warnings else ""))
         return 0
+    try:  # the trust store: a start (and --verify-only) reads it, --check-config does not
+        check_start_files([StartFile(cfg.model.trust_dir, "model.trust_dir", TRUST_NEED, directory=True)])
+    except StartFileError as e:
+        for line in e.problems:
+            print(f"edgeinferd: cannot start: {line}", file=sys.stderr)
+        return 2
     # Here, not above: --check-config needs no native core (abi/constants.py).
     from edgeinfer.abi.ring import RingError
     from edgeinfer.control.daemon import Daemon, Stopped

@@ -3,8 +3,10 @@ models), models (version, p50/p99) and streams, read from its /metrics
 endpoint (no other channel to the daemon needed)."""
 from __future__ import annotations
 
+import socket
 import sys
 import time
+import urllib.error
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,8 +54,9 @@ class Endpoint:
     """Where status and top read /metrics: --url as given, else from the configuration; every failure says the URL
     tried, where it came from, and the options that choose another."""
 
-    def __init__(self, url: str | None, config: str = DEFAULT_CONFIG):
+    def __init__(self, url: str | None, config: str = DEFAULT_CONFIG, timeout: float = 3.0):
         self.from_config = url is None
+        self.timeout = timeout
         if url is None:
             try:
                 url = metrics_url(config)
@@ -64,20 +67,43 @@ class Endpoint:
 
     def scrape(self) -> dict:
         try:
-            return scrape(self.url)
+            return scrape(self.url, self.timeout)
         except OSError as e:  # URLError, a refused or timed-out connection
             why = getattr(e, "reason", None) or e.strerror or e
             where = f"metrics.listen of {self.config}" if self.from_config else "--url"
             other = "--url URL (or --config FILE)" if self.from_config else "another --url"
-            raise OSError(f"cannot read edgeinferd's metrics at {self.url} (from {where}): {why}; is edgeinferd "
-                          f"running? {other} reads another") from None
+            if timed_out(e):  # it is there, and busy: not "is it running?"
+                raise OSError(f"edgeinferd's metrics at {self.url} (from {where}) did not answer within "
+                              f"{self.timeout:g} s: the daemon is up but busy (a loaded host, a slow render); "
+                              f"give it longer with --timeout SECONDS") from None
+            hint = "is edgeinferd running?" if refused(e) else "is edgeinferd running, and is this its address?"
+            raise OSError(f"cannot read edgeinferd's metrics at {self.url} (from {where}): {why}; {hint} "
+                          f"{other} reads another") from None
+
+
+def _cause(e: BaseException) -> BaseException:
+    return e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException) else e
+
+
+def timed_out(e: BaseException) -> bool:
+    """A scrape that connected (or tried to) and got no answer in time: socket.timeout is TimeoutError."""
+    return isinstance(_cause(e), (TimeoutError, socket.timeout))
+
+
+def refused(e: BaseException) -> bool:
+    """Nothing listens at the address: the daemon is not running (or listens elsewhere)."""
+    return isinstance(_cause(e), ConnectionRefusedError)
 
 
 def scrape(url: str, timeout: float = 3.0) -> dict:
     """The daemon's state from one scrape: models, lanes, streams (and their e2e buckets per model)."""
+    t0 = time.monotonic()
     with urllib.request.urlopen(url, timeout=timeout) as r:
         text = r.read().decode()
-    out = {"models": {}, "lanes": {}, "realtime": None, "ready": None, "streams": {}, "buckets": {}, "rollouts": {}}
+    # When: the daemon's own clock (edgeinfer_uptime_seconds, read as it took the figures) where it says it, else
+    # the middle of this scrape on ours.
+    out = {"models": {}, "lanes": {}, "realtime": None, "ready": None, "streams": {}, "buckets": {}, "rollouts": {},
+           "uptime_s": None, "at": (t0 + time.monotonic()) / 2}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             # A row per configured stream: only the per-stream families make one (the refused connections'
@@ -113,6 +139,8 @@ def scrape(url: str, timeout: float = 3.0) -> dict:
                 lrow["models"].append(s.labels["model"])
             elif s.name == "edgeinfer_ready":
                 out["ready"] = bool(s.value)
+            elif s.name == "edgeinfer_uptime_seconds":
+                out["uptime_s"] = s.value
             elif s.name.startswith("edgeinfer_rollout_"):
                 rolloutview.absorb(out["rollouts"].setdefault(s.labels.get("model", ""), rolloutview.empty()), s)
     lanes = out["lanes"].values()
@@ -146,6 +174,16 @@ def _recent(now: dict, before: dict | None) -> dict:
     return out
 
 
+def interval(now: dict, before: dict) -> float:
+    """Seconds between the figures of two scrapes: the difference of the daemon's uptimes where both carry it
+    (what its counters moved in, however long each scrape took to arrive); else of the scrapes' middles on this
+    process's monotonic clock. nan where the daemon restarted in between (its counters started again)."""
+    up0, up1 = before.get("uptime_s"), now.get("uptime_s")
+    if up0 is not None and up1 is not None:
+        return up1 - up0 if up1 >= up0 else float("nan")
+    return now["at"] - before["at"]
+
+
 def render(now: dict, before: dict | None, dt: float) -> str:
     nan = float("nan")
     names = ", ".join(f"{v} ({k})" for k, v in sorted(now["models"].items())) or "-"
@@ -175,23 +213,25 @@ def render(now: dict, before: dict | None, dt: float) -> str:
     return "\n".join(lines)
 
 
-def status(endpoint: Endpoint, interval: float = 0.5) -> int:
+def status(endpoint: Endpoint, pause: float = 0.5) -> int:
+    """Two scrapes `pause` s apart; the rates are over the time between them (interval())."""
     before = endpoint.scrape()
-    time.sleep(interval)
-    print(render(endpoint.scrape(), before, interval))
+    time.sleep(pause)
+    now = endpoint.scrape()
+    print(render(now, before, interval(now, before)))
     return 0
 
 
-def top(endpoint: Endpoint, iterations: int = 0, interval: float = 1.0) -> int:
-    before, t0 = endpoint.scrape(), time.monotonic()
+def top(endpoint: Endpoint, iterations: int = 0, pause: float = 1.0) -> int:
+    before = endpoint.scrape()
     n = 0
     try:
         while not iterations or n < iterations:
-            time.sleep(interval)
-            now, t1 = endpoint.scrape(), time.monotonic()
+            time.sleep(pause)
+            now = endpoint.scrape()
             sys.stdout.write("\x1b[H\x1b[2J" if sys.stdout.isatty() else "")
-            print(render(now, before, t1 - t0), flush=True)
-            before, t0 = now, t1
+            print(render(now, before, interval(now, before)), flush=True)
+            before = now
             n += 1
     except KeyboardInterrupt:
         pass

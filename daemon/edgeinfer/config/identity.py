@@ -14,7 +14,9 @@ import dataclasses
 import grp
 import pwd
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
+
+from edgeinfer.support.strictmodel import StrictModel
 
 
 def user_id(user: str | int) -> int:
@@ -90,13 +92,9 @@ class Ids:
         return user_ok or group_ok
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Identity(_Strict):
+class Identity(StrictModel):
     """streams[].producer: `user` and/or `group` (names or numeric ids). A group alone lets any member of it
-    take the stream first: the configuration accepts that only with `trust_any_member: true` (config.py)."""
+    take the stream first: the configuration accepts that only with `trust_any_member: true` (schema.py)."""
 
     user: str | int | None = None
     group: str | int | None = None
@@ -134,7 +132,7 @@ class LegacyUids:
         return f"one of uids {list(self.uids)} (shm.allowed_uids)"
 
 
-class Acl(_Strict):
+class Acl(StrictModel):
     """streams[].readers: any of these users or groups (names or numeric ids)."""
 
     users: list[str | int] = []

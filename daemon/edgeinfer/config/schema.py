@@ -18,14 +18,15 @@ from edgeinfer.abi.vocabulary import FrameFormat, Geometry
 # The sections, re-exported: importers name them as schema's (schema.RuntimeConfig, ...).
 from edgeinfer.config.sections import (LEGACY_MODEL_NAME, SUN_PATH_MAX, DriftConfig, IngressConfig,  # noqa: F401
                                        LaneConfig, MetricsConfig, ModelConfig, ModelEntry, RuntimeConfig, ShmConfig,
-                                       _MODEL_NAME, _Strict)
+                                       _MODEL_NAME)
+from edgeinfer.support.strictmodel import StrictModel
 from edgeinfer.support.yamlconf import ConfigError, load_yaml_file  # noqa: F401  (ConfigError re-exported)
 
 # ABI 1 segment names (deprecated key): a plain file name, never a path.
 _SEGMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
-class StreamConfig(_Strict):
+class StreamConfig(StrictModel):
     name: str
     model: str | None = None  # the entry of `models:` serving it (may be left out when there is one model)
     # Who may produce this stream: the peer credentials (SO_PEERCRED) of the camera's connection.
@@ -87,8 +88,8 @@ POOL_STREAMS_MAX = 32
 _POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 
 
-class PoolConfig(_Strict):
-    """pools.NAME: the streams of a front (the gateway, docs/operations.md): `streams` rings of one model, named
+class PoolConfig(StrictModel):
+    """pools.NAME: the streams of a front (the gateway, docs/operations/gateway.md): `streams` rings of one model, named
     NAME-0 … NAME-(streams-1), each produced and read by `user` alone. The front keeps one request in flight per
     stream, so a pool's share of the lanes is its streams' share, whatever the network sends."""
 
@@ -113,7 +114,7 @@ class PoolConfig(_Strict):
 STREAMS_MAX = constants.MAX_WAIT - 1
 
 
-class Config(_Strict):
+class Config(StrictModel):
     model: ModelConfig = ModelConfig()
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     lanes: list[LaneConfig] | None = None  # None: one lane per usable CPU (see lane_plan)

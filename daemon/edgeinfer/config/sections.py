@@ -9,11 +9,12 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from edgeinfer.abi import constants
 from edgeinfer.models.bundle import SizeLimits
 from edgeinfer.config.identity import group_id, user_id
+from edgeinfer.support.strictmodel import StrictModel
 
 SUN_PATH_MAX = 107  # a Unix socket path, without its NUL
 
@@ -27,11 +28,7 @@ def _clean_path(v: str, what: str) -> str:
     return v
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """Trust and state for every model; `bundle` is the one model of a 0.2 configuration (use `models:`)."""
     bundle: str | None = Field(None, description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
     warmup_runs: int = Field(3, ge=0, le=1000)
@@ -59,8 +56,8 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 LEGACY_MODEL_NAME = "default"  # the name of model.bundle when a configuration has no `models:`
 
 
-class RolloutWindow(_Strict):
-    """What a rollout measures before it decides: both at least (docs/operations.md, "Rollouts")."""
+class RolloutWindow(StrictModel):
+    """What a rollout measures before it decides: both at least (docs/operations/rollouts.md, "Rollouts")."""
     min_frames: int = Field(200, ge=10, le=10_000_000)   # frames compared (shadow) or served by each version (canary)
     min_seconds: float = Field(60.0, ge=1.0, le=7 * 86400.0)
     # A window not full by then rolls the candidate back (a lane too busy to compare, or cameras gone).
@@ -73,17 +70,23 @@ class RolloutWindow(_Strict):
         return self
 
 
-class RolloutGates(_Strict):
+class RolloutGates(StrictModel):
     """A candidate is promoted when every gate passes over the window, rolled back when one fails."""
     # Agreement with the serving version (models/agreement.py, the quantize gate's measure): top-1 for
     # classifiers, boxes matched at IoU >= 0.5 for detectors. None: the quantize gate's default for the kind.
     min_agreement: float | None = Field(None, ge=0.0, le=1.0)
-    max_p99_ratio: float = Field(1.25, ge=1.0, le=100.0)  # candidate's p99 run time ÷ the serving version's
+    # The median of the paired run-time ratios candidate ÷ serving (both versions on the same frame, same thread,
+    # back to back). max_p99_ratio: its name before the ratios were paired, still read.
+    max_time_ratio: float = Field(1.25, ge=1.0, le=100.0,
+                                  validation_alias=AliasChoices("max_time_ratio", "max_p99_ratio"))
     max_error_rate: float = Field(0.01, ge=0.0, le=1.0)   # candidate runs that failed or were cancelled
+    # How sure a decision must be: agreement's Wilson interval and the median ratio's interval at this two-sided
+    # confidence; a gate whose interval straddles its bar leaves the window open (up to window.max_seconds).
+    confidence: float = Field(0.95, ge=0.5, le=0.9999)
 
 
-class Rollout(_Strict):
-    """How a new version of this model's bundle is taken into service (docs/operations.md, "Rollouts")."""
+class Rollout(StrictModel):
+    """How a new version of this model's bundle is taken into service (docs/operations/rollouts.md, "Rollouts")."""
     policy: Literal["immediate", "shadow", "canary"] = "immediate"
     sample: float = Field(0.1, gt=0.0, le=1.0)   # shadow: share of the serving frames also run by the candidate
     share: float = Field(0.5, gt=0.0, lt=1.0)    # canary: share of the model's streams the candidate serves
@@ -91,7 +94,7 @@ class Rollout(_Strict):
     gates: RolloutGates = RolloutGates()
 
 
-class ModelEntry(_Strict):
+class ModelEntry(StrictModel):
     """One model the daemon serves: its bundle and how each lane runs it."""
     bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
     ort_threads: int = Field(1, ge=1, le=256)  # intra-op threads per lane for this model, the lane's loop included
@@ -104,7 +107,7 @@ class ModelEntry(_Strict):
         return _clean_path(v, "bundle")
 
 
-class LaneConfig(_Strict):
+class LaneConfig(StrictModel):
     """An inference loop in its own process, pinned to `cpus`, serving `models` (default: all)."""
     cpus: list[int] = Field(min_length=1)
     models: list[str] | None = None
@@ -125,7 +128,7 @@ def _cpus_available(cpus: list[int]) -> list[int]:
     return cpus
 
 
-class RuntimeConfig(_Strict):
+class RuntimeConfig(StrictModel):
     loop_cpus: list[int] = Field(default_factory=list)   # empty: the process's CPUs
     ort_threads: int = Field(1, ge=1, le=256)             # intra-op threads, the loop thread included
     ort_cpus: list[int] = Field(default_factory=list)     # CPUs for the extra ORT threads
@@ -168,7 +171,7 @@ class RuntimeConfig(_Strict):
         return self
 
 
-class IngressConfig(_Strict):
+class IngressConfig(StrictModel):
     socket: str = constants.INGRESS_SOCKET           # where cameras hand over their rings
     results_socket: str = constants.RESULTS_SOCKET   # where readers ask for result rings
     socket_group: str | int | None = None       # group of sockets the daemon binds itself (default: its own)
@@ -200,14 +203,14 @@ class IngressConfig(_Strict):
         return v
 
 
-class ShmConfig(_Strict):
+class ShmConfig(StrictModel):
     result_records: int = Field(64, ge=2, le=65536)  # records kept per result ring
     dir: str | None = None                # ABI 1 (deprecated): ignored, rings are memfds
     allowed_uids: list[int] | None = None  # ABI 1 (deprecated): producer uids of streams that name no producer
     result_group: str | None = None       # ABI 1 (deprecated): ignored, readers are per stream (streams[].readers)
 
 
-class MetricsConfig(_Strict):
+class MetricsConfig(StrictModel):
     enabled: bool = True
     listen: str = "127.0.0.1:9464"        # host:port of /metrics, /healthz, /readyz (loopback by default)
     ready_requires_stream: bool = True   # /readyz also needs at least one stream attached
@@ -222,8 +225,8 @@ class MetricsConfig(_Strict):
         return v
 
 
-class DriftConfig(_Strict):
-    """How far each model's outputs drift from its version's reference (control/drift.py; docs/operations.md)."""
+class DriftConfig(StrictModel):
+    """How far each model's outputs drift from its version's reference (control/drift.py; docs/operations/metrics-and-alerts.md)."""
     enabled: bool = True
     reference_frames: int = Field(1000, ge=10, le=1_000_000)  # a version's first frames (all its streams): its
     #                                                           reference, unless its bundle carries one

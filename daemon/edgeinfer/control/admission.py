@@ -12,7 +12,7 @@ Admitted producers' rings and connections go into systemd's fd store (when
 there is one), so a restarted daemon serves on with no camera reconnecting
 (restore.py serves them on).
 
-Admission owns every stream's `StreamState` (streams.py). It gets what it
+Admission owns every stream's `StreamState` (streamstate.py). It gets what it
 uses: the lanes (to hand a ring over or take it back) and the fd store.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from edgeinfer.lanes import dispatch
 from edgeinfer.abi import ring
 from edgeinfer.config.identity import Ids, Peer, host_user
 from edgeinfer.control.clients import Client, Refusal
-from edgeinfer.control.streams import StreamState
+from edgeinfer.control.streamstate import StreamState
 from edgeinfer.abi.vocabulary import Geometry
 
 log = logging.getLogger("edgeinferd")
@@ -48,7 +48,7 @@ class Admission:
     """Policy and bookkeeping for every stream's producer and readers (control plane only)."""
 
     def __init__(self, cfg, streams: list[StreamState], lanes, fdstore):
-        """lanes: the LaneSet (attach, detach); fdstore: systemd's fd store (store_fds, remove_fds: the
+        """lanes: the Supervisor (attach, detach); fdstore: systemd's fd store (store_fds, remove_fds: the
         Notifier, a no-op without systemd)."""
         self.cfg = cfg
         self.lanes = lanes
@@ -81,7 +81,7 @@ class Admission:
         """Geometries the attached streams of `model` are served with (their sessions are never evicted)."""
         return {s.geometry for s in self.streams.values() if s.conn is not None and s.model == model}
 
-    # ---------------------------------------------------------------- who is a party (the caps of ingress.py)
+    # ------------------------------------------------------------- who is a party (the caps of listeners.py)
 
     def party(self, peer: Peer) -> int:
         """Whom a connection counts against in the caps: its uid when that uid is a user of the host's user
@@ -106,6 +106,15 @@ class Admission:
         or reader ("results"): such a uid gets one handshake slot beyond the socket's shared pool."""
         table = self.producer_ids if kind == "ingress" else self.reader_ids
         return any(uid in ids.uids for ids in table.values())
+
+    def pending_cap(self, kind: str, party: int) -> int:
+        """Handshakes `party` may hold at once on the ingress ("ingress") or results socket: ingress.
+        max_pending_per_user, or the streams it is named for (as a user) on that socket where they are more. A
+        front's pool connects all its streams at once, at its start and again after each daemon restart: the
+        shipped pool of 4 streams tripped the shipped cap of 2 at every start, and logged refusals."""
+        table = self.producer_ids if kind == "ingress" else self.reader_ids
+        own = sum(party in ids.uids for ids in table.values())
+        return max(self.cfg.ingress.max_pending_per_user, own)
 
     def named_reader(self, stream: str, uid: int) -> bool:
         return uid in self.reader_ids[stream].uids

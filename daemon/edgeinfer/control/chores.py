@@ -10,11 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from edgeinfer.control.status import status_line
 from edgeinfer.support.memtrim import DeferredTrim
 from edgeinfer.support.statefile import write_atomically
+
+if TYPE_CHECKING:
+    from edgeinfer.config.schema import Config
+    from edgeinfer.control.drift import Drift
+    from edgeinfer.control.registry import ModelRegistry
+    from edgeinfer.control.rollout import Rollouts
+    from edgeinfer.lanes.supervisor import Supervisor
+    from edgeinfer.support.systemd import Notifier, Watchdog
 
 log = logging.getLogger("edgeinferd")
 
@@ -26,7 +34,7 @@ class LoopClock:
     waiting on its lanes, or a call that blocked): counted, summed, and logged once, with its length, when it
     ends. `age()` is read by the metrics thread, live during a stall (one float, written by the loop only)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.last = time.monotonic()
         self.stalls = 0
         self.stalled_s = 0.0
@@ -52,10 +60,11 @@ class LoopClock:
 class Chores:
     """The control plane's periodic work, each a named step (the serve loop runs them every turn)."""
 
-    def __init__(self, cfg, *, models, lanes, rollouts, notifier, watchdog, trim: DeferredTrim,
-                 status: Callable[[], dict], reload: Callable[..., dict], status_interval: float = 0.0,
-                 stats_file: str | None = None, print_status: Callable[[dict], None] | None = None, drift=None):
-        """models: the registry; lanes: the LaneSet; rollouts: the models' rollouts (their gates are evaluated
+    def __init__(self, cfg: Config, *, models: ModelRegistry, lanes: Supervisor, rollouts: Rollouts | None,
+                 notifier: Notifier, watchdog: Watchdog | None, trim: DeferredTrim, status: Callable[[], dict],
+                 reload: Callable[..., dict], status_interval: float = 0.0, stats_file: str | None = None,
+                 print_status: Callable[[dict], None] | None = None, drift: Drift | None = None) -> None:
+        """models: the registry; lanes: the Supervisor; rollouts: the models' rollouts (their gates are evaluated
         here); notifier: sd_notify; watchdog: its pinger; status: the status dict now; reload(only_moved=True):
         reloads the models whose bundle path moved; drift: the drift chore (control/drift.py), or None."""
         self.cfg = cfg
@@ -65,11 +74,11 @@ class Chores:
         now = time.monotonic()
         self.next_notify = now + cfg.runtime.status_interval_s
         self.status_interval, self.stats_file, self.print_status = status_interval, stats_file, print_status
-        self.next_status = now + status_interval if status_interval else None
+        self.next_status: float | None = now + status_interval if status_interval else None
         self.watch = cfg.model.watch_interval_s
-        self.next_watch = now + self.watch if self.watch else None
+        self.next_watch: float | None = now + self.watch if self.watch else None
         self.moved_since: float | None = None
-        self.stats_error = None
+        self.stats_error: str | None = None
 
     def run(self) -> None:
         now = time.monotonic()

@@ -59,14 +59,14 @@ class Client:
         self.peer = peer
         self.party = peer.uid       # whom it counts against in the caps (Admission.party), set at accept
         self.since = time.monotonic()
-        self.stream = None          # its stream's StreamState (streams.py), once admitted
+        self.stream = None          # its stream's StreamState (streamstate.py), once admitted
         self.admitted = False
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def close(self) -> None:
-        self.closer.close_socket(self.sock)
+        self.closer.close_socket(self.sock, self.party)
 
 
 class RefusalLog:

@@ -2,7 +2,7 @@
 
 The main process is the control plane: configuration, the models (verified
 and reloaded one by one: registry.py, reload.py), the ingress and results
-sockets (ingress.py, admission.py, restore.py), the lanes (lanes/supervisor.py:
+sockets (listeners.py, admission.py, restore.py), the lanes (lanes/supervisor.py:
 processes forked by the zygote, each a real-time loop), signals (handlers only
 record; named handlers in the main loop act), periodic chores (chores.py) and
 status (status.py, from one snapshot). This module builds each of them with
@@ -25,15 +25,15 @@ from edgeinfer.control.admission import Admission
 from edgeinfer.control.chores import Chores, LoopClock
 from edgeinfer.control.drift import Drift
 from edgeinfer.control.fdcloser import FdCloser
-from edgeinfer.control.ingress import Ingress
-from edgeinfer.control.registry import Models
+from edgeinfer.control.listeners import Listeners
+from edgeinfer.control.registry import ModelRegistry
 from edgeinfer.control.reload import Reloader, declared_geometries
 from edgeinfer.control.restore import restore_producers
 from edgeinfer.control.rollout import Rollouts
-from edgeinfer.control.streams import StreamState
+from edgeinfer.control.streamstate import StreamState
 from edgeinfer.lanes.dispatch import DispatchTable
 from edgeinfer.lanes.stream import Stream
-from edgeinfer.lanes.supervisor import LaneSet
+from edgeinfer.lanes.supervisor import Supervisor
 from edgeinfer.lanes.zygote import Zygote
 from edgeinfer.models.runtime import ModelRuntime
 from edgeinfer.support import sandbox
@@ -58,11 +58,11 @@ class Daemon:
         close()."""
         self.cfg = cfg
         self.config_path = config_path  # the file cfg came from: a reload says what in it changed needs a restart
-        self.models = Models(cfg)
+        self.models = ModelRegistry(cfg)
         self.plans = cfg.lane_plan()
         self.streams: list[Stream] = []          # what the lanes share of each stream (made at start)
         self.states: list[StreamState] = []      # what the control plane keeps of each (admission's)
-        self.lanes: LaneSet | None = None
+        self.lanes: Supervisor | None = None
         self.zygote: Zygote | None = None
         self.table: DispatchTable | None = None
         self.signals = signals if signals is not None else Signals()
@@ -77,7 +77,7 @@ class Daemon:
         self.notifier = Notifier()  # no-op without NOTIFY_SOCKET
         self.watchdog: Watchdog | None = None
         self.closer: FdCloser | None = None
-        self.ingress: Ingress | None = None
+        self.ingress: Listeners | None = None
         self.admission: Admission | None = None
         self.reloader: Reloader | None = None
         self.rollouts: Rollouts | None = None
@@ -108,7 +108,7 @@ class Daemon:
 
     def start(self) -> None:
         cfg = self.cfg
-        raise_fd_limit()  # every connection costs an fd; the caps in ingress.py keep the count bounded
+        raise_fd_limit()  # every connection costs an fd; the caps in listeners.py keep the count bounded
         for w in cfg.warnings:
             log.warning("%s", w)
         if cfg.runtime.fault_injection:
@@ -128,8 +128,8 @@ class Daemon:
                 log.warning("%s", warning)
             self.zygote = Zygote(cfg, self.plans, self.streams, self.table, identity)
             log.info("lanes run as %s, with no capability, no_new_privs and a seccomp filter",
-                     f"user {identity.name}" if identity else f"this process's user (uid {os.geteuid()})")
-            self.lanes = LaneSet(cfg, self.plans, self.streams, self.table, self.zygote, self._lane_dropped,
+                     (identity.name if identity.dynamic else f"user {identity.name}") if identity else f"this process's user (uid {os.geteuid()})")
+            self.lanes = Supervisor(cfg, self.plans, self.streams, self.table, self.zygote, self._lane_dropped,
                                  keepalive=self._keepalive)
             self.health = Health(self.lanes, self.models, self.states, cfg.metrics.health_deadline_s,
                                  cfg.metrics.ready_requires_stream)
@@ -143,6 +143,7 @@ class Daemon:
             self.rollouts = Rollouts(cfg, models=self.models, lanes=self.lanes, streams=self.streams, trim=self.trim)
             if cfg.drift.enabled:
                 self.drift = Drift(cfg, self.streams, self.models)
+                self.rollouts.discard_references = self.drift.discard
             self.reloader = Reloader(cfg, self.config_path, models=self.models, lanes=self.lanes,
                                      streams=self.streams, notifier=self.notifier, trim=self.trim,
                                      status_line=self.status_line, rollouts=self.rollouts)
@@ -157,7 +158,7 @@ class Daemon:
                     listeners[kind] = bind_listener(path, cfg.ingress.socket_group)
                     owned.append(path)
             self.closer = FdCloser()  # every fd a client sent, and its connection, is closed there
-            self.ingress = Ingress(cfg, self.admission, listeners, owned, self.closer)
+            self.ingress = Listeners(cfg, self.admission, listeners, owned, self.closer)
             log.info("cameras connect to %s, readers to %s%s", cfg.ingress.socket, cfg.ingress.results_socket,
                      " (from systemd's socket unit)" if not owned else "")
             had_stored = bool(stored)
@@ -187,6 +188,7 @@ class Daemon:
         streams = cfg.all_streams()  # those of `streams:`, then the pools' (config/schema.py)
         self.table = DispatchTable(len(streams), len(self.plans))
         runtimes = self.model_runtimes
+        pool_of = {name: pool for pool, pc in (cfg.pools or {}).items() for name in pc.stream_names(pool)}
         for i, s in enumerate(streams):
             model = cfg.model_of(s)
             writer = ring.ResultWriter.create(runtimes[model].decoder.payload_capacity,
@@ -194,7 +196,7 @@ class Daemon:
             stream = Stream(s.name, writer, s.max_age_ms, s.priority, index=i, model=model,
                             stats=self.table.stream_stats(i, s.name), flags=self.table.stream_flags(i))
             self.streams.append(stream)
-            self.states.append(StreamState(stream))
+            self.states.append(StreamState(stream, pool=pool_of.get(s.name)))
 
     def _passed_fds(self) -> tuple[dict, dict]:
         """What systemd passed us: the socket unit's listeners (matched by their path) and the fd

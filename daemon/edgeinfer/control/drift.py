@@ -6,16 +6,21 @@ control plane's own fd of the ring, `Stream.writer.fd`), so the lanes neither kn
 `shm.result_records` records (64 by default): a stream that publishes more than that per interval is sampled
 (its newest records are read, the overwritten ones counted as missed), which leaves the distributions unbiased.
 
-What is measured, the bins, the reference and the PSI are models/drift.py's (docs/operations.md, "Drift").
+What is measured, the bins, the reference and the PSI are models/psi.py's (docs/operations/metrics-and-alerts.md, "Drift").
 
-The reference of a (model, version): the bundle's own `drift_reference.json` if it carries one (a signed file,
-like every file of a bundle), else the one this host recorded (`<state_dir>/drift/<model>@<version>.json`), else
-the first `drift.reference_frames` frames the version serves, over all its streams, then written there. Delete
-that file to take a new reference (the daemon keeps the one in memory until it restarts).
+References are per stream: real cameras see different scenes, so a stream's figure is taken against that
+stream's own reference of the (model, version), the first `drift.reference_frames` frames the version serves on
+that stream (recorded in `<state_dir>/drift/<model>@<version>@<stream>.json`). The pooled figure
+(`stream="*"`: the windows of every stream on that version) is taken against the pooled reference: the bundle's
+own `drift_reference.json` if it carries one (a signed file, like every file of a bundle), else the one this host
+recorded (`<state_dir>/drift/<model>@<version>.json`), else the first `drift.reference_frames` frames the version
+serves over all its streams. Delete a file to take a new reference (the daemon keeps the one in memory until it
+restarts). A rollout's candidate that is rolled back has its references discarded (memory and files: its frames
+were of a version that no longer serves); one promoted after a canary keeps its streams' own references but its
+pooled one, taken over the canary's streams only, is discarded and taken again over all of them.
 
 The figure is the population stability index of each feature against the reference; a stream's figure is the
-largest of its features'. The window is the last `drift.window_s`
-seconds of the stream's frames; `stream="*"` pools the windows of every stream on that (model, version). A
+largest of its features'. The window is the last `drift.window_s` seconds of the stream's frames. A
 figure is published once its window holds `drift.min_window_frames` frames. Drift only alerts: it never
 changes what serves.
 """
@@ -32,7 +37,7 @@ import numpy as np
 
 from edgeinfer.abi import ring
 from edgeinfer.abi.vocabulary import KIND_DETECTION, RESULT_OK
-from edgeinfer.models.drift import BUNDLE_FILE, FEATURES, STATE_SUBDIR, Reference, frame_features
+from edgeinfer.models.psi import BUNDLE_FILE, FEATURES, STATE_SUBDIR, Reference, frame_features
 from edgeinfer.support.statefile import read_json, write_json
 from edgeinfer.telemetry.snapshot import DriftFigure, DriftReferenceView, DriftView
 
@@ -103,14 +108,18 @@ class _StreamDrift:
         self.stream = stream
         # The ring's records from the start on (a record overwritten before it is read is counted as missed).
         self.reader = ring.ResultReader.from_fd(stream.writer.fd, f"{stream.name} drift", from_oldest=True)
-        self.window: _Window | None = None
+        self.window: _Window | None = None   # binned on the stream's own reference
+        self.pooled: _Window | None = None   # the same frames binned on the pooled reference (for "*")
         self.read = 0
         self.bad = 0
 
 
-def state_path(state_dir: str, model: str, version: str) -> str:
-    """Where this host keeps the reference of (model, version): one file each, to delete for a new one."""
-    return os.path.join(state_dir, STATE_SUBDIR, f"{model}@{re.sub(r'[^A-Za-z0-9._+-]', '_', version)}.json")
+def state_path(state_dir: str, model: str, version: str, stream: str | None = None) -> str:
+    """Where this host keeps the reference of (model, version), pooled, or of one stream: one file each, to
+    delete for a new one."""
+    safe = lambda t: re.sub(r"[^A-Za-z0-9._+-]", "_", t)  # noqa: E731
+    return os.path.join(state_dir, STATE_SUBDIR, f"{model}@{safe(version)}"
+                        + (f"@{safe(stream)}" if stream is not None else "") + ".json")
 
 
 class Drift:
@@ -165,20 +174,25 @@ class Drift:
                 continue
             key = (sd.stream.model, rec.model_version)
             self.names.setdefault(key, rec.model_name)
-            if sd.window is not None and sd.window.version != rec.model_version:
-                sd.window = None  # another version serves the stream: the old one's window says nothing of it
-            ref = self._reference(key, rec.kind)
-            if ref is None:  # still building it: this frame is part of it
-                self._build(key, rec.kind, classes, scores, boxes)
-            elif ref.kind == rec.kind:
-                tick.setdefault(rec.model_version, _Tick(ref)).add(classes, scores, boxes)
-        w = sd.window
-        for version, t in tick.items():
+            for attr in ("window", "pooled"):
+                w = getattr(sd, attr)
+                if w is not None and w.version != rec.model_version:
+                    setattr(sd, attr, None)  # another version serves the stream: the old one's window is moot
+            for which, k in (("window", (*key, sd.stream.name)), ("pooled", key)):
+                ref = self._reference(k, rec.kind)
+                if ref is None:  # still building it: this frame is part of it
+                    self._build(k, rec.kind, classes, scores, boxes)
+                elif ref.kind == rec.kind:
+                    tick.setdefault((which, rec.model_version), _Tick(ref)).add(classes, scores, boxes)
+        for (which, version), t in tick.items():
+            w = getattr(sd, which)
             if w is None or w.version != version:  # a new version starts from its own reference
-                w = sd.window = _Window(version)
+                w = _Window(version)
+                setattr(sd, which, w)
             w.add(now, t.frames, t.counts())
-        if w is not None:
-            w.expire(now - self.dc.window_s)
+        for w in (sd.window, sd.pooled):
+            if w is not None:
+                w.expire(now - self.dc.window_s)
 
     # ------------------------------------------------------------ references
 
@@ -192,12 +206,13 @@ class Drift:
                 self.builders[key] = _Builder(kind)
         return ref
 
-    def _load(self, key: tuple[str, str]) -> Reference | None:
-        """The bundle's own reference, else the one this host recorded, else None (one is to be built)."""
-        model, version = key
+    def _load(self, key: tuple) -> Reference | None:
+        """Pooled (model, version): the bundle's own reference, else the one this host recorded; a stream's
+        (model, version, stream): the one this host recorded. None: one is to be built."""
+        model, version = key[:2]
         served = self.models.served.get(model)
         runtime = served.runtime if served is not None else None
-        if runtime is not None and runtime.version == version and BUNDLE_FILE in runtime.bundle.files:
+        if len(key) == 2 and runtime is not None and runtime.version == version and BUNDLE_FILE in runtime.bundle.files:
             where = os.path.join(runtime.bundle.path, BUNDLE_FILE)
             try:
                 ref = Reference.from_json(json.loads(runtime.bundle.files[BUNDLE_FILE]), "bundle")
@@ -205,7 +220,7 @@ class Drift:
                 return ref
             except ValueError as e:
                 log.error("drift: %s: not a drift reference (%s); this host takes its own", where, e)
-        path = state_path(self.state_dir, model, version)
+        path = state_path(self.state_dir, *key)
         try:
             data = read_json(path)
             if data is not None:
@@ -215,8 +230,8 @@ class Drift:
                 return ref
         except (OSError, ValueError) as e:
             log.error("drift: %s: unreadable drift reference (%s); taking a new one, which replaces it", path, e)
-        log.info("drift: model %s %s has no reference yet: its first %d frames become it", model, version,
-                 self.dc.reference_frames)
+        log.info("drift: model %s %s has no reference yet%s: its first %d frames become it", model, version,
+                 f" on stream {key[2]}" if len(key) == 3 else " (pooled)", self.dc.reference_frames)
         return None
 
     def _build(self, key: tuple[str, str], kind: int, classes, scores, boxes) -> None:
@@ -228,13 +243,14 @@ class Drift:
             ref = Reference.build(kind, b.frames, b.classes, b.scores, b.boxes, self.dc.score_bins)
             del self.builders[key]
             self.references[key] = ref
-            log.info("drift: model %s %s: reference taken from its first %d frames", *key, ref.frames)
+            log.info("drift: model %s %s: reference%s taken from its first %d frames", *key[:2],
+                     f" of stream {key[2]}" if len(key) == 3 else " (pooled)", ref.frames)
             self._save(key, ref, time.monotonic())
 
     def _save(self, key: tuple[str, str], ref: Reference, now: float) -> None:
         path = state_path(self.state_dir, *key)
         try:
-            write_json(path, ref.to_json(self.names.get(key, ""), key[1]))
+            write_json(path, ref.to_json(self.names.get(key[:2], ""), key[1]))
         except OSError as e:
             if key not in self.unsaved:
                 log.error("drift: cannot write %s (%s): the reference is kept in memory until a restart; tried "
@@ -244,6 +260,34 @@ class Drift:
         if self.unsaved.pop(key, None) is not None:
             log.info("drift: %s written", path)
 
+    def discard(self, model: str, version: str, pooled_only: bool = False) -> None:
+        """Forgets the references of (model, version) and removes their files: every one (a rolled-back
+        candidate's: taken on frames of a version that no longer serves) or the pooled one only (a candidate
+        promoted after a canary: taken over the canary's streams only). Its windows go too."""
+        keys = [(model, version)] + ([] if pooled_only else
+                                     [(model, version, sd.stream.name) for sd in self.streams])
+        for key in keys:
+            self.references.pop(key, None)
+            self.builders.pop(key, None)
+            self.unsaved.pop(key, None)
+            path = state_path(self.state_dir, *key)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.error("drift: cannot remove %s (%s): delete it, or it is read again at the next start", path,
+                          e.strerror or e)
+        for sd in self.streams:
+            if sd.stream.model != model:
+                continue
+            if sd.pooled is not None and sd.pooled.version == version:
+                sd.pooled = None
+            if not pooled_only and sd.window is not None and sd.window.version == version:
+                sd.window = None
+        log.info("drift: model %s %s: %s discarded", model, version,
+                 "the pooled reference (taken over the canary's streams) is" if pooled_only else "its references are")
+
     # ------------------------------------------------------------ the view
 
     def _publish(self, now: float) -> None:
@@ -251,17 +295,22 @@ class Drift:
         pooled: dict[tuple[str, str], tuple[int, dict]] = {}
         for sd in self.streams:
             w = sd.window
-            if w is None:
-                continue
-            key = (sd.stream.model, w.version)
-            ref = self.references[key]
-            figures.append(self._figure(key, sd.stream.name, ref, w.frames, w.counts))
-            frames, counts = pooled.get(key, (0, ref.zeros()))
-            pooled[key] = (frames + w.frames, {f: counts[f] + w.counts[f] for f in counts})
+            if w is not None:
+                key = (sd.stream.model, w.version)
+                figures.append(self._figure(key, sd.stream.name, self.references[(*key, sd.stream.name)],
+                                            w.frames, w.counts))
+            p = sd.pooled
+            if p is not None:
+                key = (sd.stream.model, p.version)
+                frames, counts = pooled.get(key, (0, self.references[key].zeros()))
+                pooled[key] = (frames + p.frames, {f: counts[f] + p.counts[f] for f in counts})
         for key, (frames, counts) in pooled.items():
             figures.append(self._figure(key, "*", self.references[key], frames, counts))
-        refs = [DriftReferenceView(m, v, r.frames, True, r.source) for (m, v), r in self.references.items()]
-        refs += [DriftReferenceView(m, v, b.frames, False, "building") for (m, v), b in self.builders.items()]
+        # The pooled references (a stream's own shows as its figure's frames until it is taken).
+        refs = [DriftReferenceView(k[0], k[1], r.frames, True, r.source) for k, r in self.references.items()
+                if len(k) == 2]
+        refs += [DriftReferenceView(k[0], k[1], b.frames, False, "building") for k, b in self.builders.items()
+                 if len(k) == 2]
         self.view = DriftView(tuple(figures), tuple(refs),
                               {sd.stream.name: (sd.read, sd.reader.missed) for sd in self.streams},
                               self.cpu_s)

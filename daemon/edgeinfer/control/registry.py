@@ -26,7 +26,7 @@ from edgeinfer.models.knowngood import KnownGood
 from edgeinfer.models.runtime import ModelRuntime
 from edgeinfer.models.rollback import RollbackRefused, RollbackState, StateWriteError
 from edgeinfer.models.check import check_bundle
-from edgeinfer.models.signing import SignatureError
+from edgeinfer.models.verify import SignatureError
 
 log = logging.getLogger("edgeinferd")
 
@@ -57,7 +57,7 @@ class ServedModel:
         return self.runtime.version if self.runtime else None
 
 
-class Models:
+class ModelRegistry:
     def __init__(self, cfg):
         self.cfg = cfg
         self.rollback = RollbackState(cfg.model.state_dir)

@@ -31,7 +31,7 @@ def declared_geometries(cfg, model: str) -> list:
 class Reloader:
     def __init__(self, cfg, config_path: str | None, *, models, lanes, streams: list, notifier, trim: DeferredTrim,
                  status_line: Callable[[], str], rollouts: Rollouts):
-        """models: the registry; lanes: the LaneSet; streams: every Stream (their result rings' capacity);
+        """models: the registry; lanes: the Supervisor; streams: every Stream (their result rings' capacity);
         notifier: sd_notify (RELOADING=1 … READY=1); trim: scheduled after a swap; status_line: STATUS= after;
         rollouts: where a model with a rollout policy takes its new version (rollout.py)."""
         self.cfg, self.config_path = cfg, config_path

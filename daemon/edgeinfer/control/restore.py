@@ -14,12 +14,12 @@ from edgeinfer.abi import ring
 from edgeinfer.control.admission import Admission
 from edgeinfer.control.fdcloser import FdCloser
 from edgeinfer.control.clients import Client, Refusal, peer_of
-from edgeinfer.control.ingress import Ingress
+from edgeinfer.control.listeners import Listeners
 
 log = logging.getLogger("edgeinferd")
 
 
-def restore_producers(stored: dict[str, list[int]], admission: Admission, ingress: Ingress, fdstore,
+def restore_producers(stored: dict[str, list[int]], admission: Admission, ingress: Listeners, fdstore,
                       closer: FdCloser) -> int:
     """stored: the fd store's content by name ({"ring.cam0": [fd], "conn.cam0": [fd], ...}), emptied here (every
     fd is used or closed). Returns how many producers were served on."""
@@ -42,7 +42,7 @@ def restore_producers(stored: dict[str, list[int]], admission: Admission, ingres
     return restored
 
 
-def _restore_one(name: str, ring_fd: int, conn_fd: int, admission: Admission, ingress: Ingress, fdstore,
+def _restore_one(name: str, ring_fd: int, conn_fd: int, admission: Admission, ingress: Listeners, fdstore,
                  closer: FdCloser) -> int:
     sock = socket.socket(fileno=conn_fd)
     try:

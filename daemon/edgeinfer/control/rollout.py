@@ -5,11 +5,19 @@ the floor is not raised) is staged in every lane holding the model and becomes t
 (lanes/trial.py): in shadow it runs on a sample of the serving frames on idle lane time and is never published;
 in canary it serves a share of the model's streams (whole streams). The lanes report what they measure about
 once a second (TrialReport); this module keeps the rollout and decides, once the window holds enough (at least
-`window.min_frames` frames compared and `window.min_seconds`):
+`window.min_frames` frames compared and `window.min_seconds`), on the evidence's strength, not on a point figure:
 
-- agreement with the serving version (models/agreement.py, the quantize gate's measure) ≥ gates.min_agreement;
-- the candidate's p99 run time ÷ the serving version's on the same lanes ≤ gates.max_p99_ratio;
+- agreement with the serving version (models/agreement.py, the quantize gate's measure) against
+  gates.min_agreement: its Wilson score interval at gates.confidence (models/agreement.wilson) decides: the lower
+  bound ≥ the gate passes, the upper bound < the gate fails, an interval across the gate is undecided;
+- run time: the median of the paired ratios candidate ÷ serving (both versions on the same frame, on the trial
+  thread, back to back, alternating which goes first: lanes/trial.py) against gates.max_time_ratio, with its
+  distribution-free interval at gates.confidence (lanes/trial.median_bounds): the upper bound ≤ the gate passes,
+  the lower bound > the gate fails, else undecided;
 - the candidate's failed, cancelled or undecodable runs ÷ its runs ≤ gates.max_error_rate.
+
+A gate that fails rolls back at once; while one is undecided the window stays open (the lanes keep measuring),
+up to window.max_seconds, where a candidate still undecided is rolled back (it never serves on weak evidence).
 
 Every gate passes: **promote** (the lanes serve the candidate from their next frame; only now the anti-rollback
 floor moves and the known-good record names it). One fails: **roll back** (the candidate is dropped, the
@@ -29,8 +37,8 @@ import logging
 import os
 import time
 
-from edgeinfer.lanes.trial import BUCKETS, quantile_us
-from edgeinfer.models.agreement import DEFAULT_MIN_AGREEMENT, AgreementMeter, NotComparable
+from edgeinfer.lanes.trial import BUCKETS, RATIO_BUCKETS, median_bounds, quantile_us
+from edgeinfer.models.agreement import DEFAULT_MIN_AGREEMENT, AgreementMeter, NotComparable, wilson
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.support.statefile import read_json, write_json
 from edgeinfer.telemetry.snapshot import Figures, RolloutView
@@ -57,9 +65,12 @@ class Candidate:
 
 class Rollouts:
     def __init__(self, cfg, *, models, lanes, streams, trim):
-        """models: the registry (registry.py); lanes: the LaneSet; streams: every Stream (canary picks among a
+        """models: the registry (registry.py); lanes: the Supervisor; streams: every Stream (canary picks among a
         model's); trim: scheduled after a candidate is dropped or promoted."""
         self.cfg, self.models, self.lanes, self.streams, self.trim = cfg, models, lanes, streams, trim
+        # drift.discard (control/drift.py) when drift is on: a rolled-back candidate's references are dropped, a
+        # canary-promoted one's pooled reference (taken over the canary's streams only) is taken again.
+        self.discard_references = None
         self.path = os.path.join(cfg.model.state_dir, STATE_FILE)
         self.active: dict[str, Candidate] = {}
         self.decisions: dict[str, dict[tuple, int]] = {}
@@ -154,17 +165,22 @@ class Rollouts:
         if c is None:
             return None
         reports = list(self.lanes.trials.reports.get(name, {}).values())
-        cand, serv = [0] * BUCKETS, [0] * BUCKETS
+        cand, serv, ratios = [0] * BUCKETS, [0] * BUCKETS, [0] * RATIO_BUCKETS
         for r in reports:
-            for hist, flat in ((cand, r.candidate_us), (serv, r.serving_us)):
+            for hist, flat in ((cand, r.candidate_us), (serv, r.serving_us), (ratios, r.ratios)):
                 for i in range(0, len(flat), 2):
                     hist[flat[i]] += flat[i + 1]
-        answers = sum(r.answers for r in reports)
+        answers, agreed = sum(r.answers for r in reports), sum(r.agreed for r in reports)
+        confidence = self.policy(name).gates.confidence
+        low, high = wilson(agreed, answers, confidence) if answers else (None, None)
+        median = median_bounds(ratios, confidence) or (None, None, None)
         return Figures(frames=sum(r.frames for r in reports),
-                       agreement=sum(r.agreed for r in reports) / answers if answers else None,
+                       agreement=agreed / answers if answers else None,
                        runs=sum(r.runs for r in reports), errors=sum(r.errors for r in reports),
                        skipped=sum(r.skipped for r in reports), p99_candidate_us=quantile_us(cand, 0.99),
-                       p99_serving_us=quantile_us(serv, 0.99), elapsed_s=time.monotonic() - c.started)
+                       p99_serving_us=quantile_us(serv, 0.99), elapsed_s=time.monotonic() - c.started,
+                       agreement_low=low, agreement_high=high, time_ratio=median[0], time_ratio_low=median[1],
+                       time_ratio_high=median[2], pairs=sum(ratios), confidence=confidence)
 
     def verdict(self, name: str, f: Figures) -> tuple[str, str] | None:
         """("promote" | "rollback", why) once the window is full (or a lane could not run the trial); else None."""
@@ -180,22 +196,7 @@ class Rollouts:
                                     f"frames compared, {f.skipped} samples skipped (lanes busy, or frame "
                                     "geometries the candidate was not staged for)")
             return None
-        failed = []
-        if f.agreement is None:
-            failed.append("agreement: nothing to compare (neither version answered)")
-        elif f.agreement < c.min_agreement:
-            failed.append(f"agreement {f.agreement:.4f} < {c.min_agreement}")
-        if f.p99_ratio is None:
-            failed.append("p99: no run time measured for both versions")
-        elif f.p99_ratio > g.max_p99_ratio:
-            failed.append(f"p99 run time {f.p99_ratio:.2f}x the serving version's > {g.max_p99_ratio}x")
-        if f.error_rate is not None and f.error_rate > g.max_error_rate:
-            failed.append(f"error rate {f.error_rate:.4f} > {g.max_error_rate}")
-        if failed:
-            return "rollback", "; ".join(failed)
-        return "promote", (f"every gate passed: agreement {f.agreement:.4f} >= {c.min_agreement}, p99 ratio "
-                           f"{f.p99_ratio:.2f} <= {g.max_p99_ratio}, error rate {f.error_rate or 0:.4f} <= "
-                           f"{g.max_error_rate}")
+        return judge(f, c.min_agreement, g.max_time_ratio, g.max_error_rate, w.max_seconds)
 
     def evaluate(self, now: float) -> None:
         """Control plane chore: operators' requests, then every rollout's gates (about once a second)."""
@@ -257,6 +258,8 @@ class Rollouts:
             served.reloads += 1
             log.warning("model %s: rollout PROMOTED %s %s (was %s %s): %s; %s", name, c.model.name, c.model.version,
                         *serving, why, f.said() if f else "no figures")
+            if c.canary and self.discard_references is not None:
+                self.discard_references(name, c.model.version, pooled_only=True)
         else:
             self.lanes.end_trial(name)
             self.refused.setdefault(name, []).append({
@@ -266,6 +269,8 @@ class Rollouts:
             log.error("model %s: rollout ROLLED BACK %s %s, still serving %s %s: %s; %s; this bundle is not tried "
                       "again until it changes", name, c.model.name, c.model.version, *serving, why,
                       f.said() if f else "no figures")
+            if self.discard_references is not None:
+                self.discard_references(name, c.model.version)
         self._write()
         self._drop_request(name)
         self.trim.schedule()
@@ -297,11 +302,49 @@ class Rollouts:
         kind = getattr(getattr(m.runtime, "decoder", None), "kind", None)
         gates = {"min_agreement": c.min_agreement if c else (g.min_agreement if g.min_agreement is not None
                                                             else DEFAULT_MIN_AGREEMENT.get(kind)),
-                 "max_p99_ratio": g.max_p99_ratio, "max_error_rate": g.max_error_rate, "min_frames": w.min_frames,
-                 "min_seconds": w.min_seconds}
+                 "max_time_ratio": g.max_time_ratio, "max_error_rate": g.max_error_rate,
+                 "confidence": g.confidence, "min_frames": w.min_frames, "min_seconds": w.min_seconds,
+                 "max_seconds": w.max_seconds}
         return RolloutView(rollout.policy, m.version or "-", c.model.version if c else None, c.canary if c else (),
                            self.figures(name) if c else None, gates, dict(self.decisions.get(name, {})),
                            self.last.get(name))
+
+
+def judge(f: Figures, min_agreement: float, max_time_ratio: float, max_error_rate: float,
+          max_seconds: float) -> tuple[str, str] | None:
+    """The gates over a full window (figures with their bounds): ("promote" | "rollback", why), or None while a
+    gate is undecided and the window may still grow (until max_seconds: then undecided rolls back)."""
+    failed, undecided = [], []
+    conf = f"{f.confidence:.0%}" if f.confidence is not None else "the gates' confidence"
+    if f.agreement is None:
+        failed.append("agreement: nothing to compare (neither version answered)")
+    elif f.agreement_high < min_agreement:
+        failed.append(f"agreement {f.agreement:.4f} < {min_agreement} (upper bound {f.agreement_high:.4f} at {conf}, "
+                      f"{f.frames} frames)")
+    elif f.agreement_low < min_agreement:
+        undecided.append(f"agreement {f.agreement:.4f}: its bounds {f.agreement_low:.4f}–{f.agreement_high:.4f} at "
+                         f"{conf} straddle {min_agreement}")
+    if f.time_ratio is None:
+        failed.append("run time: no pair of runs measured")
+    elif f.time_ratio_low > max_time_ratio:
+        failed.append(f"run time {f.time_ratio:.2f}x the serving version's (median of {f.pairs} paired ratios, lower "
+                      f"bound {f.time_ratio_low:.2f} at {conf}) > {max_time_ratio}x")
+    elif f.time_ratio_high > max_time_ratio:
+        undecided.append(f"run time {f.time_ratio:.2f}x: its bounds {f.time_ratio_low:.2f}–{f.time_ratio_high:.2f} "
+                         f"at {conf} straddle {max_time_ratio}x")
+    if f.error_rate is not None and f.error_rate > max_error_rate:
+        failed.append(f"error rate {f.error_rate:.4f} > {max_error_rate}")
+    if failed:
+        return "rollback", "; ".join(failed)
+    if undecided:
+        if f.elapsed_s > max_seconds:
+            return "rollback", (f"still undecided after {max_seconds:g} s (window.max_seconds): "
+                                + "; ".join(undecided))
+        return None
+    return "promote", (f"every gate passed: agreement {f.agreement:.4f} (lower bound {f.agreement_low:.4f} at {conf}) "
+                       f">= {min_agreement}, run time {f.time_ratio:.2f}x (median of {f.pairs} paired ratios, upper "
+                       f"bound {f.time_ratio_high:.2f}) <= {max_time_ratio}x, error rate {f.error_rate or 0:.4f} <= "
+                       f"{max_error_rate}")
 
 
 def read_state(path: str) -> dict:

@@ -12,14 +12,15 @@ from edgeinfer.telemetry.snapshot import (DriftView, FdCloserView, LoopView, Mod
 
 def take_snapshot(streams, lanes, models, ingress, loop, rollouts, *, started_ns: int, restored: int,
                   chore_errors: int, metrics_address: str | None, drift: DriftView | None = None) -> Snapshot:
-    """The daemon's state now, from its parts: streams (their StreamStates), lanes (the LaneSet, None before
+    """The daemon's state now, from its parts: streams (their StreamStates), lanes (the Supervisor, None before
     the start), models (the registry), ingress (None before its sockets exist), loop (the LoopClock), rollouts
     (None before the lanes run), drift (the drift chore's last view; None: off)."""
     now = ring.monotonic_ns()
     return Snapshot(
         now_ns=now, uptime_s=(now - started_ns) / 1e9,
         streams=tuple(StreamView(s.name, s.model, s.stream.stats, s.connected,
-                                 str(s.conn.peer) if s.conn else None, s.geometry, s.attach_count, s.reader_count)
+                                 str(s.conn.peer) if s.conn else None, s.geometry, s.attach_count, s.reader_count,
+                                 s.pool)
                       for s in streams),
         models=tuple(ModelView(name, m.entry.bundle, m.entry.ort_threads,
                                (m.runtime.name, m.runtime.version, m.runtime.bundle.sha256) if m.runtime else None,
@@ -32,7 +33,7 @@ def take_snapshot(streams, lanes, models, ingress, loop, rollouts, *, started_ns
         refusals=ingress.refuse_count() if ingress is not None else {},
         loop=LoopView(loop.age(), loop.stalls, loop.stalled_s),
         fds=FdCloserView(ingress.closer.waiting, ingress.closer.slow, ingress.closer.limit,
-                         ingress.closer_saturations) if ingress is not None else None,
+                         ingress.closer.full_parties, ingress.closer.threads) if ingress is not None else None,
         restored=restored, chore_errors=chore_errors, metrics_address=metrics_address, drift=drift)
 
 
@@ -96,7 +97,10 @@ def _rollout(r) -> dict | None:
             "figures": None if f is None else {
                 "frames": f.frames, "agreement": f.agreement, "runs": f.runs, "errors": f.errors,
                 "error_rate": f.error_rate, "skipped": f.skipped, "p99_candidate_us": f.p99_candidate_us,
-                "p99_serving_us": f.p99_serving_us, "p99_ratio": f.p99_ratio, "elapsed_s": f.elapsed_s},
+                "p99_serving_us": f.p99_serving_us, "p99_ratio": f.p99_ratio, "elapsed_s": f.elapsed_s,
+                "agreement_low": f.agreement_low, "agreement_high": f.agreement_high, "time_ratio": f.time_ratio,
+                "time_ratio_low": f.time_ratio_low, "time_ratio_high": f.time_ratio_high, "pairs": f.pairs,
+                "confidence": f.confidence},
             "decisions": {"/".join(k): n for k, n in sorted(r.decisions.items())}, "last": r.last}
 
 

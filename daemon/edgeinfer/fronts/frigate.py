@@ -27,11 +27,22 @@ detector processes. One thread owns the socket (ZMQ sockets are not
 thread-safe): it reads requests, checks their framing, answers hellos and
 refusals itself, and hands detections to a small pool of workers (as many as
 the model's rings and waiting places), which run the frame through the daemon
-(Models.infer, the deadline being receipt + frigate.timeout_ms) and queue the
+(ServedModels.infer, the deadline being receipt + frigate.timeout_ms) and queue the
 answer; a pipe wakes the socket thread to send it. An answer ready after the
 timeout is never sent: Frigate's REQ has given up on it (and a client that
 kept waiting would take it for the answer to a later request). It is counted
 LATE, whatever it was.
+
+What a peer may make the front hold (libzmq buffers a multipart message whole
+before the front sees any of it, and its ZMQ_MAXMSGSIZE bounds each frame,
+not the message): every frame is at most the largest a request of this model
+has in any numeric dtype (its largest region's tensor × FRAME_FACTOR; a
+larger frame drops the connection at its header, before its bytes are read); at most RECV_HWM whole messages queue per
+connection; and the connections are counted by peer (its uid on an ipc://
+socket, from the kernel's SO_PEERCRED; its address on tcp://) from the
+socket's monitor: one beyond `frigate.max_connections_per_peer`, or beyond
+`frigate.max_connections` in all, is shut at once. What libzmq cannot bound
+is the number of frames of one message: see docs/operations/gateway.md.
 """
 from __future__ import annotations
 
@@ -44,33 +55,37 @@ import os
 import queue
 import socket
 import stat
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from edgeinfer.abi.vocabulary import KIND_DETECTION
-from edgeinfer.fronts.metrics import FrontMetrics
-from edgeinfer.fronts.frigate_protocol import REPLY_BYTES, Request, error_reply, parse_request, split_envelope
+from edgeinfer.fronts.frontmetrics import FrontMetrics
+from edgeinfer.fronts.frigate_protocol import (MAX_HEADER_BYTES, REPLY_BYTES, Request, error_reply, parse_request,
+                                               split_envelope)
 from edgeinfer.fronts.outputs import frigate_rows
 from edgeinfer.fronts.plan import PlanError
 from edgeinfer.fronts.pool import FrontError, Timing
-from edgeinfer.fronts.service import Models, ServedModel
-from edgeinfer.fronts.settings import FrigateConfig, _is_loopback
+from edgeinfer.fronts.served import ServedModels, ServedModel
+from edgeinfer.fronts.gatewayconfig import FrigateConfig, _is_loopback
 
 log = logging.getLogger("edgeinfer-gateway")
 
 FRONT = "frigate"
 HELLO_WAIT_S = 20.0                  # a hello while the model warms waits this long for it (Frigate waits 30 s)
-MAX_MESSAGE_BYTES = 64 << 20         # a larger message drops its peer (an upload this size is still refused)
+FRAME_FACTOR = 8                     # the largest region's uint8 tensor as float64, the widest dtype: a frame's cap
+RECV_HWM = 4                         # whole messages queued per connection (a REQ has one in flight)
 MAX_WORKERS = 64
 NAMES_LOGGED = 64                    # Frigate's model names whose hello was logged (once each)
 RECV_BATCH = 64                      # messages read before the socket thread sends what is ready
 
 
-def choose_model(models: Models, cfg: FrigateConfig) -> ServedModel:
+def choose_model(models: ServedModels, cfg: FrigateConfig) -> ServedModel:
     detectors = sorted(n for n, m in models.served.items() if m.plan.kind == "detection")
     if cfg.model is not None:
         m = models.served.get(cfg.model)
@@ -106,7 +121,7 @@ class _Done:
 
 
 class FrigateFront:
-    def __init__(self, models: Models, cfg: FrigateConfig, metrics: FrontMetrics):
+    def __init__(self, models: ServedModels, cfg: FrigateConfig, metrics: FrontMetrics):
         self.models, self.cfg, self.metrics = models, cfg, metrics
         self.m = choose_model(models, cfg)
         self.model = self.m.plan.name
@@ -124,6 +139,14 @@ class FrigateFront:
         self._hellos: collections.deque = collections.deque()  # (envelope, until_ns) waiting for the model
         self._named: set[str] = set()
         self._socket_file: tuple[str, int, int] | None = None
+        # The largest frame read: its largest region's tensor in any numeric dtype (float32 is a mistake Frigate's
+        # configuration can make: answered INVALID_ARGUMENT, not dropped); a larger one drops its connection.
+        self.frame_cap = max(MAX_HEADER_BYTES, FRAME_FACTOR * max(w * h * 3 for w, h in self.sizes))
+        self._mon: zmq.Socket | None = None
+        self._conns: dict[int, str] = {}      # the connections admitted (by fd, from the monitor): their peer
+        self._per_peer: collections.Counter = collections.Counter()
+        self._shut: set[int] = set()          # connections shut here, whose end the monitor will say
+        self._shut_said: set[str] = set()     # peers whose shut connection was logged (once each)
 
     # ---------------------------------------------------------------- start and stop
 
@@ -133,7 +156,10 @@ class FrigateFront:
         try:
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, self.frame_cap)
+            self._sock.setsockopt(zmq.RCVHWM, RECV_HWM)
+            self._mon = self._sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED |
+                                                      zmq.EVENT_CLOSED)
             self._bind()
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="frigate-front")
@@ -198,6 +224,13 @@ class FrigateFront:
             self._close_all()
 
     def _close_all(self) -> None:
+        if self._mon is not None:
+            try:
+                self._sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._mon.close(linger=0)
+            self._mon = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -230,6 +263,7 @@ class FrigateFront:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._mon, zmq.POLLIN)
         while not self._stopping:
             try:
                 events = dict(poller.poll(100 if self._hellos else 1000))
@@ -244,6 +278,8 @@ class FrigateFront:
                 except BlockingIOError:
                     pass
             self._send_done()
+            if self._mon in events:
+                self._connections()
             if self._sock in events:
                 for _ in range(RECV_BATCH):
                     try:
@@ -255,6 +291,59 @@ class FrigateFront:
                     except Exception:  # one request's failure is not the front's
                         log.exception("Frigate front: a request failed")
             self._answer_hellos()
+
+    # ---------------------------------------------------------------- connections, by peer
+
+    def _connections(self) -> None:
+        """The monitor's events: a connection accepted is counted by its peer, or shut if over a cap."""
+        events = []
+        while True:
+            try:
+                events.append(recv_monitor_message(self._mon, zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        last = {e["value"]: i for i, e in enumerate(events)}  # an fd may be closed and reused within one batch
+        for i, e in enumerate(events):
+            fd = e["value"]
+            if e["event"] == zmq.EVENT_ACCEPTED:
+                if last[fd] != i:
+                    continue  # gone already: its end comes next in this batch
+                peer = _peer_of(fd)
+                if peer is None:
+                    continue
+                per_peer, total = self.cfg.max_connections_per_peer, self.cfg.max_connections
+                if self._per_peer[peer] >= per_peer or len(self._conns) >= total:
+                    self._shut_connection(fd, peer, f"{peer} has {self._per_peer[peer]} connections (at most "
+                                          f"{per_peer}: frigate.max_connections_per_peer)" if
+                                          self._per_peer[peer] >= per_peer else f"{len(self._conns)} connections "
+                                          f"are open (at most {total}: frigate.max_connections)")
+                    continue
+                self._conns[fd] = peer
+                self._per_peer[peer] += 1
+            else:  # disconnected or closed
+                self._shut.discard(fd)
+                peer = self._conns.pop(fd, None)
+                if peer is not None:
+                    self._per_peer[peer] -= 1
+                    if self._per_peer[peer] <= 0:
+                        del self._per_peer[peer]
+
+    def _shut_connection(self, fd: int, peer: str, why: str) -> None:
+        self.metrics.refusals.labels(FRONT, "connections").inc()
+        if peer not in self._shut_said and len(self._shut_said) < NAMES_LOGGED:
+            self._shut_said.add(peer)
+            log.warning("Frigate front: a connection shut: %s (said once per peer)", why)
+        try:  # libzmq owns the fd: shut through a duplicate, and libzmq closes its own when it reads the end
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+            self._shut.add(fd)
+        except OSError:
+            pass
+        finally:
+            s.close()
 
     def _send(self, envelope: list[bytes], reply: bytes) -> None:
         try:
@@ -373,6 +462,23 @@ class FrigateFront:
             done.error = FrontError("INTERNAL", f"{type(e).__name__}: {e}", "internal")
         self._done.put(done)
         self._wake()
+
+
+def _peer_of(fd: int) -> str | None:
+    """Who is at the other end of a connection libzmq accepted: its uid (Unix socket) or its address (TCP)."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if s.family == socket.AF_UNIX:
+            _, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            return f"uid {uid}"
+        return f"address {s.getpeername()[0]}"
+    except OSError:
+        return None
+    finally:
+        s.close()
 
 
 def _answers(path: str) -> bool:

@@ -2,7 +2,9 @@
 
 Served with grpcio and the protocol's generated modules as tritonclient ships
 them (Triton's service is KServe's v2 with extensions; those extensions
-answer UNIMPLEMENTED here). Every model of the gateway's plan is a model of
+answer UNIMPLEMENTED here, with a message and no traceback in the journal,
+but for the repository index, which Triton's tools ask first: the models
+served, each with its version and state READY or UNAVAILABLE). Every model of the gateway's plan is a model of
 the protocol, its version the bundle's. Its one input is the frame, UINT8
 [H, W, 3] or [1, H, W, 3] in the pixel format its name says (frame_rgb24 or
 frame_bgr24), in `raw_input_contents` or typed as `uint_contents`; its
@@ -15,8 +17,13 @@ was then never run), UNAVAILABLE (edgeinferd is restarting).
 from __future__ import annotations
 
 import collections
+import grp
+import heapq
+import itertools
 import logging
+import os
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -24,17 +31,50 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from edgeinfer.fronts.metrics import FrontMetrics
+from edgeinfer.fronts.frontmetrics import FrontMetrics
 from edgeinfer.fronts.outputs import declared_outputs
 from edgeinfer.fronts.pool import FrontError, Timing
-from edgeinfer.fronts.service import Models, ServedModel
-from edgeinfer.fronts.settings import GrpcConfig
+from edgeinfer.fronts.served import ServedModels, ServedModel
+from edgeinfer.fronts.gatewayconfig import GrpcConfig, UnixListener
 
 log = logging.getLogger("edgeinfer-gateway")
 
 FRONT = "grpc"
 SERVER_NAME = "edgeinfer"
 MAX_DIM = 16384  # a frame side the daemon accepts at most (config: width/height)
+# A refusal's retry hint: a client whose channel has a retry policy for RESOURCE_EXHAUSTED waits this long before
+# its retry (gRPC's A6 retry design honours it); a client retrying by hand may read it from the trailing metadata.
+RETRY_PUSHBACK = "grpc-retry-pushback-ms"
+SHED_AT_HEADERS = "every ring of the model is busy and its line is full: retry later (after grpc-retry-pushback-ms)"
+DEADLINE_SHORT = ("every ring of the model is busy: an answer would take longer than the request's deadline leaves "
+                  "(it was not run): retry later (after grpc-retry-pushback-ms), or with a longer deadline")
+MESSAGE_MARGIN = 1 << 20  # a request's bytes besides its frame (names, shape, parameters) at most
+RECEIVE_FACTOR = 8  # gRPC's own limit: the largest frame as FP64/INT64, the widest numeric type a client may send
+
+
+def request_limit(max_frame_bytes: int) -> int:
+    """The largest request that can succeed: the largest frame a ring takes and the message around it."""
+    return max_frame_bytes + MESSAGE_MARGIN
+
+
+def receive_limit(max_frame_bytes: int) -> int:
+    """grpcio's max_receive_message_length, the hard cap (memory): above request_limit, so that a request that can
+    never succeed (the frame sent as FP32, too large a frame) reaches the handler and is answered INVALID_ARGUMENT
+    with the limit, not RESOURCE_EXHAUSTED by gRPC itself, which tells a client to back off and retry."""
+    return RECEIVE_FACTOR * max_frame_bytes + MESSAGE_MARGIN
+
+
+_NOT_SERVED = {
+    "model load": "the models are edgeinferd.yaml's signed bundles and the gateway's pools (docs/operations/models-and-trust.md, "
+                  "\"Updating a model\")",
+    "model unload": "the models are edgeinferd.yaml's signed bundles and the gateway's pools",
+    "model config": "ModelMetadata says the input and outputs",
+    "model statistics": "the gateway's Prometheus metrics say it",
+    "streaming inference": "use ModelInfer",
+    "trace settings": "not settable over gRPC",
+    "log settings": "the gateway logs to the journal",
+    "shared memory": "frames travel in the request",
+}
 
 
 def input_name(pixel_format: str) -> str:
@@ -42,7 +82,8 @@ def input_name(pixel_format: str) -> str:
 
 
 class ClientLimit:
-    """Requests in flight per client: its certificate's subject under mutual TLS, else its address."""
+    """Requests in flight per client: its certificate's subject under mutual TLS, else its address; a Unix socket's
+    clients are the socket (grpcio shows no peer credentials: decision 0031)."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -71,10 +112,114 @@ class ClientLimit:
                 del self.held[client]
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, models: Models, cfg: GrpcConfig, metrics: FrontMetrics, version: str):
-        self.models, self.cfg, self.metrics, self.version = models, cfg, metrics, version
+class Admission:
+    """What a request costs before its handler: its client's share from its HEADERS on, and a bound on the time its
+    message may take to arrive.
+
+    Every method is registered stream-unary on the server's side (the wire is the same for a unary client), so
+    grpcio calls it at the HEADERS rather than after the message: the client's slot is taken first (over its
+    limit: RESOURCE_EXHAUSTED, the message never read), then the message is awaited for at most
+    request_timeout_ms (a stream that sends no message, or trickles it, is cancelled then and counted as
+    refusal `request_timeout`). One thread keeps those deadlines."""
+
+    def __init__(self, cfg: GrpcConfig, metrics: FrontMetrics):
         self.clients = ClientLimit(cfg.max_inflight_per_client)
+        self.timeout_s = cfg.request_timeout_ms / 1e3
+        self.metrics = metrics
+        self._due: list = []  # heap of [deadline, seq, context, settled]
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._keep, name="grpc-admission", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+        self._thread.join(5.0)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, client_of, full=None) -> grpc.RpcMethodHandler:
+        """The unary-unary `handler` as a stream-unary one behind admission; client_of(context) names the client;
+        full() (ModelInfer's): every model would shed a request now, so it is shed at its HEADERS."""
+        if handler.unary_unary is None:
+            return handler  # a streaming method of the protocol: UNIMPLEMENTED here, at its HEADERS
+        behavior = handler.unary_unary
+        failed = self.metrics.failed
+
+        def admitted(requests, context):
+            if full is not None:  # the cheapest refusals grpcio allows: no message read, no lock taken
+                if full():
+                    failed(FRONT, "(any)", "RESOURCE_EXHAUSTED", "shed")
+                    context.set_trailing_metadata(((RETRY_PUSHBACK, str(full.retry_ms())),))
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, SHED_AT_HEADERS)
+                if full.hopeless(context.time_remaining()):  # its deadline (grpc-timeout) is known at the HEADERS
+                    failed(FRONT, "(any)", "RESOURCE_EXHAUSTED", "deadline_short")
+                    context.set_trailing_metadata(((RETRY_PUSHBACK, str(full.retry_ms())),))
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, DEADLINE_SHORT)
+            client = client_of(context)
+            try:
+                self.clients.take(client)
+            except FrontError as e:
+                self.metrics.failed(FRONT, "(any)", e.code, e.reason)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            try:
+                entry = [time.monotonic() + self.timeout_s, next(self._seq), context, False]
+                with self._cv:
+                    heapq.heappush(self._due, entry)
+                    if self._due[0] is entry:
+                        self._cv.notify()
+                request, more = None, None
+                try:  # the message, then the client's half-close (gRPC keeps a stream not read to its end)
+                    request = next(requests, None)
+                    more = next(requests, None) if request is not None else None
+                except grpc.RpcError:  # cancelled: by the client, or by _keep
+                    request = None
+                with self._cv:
+                    late = entry[3]
+                    entry[2:] = [None, True]  # a call referenced is a stream gRPC still counts open
+                if late:
+                    self.metrics.failed(FRONT, "(any)", "CANCELLED", "request_timeout")
+                    # The call is cancelled already: nothing goes back. (Returning None instead made grpcio log an
+                    # ERROR with a traceback per call, "Exception serializing message!".)
+                    context.abort(grpc.StatusCode.CANCELLED, "request_timeout_ms passed before its message")
+                if request is None or more is not None:
+                    if context.is_active():
+                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "one request message is required")
+                    context.abort(grpc.StatusCode.CANCELLED, "cancelled before its message")  # nothing goes back
+                return behavior(request, context)
+            finally:
+                self.clients.give(client)
+
+        return grpc.stream_unary_rpc_method_handler(admitted, request_deserializer=handler.request_deserializer,
+                                                    response_serializer=handler.response_serializer)
+
+    def _keep(self) -> None:
+        with self._cv:
+            while not self._stopped:
+                now = time.monotonic()
+                late = []
+                while self._due and (self._due[0][3] or self._due[0][0] <= now):
+                    entry = heapq.heappop(self._due)
+                    if not entry[3]:
+                        entry[3] = True
+                        late.append(entry[2])
+                if late:
+                    self._cv.release()
+                    try:
+                        for context in late:
+                            context.cancel()
+                    finally:
+                        self._cv.acquire()
+                    continue
+                self._cv.wait(self._due[0][0] - now if self._due else None)
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, models: ServedModels, cfg: GrpcConfig, metrics: FrontMetrics, version: str):
+        self.models, self.cfg, self.metrics, self.version = models, cfg, metrics, version
+        self.max_frame_bytes = models.largest_frame_bytes()
+        self.max_request_bytes = request_limit(self.max_frame_bytes)
 
     # ---------------------------------------------------------------- health and metadata
 
@@ -90,6 +235,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=self.version, extensions=[])
+
+    def RepositoryIndex(self, request, context):
+        """Triton's repository extension: the models served, each READY or UNAVAILABLE (with why). The repository's
+        name is ignored (there is one); ready=True lists only the ready ones, as Triton does."""
+        out = pb.RepositoryIndexResponse()
+        for name in sorted(self.models.served):
+            m = self.models.served[name]
+            if m.ready:
+                out.models.add(name=name, version=m.version or "", state="READY")
+            elif not request.ready:
+                reason = (m.warm_error or "waiting for edgeinferd") if not m.warm else "edgeinferd not reachable"
+                out.models.add(name=name, version=m.version or "", state="UNAVAILABLE", reason=reason)
+        return out
 
     def ModelMetadata(self, request, context):
         m = self._model(request.name, request.version, context)
@@ -110,27 +268,64 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except FrontError as e:
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
 
+    # ---------------------------------------------------------------- Triton's extensions not served
+
+    def _unimplemented(self, what: str, context):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not served by edgeinfer's gateway: " + _NOT_SERVED[what])
+
+    def RepositoryModelLoad(self, request, context):
+        self._unimplemented("model load", context)
+
+    def RepositoryModelUnload(self, request, context):
+        self._unimplemented("model unload", context)
+
+    def ModelConfig(self, request, context):
+        self._unimplemented("model config", context)
+
+    def ModelStatistics(self, request, context):
+        self._unimplemented("model statistics", context)
+
+    def ModelStreamInfer(self, request_iterator, context):
+        self._unimplemented("streaming inference", context)
+
+    def TraceSetting(self, request, context):
+        self._unimplemented("trace settings", context)
+
+    def LogSettings(self, request, context):
+        self._unimplemented("log settings", context)
+
+    def SystemSharedMemoryStatus(self, request, context):
+        self._unimplemented("shared memory", context)
+
+    SystemSharedMemoryRegister = SystemSharedMemoryUnregister = SystemSharedMemoryStatus
+
+    def CudaSharedMemoryStatus(self, request, context):
+        self._unimplemented("shared memory", context)
+
+    CudaSharedMemoryRegister = CudaSharedMemoryUnregister = CudaSharedMemoryStatus
+
     # ---------------------------------------------------------------- inference
 
     def ModelInfer(self, request, context):
         timing = Timing()
         model = request.model_name if request.model_name in self.models.served else "(unknown)"
-        client = None
         try:
+            size = request.ByteSize()
+            if size > self.max_request_bytes:
+                raise FrontError("INVALID_ARGUMENT", f"the request is {size} bytes; the largest this server takes is "
+                                 f"{self.max_request_bytes} bytes (its largest frame, {self.max_frame_bytes} bytes of "
+                                 "UINT8, and 1 MiB): send one UINT8 frame of a size the model takes", "too_large")
             m = self.models.get(request.model_name)
             self.models.check_version(m, request.model_version)
             frame, width, height = self._frame(m, request)
             wanted = [o.name for o in request.outputs]
             deadline = self._deadline(context, timing.received)
-            client = ClientLimit.client_of(context)
-            self.clients.take(client)
             gauge = self.metrics.in_flight.labels(FRONT, model)
             gauge.inc()
             try:
                 rec = self.models.infer(m, frame, width, height, deadline, timing)
             finally:
                 gauge.dec()
-                self.clients.give(client)
             outs = self.models.outputs(m, rec)
             if wanted:
                 known = {o.name: o for o in outs}
@@ -141,6 +336,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 outs = [known[n] for n in wanted]
         except FrontError as e:
             self.metrics.failed(FRONT, model, e.code, e.reason)
+            if e.retry_ms is not None:
+                context.set_trailing_metadata(((RETRY_PUSHBACK, str(e.retry_ms)),))
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
         response = pb.ModelInferResponse(model_name=m.plan.name, model_version=rec.model_version, id=request.id)
         for o in outs:
@@ -197,31 +394,125 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return array.astype(np.uint8), width, height
 
 
-def start_server(service: InferenceService, cfg: GrpcConfig, max_frame_bytes: int) -> grpc.Server:
-    """The gRPC server, listening; raises OSError when it cannot listen where configured."""
-    limit = max_frame_bytes + (1 << 20)  # the largest frame and the message around it
-    server = grpc.server(futures.ThreadPoolExecutor(cfg.workers, thread_name_prefix="grpc-front"),
-                         maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
-                         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
-    if cfg.tls is not None:
-        ca = None
-        if cfg.tls.client_ca:
-            with open(cfg.tls.client_ca, "rb") as f:
-                ca = f.read()
-        with open(cfg.tls.key, "rb") as f:
-            key = f.read()
-        with open(cfg.tls.cert, "rb") as f:
-            cert = f.read()
-        creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
-        port = server.add_secure_port(cfg.listen, creds)
-    else:
-        port = server.add_insecure_port(cfg.listen)
-    if not port:
-        raise OSError(f"grpc.listen {cfg.listen}: cannot listen there (in use, or not an address of this host)")
-    server.start()
-    log.info("gRPC front (Open Inference Protocol v2%s) on %s", ", TLS" + (" with client certificates" if
-             cfg.tls and cfg.tls.client_ca else "") if cfg.tls else "", cfg.listen)
-    return server
+class GrpcFront:
+    """The gRPC front's servers: one on grpc.listen, one per Unix socket of grpc.sockets (each socket its own client
+    budget), sharing one pool of worker threads and one admission."""
+
+    def __init__(self, service: InferenceService, cfg: GrpcConfig, metrics: FrontMetrics, max_frame_bytes: int):
+        self.service, self.cfg = service, cfg
+        self.admission = Admission(cfg, metrics)
+        self.pool = futures.ThreadPoolExecutor(cfg.workers, thread_name_prefix="grpc-front")
+        self.servers: list[grpc.Server] = []
+        self.options = [
+            ("grpc.max_receive_message_length", receive_limit(max_frame_bytes)),  # the hard cap; see request_limit
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),  # advertised, and enforced, per connection
+        ]
+
+    def _server(self, client_of) -> grpc.Server:
+        server = grpc.server(self.pool, maximum_concurrent_rpcs=self.cfg.max_concurrent_rpcs, options=self.options)
+        full = _Full(self.service.models, self.cfg)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, _Admitted(server, self.admission, client_of,
+                                                                                   full))
+        self.servers.append(server)
+        return server
+
+    def start(self) -> None:
+        """Listening; raises OSError when it cannot listen where configured."""
+        cfg = self.cfg
+        try:
+            server = self._server(ClientLimit.client_of)
+            if cfg.tls is not None:
+                port = server.add_secure_port(cfg.listen, _tls(cfg))
+            else:
+                port = server.add_insecure_port(cfg.listen)
+            if not port:
+                raise OSError(f"grpc.listen {cfg.listen}: cannot listen there (in use, or not an address of this host)")
+            for sock in cfg.sockets:
+                self._listen_unix(sock)
+            for s in self.servers:
+                s.start()
+        except BaseException:
+            self.stop(0)
+            raise
+        log.info("gRPC front (Open Inference Protocol v2%s) on %s%s", ", TLS" + (" with client certificates" if
+                 cfg.tls and cfg.tls.client_ca else "") if cfg.tls else "", cfg.listen,
+                 "".join(f", unix:{s.path}" for s in cfg.sockets))
+
+    def _listen_unix(self, sock: UnixListener) -> None:
+        key = "unix:" + sock.path
+        server = self._server(lambda context: key)
+        old = os.umask(0o177)  # nobody but the gateway's user reaches it before its mode and group are set
+        try:
+            port = server.add_insecure_port("unix:" + sock.path)
+        finally:
+            os.umask(old)
+        if not port:
+            raise OSError(f"grpc.sockets {sock.path}: cannot listen there (its directory missing or not ours?)")
+        if sock.group is not None:
+            gid = sock.group if isinstance(sock.group, int) else grp.getgrnam(sock.group).gr_gid
+            os.chown(sock.path, -1, gid)
+        os.chmod(sock.path, int(sock.mode, 8))
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        for event in [s.stop(grace) for s in self.servers]:
+            event.wait(5.0)
+        self.servers = []
+        self.admission.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+class _Admitted:
+    """What pb_grpc's add_..._to_server sees as the server: each method it registers goes in behind Admission."""
+
+    def __init__(self, server: grpc.Server, admission: Admission, client_of, full=None):
+        self.server, self.admission, self.client_of, self.full = server, admission, client_of, full
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass  # the same methods come to add_registered_method_handlers, where they are wrapped
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        wrapped = {name: self.admission.wrap(h, self.client_of, self.full if name == "ModelInfer" else None)
+                   for name, h in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+        self.server.add_registered_method_handlers(service, wrapped)
+
+
+class _Full:
+    """Admission's full() for ModelInfer: the models would shed any request now; hopeless(): its deadline is shorter
+    than the wait any model would make it expect; retry_ms() the retry hint of either."""
+
+    def __init__(self, models: ServedModels, cfg: GrpcConfig):
+        self.models = models
+        self.cap_s = cfg.max_deadline_ms / 1e3
+        self.default_ns = int(cfg.default_deadline_ms * 1e6)
+
+    def __call__(self) -> bool:
+        return self.models.full()
+
+    def hopeless(self, left: float | None) -> bool:
+        """left: context.time_remaining() (None: no deadline); the deadline as InferenceService._deadline takes it."""
+        budget = self.default_ns if left is None else int(max(0.0, min(left, self.cap_s)) * 1e9)
+        return self.models.hopeless(budget)
+
+    def retry_ms(self) -> int:
+        return self.models.retry_ms()
+
+
+def _tls(cfg: GrpcConfig) -> grpc.ServerCredentials:
+    ca = None
+    if cfg.tls.client_ca:
+        with open(cfg.tls.client_ca, "rb") as f:
+            ca = f.read()
+    with open(cfg.tls.key, "rb") as f:
+        key = f.read()
+    with open(cfg.tls.cert, "rb") as f:
+        cert = f.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def start_server(service: InferenceService, cfg: GrpcConfig, metrics: FrontMetrics, max_frame_bytes: int) -> GrpcFront:
+    """The gRPC front, listening; raises OSError when it cannot listen where configured."""
+    front = GrpcFront(service, cfg, metrics, max_frame_bytes)
+    front.start()
+    return front

@@ -16,7 +16,7 @@ import pwd
 from edgeinfer.config.identity import user_id
 from edgeinfer.config.labels import read_meta
 from edgeinfer.config.schema import Config
-from edgeinfer.fronts.settings import GatewayConfig
+from edgeinfer.fronts.gatewayconfig import GatewayConfig
 from edgeinfer.models.bundle import BundleError
 
 

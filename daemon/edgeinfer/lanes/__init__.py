@@ -1,2 +1,2 @@
-"""The inference lanes: the supervisor in the daemon, the lane process and its real-time loop, the zygote that
-forks lanes, the dispatch table and the per-stream statistics. Never imports control/."""
+"""The inference lanes, and the control plane's side of them. Rank 3: never imports control/.
+Its modules, one job each: docs/architecture.md, "Module map"."""

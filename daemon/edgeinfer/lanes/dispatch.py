@@ -13,6 +13,7 @@ that lane; the flags by the control plane. Readers read without locks.
 from __future__ import annotations
 
 import mmap
+from typing import NamedTuple
 
 import numpy as np
 
@@ -73,6 +74,10 @@ class DispatchTable:
         at = (self._lanes_at + lane * LANE_BYTES + LINE) // 8
         return self._words[at: at + LANE_WORDS]
 
+    def stats_offset(self, stream: int) -> int:
+        """Where the stream's statistics block starts (its outcome counters first: stats.py)."""
+        return stream * STREAM_BYTES + CURSOR_BYTES + STREAM_FLAGS_BYTES
+
     def free_cursors_of(self, lane: int) -> None:
         """Frees every stream cursor lane `lane` holds (the owner word, first of a cursor: lane id + 1).
         Only for a lane known dead: no other lane writes an owner word that is not 0."""
@@ -80,3 +85,46 @@ class DispatchTable:
             owner = np.frombuffer(self.memory, np.uint32, 1, stream * STREAM_BYTES)
             if owner[0] == lane + 1:
                 owner[0] = 0
+
+    def settle_cursors_of(self, lane: int, streams) -> list[Settled]:
+        """For a lane known dead, before free_cursors_of: counts the outcomes it owed for the frames it held.
+
+        A lane that consumed a frame (lanes.h ei_lane_consumed: the journal, then the cursor) and died before
+        counting its outcome left a journal naming what the cursor says was consumed, with a total the stream's
+        outcome counters have not reached. What is missing is counted here: the frame itself as `processed` if
+        its result is in the result ring (the publish journal, stats.py: the ring's head moved past the one noted
+        for this very consumption), else `error`; the frames skipped before it, if the lane died before counting
+        them too, as `overload`. Idempotent: once counted, the counters reach the journal's total and a second
+        call (or a lane that had counted it already) finds nothing owed. A lane that died before the cursor's
+        store left the frame to the next lane (its journal does not match the cursor): nothing owed here.
+        `streams`: every Stream (stream.py), by index. Returns what was counted."""
+        settled = []
+        for stream in range(self.n_streams):
+            at = stream * STREAM_BYTES
+            if np.frombuffer(self.memory, np.uint32, 1, at)[0] != lane + 1:
+                continue
+            cur = np.frombuffer(self.memory, np.uint64, CURSOR_BYTES // 8, at)
+            seen_latest, j_latest, j_last_seq = int(cur[2]), int(cur[5]), int(cur[6])
+            owed = int(np.frombuffer(self.memory, np.int64, 1, at + 56)[0])
+            if j_latest == 0 or j_latest != seen_latest:
+                continue
+            st = streams[stream].stats
+            missing = owed - st.outcomes_total()
+            if missing <= 0:
+                continue
+            cur[3] = j_last_seq  # the cursor's own store of last_seq may not have happened: complete it
+            writer = streams[stream].writer
+            writer.resume()
+            outcome = "processed" if st.publishing == owed and writer.head > st.publishing_head else "error"
+            setattr(st, outcome, getattr(st, outcome) + 1)
+            st.overload += missing - 1
+            settled.append(Settled(streams[stream].name, j_last_seq, outcome, missing - 1))
+        return settled
+
+
+class Settled(NamedTuple):
+    """What settle_cursors_of counted for a stream a dead lane held."""
+    stream: str
+    seq: int        # the frame the lane held
+    outcome: str    # counted for it: processed (its result was written) or error
+    skipped: int    # frames skipped before it, counted overload here (the lane died before counting them)

@@ -3,6 +3,7 @@ and what the status says of it (supervisor.py drives it)."""
 from __future__ import annotations
 
 import collections
+import socket
 import time
 
 from edgeinfer.lanes import dispatch
@@ -14,7 +15,7 @@ class LaneHandle:
         self.plan = plan                  # LaneConfig: cpus, models
         self.pid = 0
         self.pidfd: int | None = None
-        self.sock = None
+        self.sock: socket.socket | None = None
         self.state = "starting"           # starting, ready, down
         self.restarts = 0                 # in total
         self.recent: collections.deque = collections.deque()  # monotonic times of recent restarts

@@ -36,29 +36,82 @@ import os
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
 
-from edgeinfer.lanes import dispatch
+from edgeinfer.lanes import dispatch, pick
 from edgeinfer.abi import ring
 from edgeinfer.support import sandbox
 from edgeinfer.models.decoders import DecoderError
 from edgeinfer.models.runtime import FusedSession, SessionSet
+from edgeinfer.lanes.protocol import Log, Short
 from edgeinfer.lanes.stats import words
 from edgeinfer.lanes.stream import LaneStream
+from edgeinfer.lanes.trial import Trial
 
 _POLICIES = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "other": os.SCHED_OTHER}
 SHORTS_PENDING_MAX = 64  # short frames waiting for the control thread to say why (more are counted, not said)
 
 
-class Engine:
+# The mailbox: the control thread → the loop, one record per command (never per frame), applied between frames.
+
+class Serve(NamedTuple):
+    """Serve `reader` (producer generation `epoch`) as `stream`, through `session`."""
+    stream: LaneStream
+    reader: ring.FrameReader
+    session: FusedSession
+    epoch: int
+
+
+class Unserve(NamedTuple):
+    """Stop serving `reader`, if it is still `stream`'s ring (the loop closes it either way)."""
+    stream: LaneStream
+    reader: ring.FrameReader
+
+
+class SwapModel(NamedTuple):
+    """Model `name` is `model` from the next frame on; `sessions`: the FusedSession of each attached stream."""
+    name: str
+    model: SessionSet
+    sessions: dict[LaneStream, FusedSession]
+
+
+class BeginTrial(NamedTuple):
+    """`trial` (lanes/trial.py) measures model `name`'s candidate; `sessions`: its canary streams' sessions."""
+    name: str
+    trial: Trial
+    sessions: dict[LaneStream, FusedSession]
+
+
+class EndTrial(NamedTuple):
+    """The trial of `name` ends: `model` serves it; `sessions`: the attached streams whose session changes."""
+    name: str
+    model: SessionSet
+    sessions: dict[LaneStream, FusedSession]
+
+
+Mail = Serve | Unserve | SwapModel | BeginTrial | EndTrial
+
+
+# The outboxes: the loop → the control thread (list.append is atomic). `events` holds protocol.Log records and
+# `shorts` protocol.Short ones (forwarded as they are); `dropped` these:
+
+class GaveUp(NamedTuple):
+    """The loop stopped serving `reader` (`stream`'s ring then) because `why`: its producer is to be dropped."""
+    stream: LaneStream
+    reader: ring.FrameReader
+    why: str
+
+
+class Loop:
     def __init__(self, models: dict[str, SessionSet], streams: list[LaneStream], *, lane: int = 0,
                  counters=None, bell: ring.Doorbell | None = None, peers=(), loop_cpus=(),
                  scheduling: str = "fifo", priority: int = 50, duty_ceiling: float = 0.9, spin_us: int = 0,
                  idle_timeout_ms: int = 100, peer_counters=None, release_nice: bool = False):
         self.models = dict(models)  # name → SessionSet: the lane's models
-        self.trials: dict = {}      # name → lanes.trial.Trial: a rollout's candidate beside the model (loop-owned)
+        self.trials: dict[str, Trial] = {}  # name → a rollout's candidate beside the model (loop-owned)
         self.streams = streams
         self.lane_id = lane + 1     # the cursor's owner word (0 = free)
         # The lane's counters (dispatch.LANE_*), shared with the control plane; private without a table. Written
@@ -71,17 +124,17 @@ class Engine:
         self.release_nice = release_nice  # a hardened lane: drop CAP_SYS_NICE once the priority is taken (sandbox)
         self.spin = spin_us / 1e6
         self.idle_timeout = idle_timeout_ms / 1e3
-        self.events: list[tuple[str, str]] = []  # (level, message) for the control thread to log
-        self.dropped: list[tuple[LaneStream, ring.FrameReader, str]] = []  # rings the loop gave up on
+        self.events: list[Log] = []  # for the control thread to log (errors: rare, and rate-limited there)
+        self.dropped: list[GaveUp] = []  # rings the loop gave up on
         self.muted: list[str] = []  # streams whose doorbell the loop stopped sleeping on, for the control thread
-        # Frames counted short, for the control thread to say why (once a minute per stream, lane.py):
-        # (stream, seq, payload_len received, frame bytes expected, geometry). Bounded: counted in stats anyway.
-        self.shorts: list[tuple] = []
+        # Frames counted short, for the control thread to say why (once a minute per stream, process.py).
+        # Bounded: counted in stats anyway.
+        self.shorts: list[Short] = []
         self.realtime_active = False
         self.native_tid = 0
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._mailbox: collections.deque = collections.deque()  # control thread → loop (append/popleft are atomic)
+        self._mailbox: collections.deque[Mail] = collections.deque()  # control thread → loop (append/popleft: atomic)
         self._bell = bell if bell is not None else ring.Doorbell()  # our doorbell (mail, and other lanes' kicks)
         self._peers = tuple(peers)  # the other lanes' doorbells: rung when we free a stream that has news
         self._peer_counters = dict(peer_counters or {})  # model → counters of the other lanes holding it
@@ -126,29 +179,29 @@ class Engine:
 
     def attach(self, stream: LaneStream, reader: ring.FrameReader, session: FusedSession, epoch: int = 0) -> None:
         """Serve `reader` (the producer generation `epoch`) as `stream` from the next iteration on."""
-        self._post(("attach", stream, reader, (session, epoch)))
+        self._post(Serve(stream, reader, session, epoch))
 
     def detach(self, stream: LaneStream, reader: ring.FrameReader) -> None:
         """Stop serving `reader` (if it is still the stream's ring)."""
-        self._post(("detach", stream, reader, None))
+        self._post(Unserve(stream, reader))
 
-    def swap_model(self, name: str, model: SessionSet, sessions: dict) -> None:
+    def swap_model(self, name: str, model: SessionSet, sessions: dict[LaneStream, FusedSession]) -> None:
         """Serve model `name` as `model` from the next frame on, with `sessions` ({stream: FusedSession} for
         every attached stream of it). A frame never mixes two models: the loop applies it between frames."""
-        self._post(("model", name, model, sessions))
+        self._post(SwapModel(name, model, sessions))
 
-    def start_trial(self, name: str, trial, sessions: dict) -> None:
+    def start_trial(self, name: str, trial: Trial, sessions: dict[LaneStream, FusedSession]) -> None:
         """From the next frame on, `trial` (lanes/trial.py) measures model `name`'s candidate; `sessions`: the
         candidate's FusedSession of each canary stream attached now."""
-        self._post(("trial", name, trial, sessions))
+        self._post(BeginTrial(name, trial, sessions))
 
-    def end_trial(self, name: str, model, sessions: dict) -> None:
+    def end_trial(self, name: str, model: SessionSet, sessions: dict[LaneStream, FusedSession]) -> None:
         """The trial of `name` ends: `model` serves it from the next frame on (the candidate: promoted; the serving
         version: aborted), with `sessions` for the attached streams whose session changes. The loop stops the
         trial's thread once it no longer uses it."""
-        self._post(("end-trial", name, model, sessions))
+        self._post(EndTrial(name, model, sessions))
 
-    def _post(self, msg) -> None:
+    def _post(self, msg: Mail) -> None:
         self._mailbox.append(msg)
         self._bell.ring()
 
@@ -169,39 +222,40 @@ class Engine:
                 self.realtime_active = True
                 self.counters[dispatch.LANE_REALTIME] = 1
             except OSError as e:
-                self.events.append(("warning", f"real-time scheduling ({self.scheduling}, priority {self.priority}) "
-                                               f"refused: {e.strerror}; the loop runs at normal priority"))
+                self.events.append(Log("warning", f"real-time scheduling ({self.scheduling}, priority {self.priority}) "
+                                                  f"refused: {e.strerror}; the loop runs at normal priority"))
         if self.release_nice:  # from here on this thread holds no capability
             sandbox.release_nice()
 
     # ---------------------------------------------------------------- the loop
 
     def _apply_mail(self) -> None:
-        """Applies the control thread's news, in order (loop thread, or before it starts)."""
+        """Applies the control thread's news, in order (loop thread, or before it starts), by its type."""
         changed = False
         while self._mailbox:
-            kind, a, b, c = self._mailbox.popleft()
-            if kind == "attach":
-                if a.reader is not None and a.reader is not b:
-                    a.reader.close()  # an earlier producer's ring whose detach was overtaken
-                a.reader, (a.session, a.epoch) = b, c
-                lay = b.layout
-                a.geometry = (lay["width"], lay["height"])
+            msg = self._mailbox.popleft()
+            if isinstance(msg, Serve):
+                s, reader = msg.stream, msg.reader
+                if s.reader is not None and s.reader is not reader:
+                    s.reader.close()  # an earlier producer's ring whose detach was overtaken
+                s.reader, s.session, s.epoch = reader, msg.session, msg.epoch
+                lay = reader.layout
+                s.geometry = (lay["width"], lay["height"])
                 changed = True
-            elif kind == "detach":
-                if a.reader is b:
-                    a.reader, a.session = None, None
+            elif isinstance(msg, Unserve):
+                if msg.stream.reader is msg.reader:
+                    msg.stream.reader, msg.stream.session = None, None
                     changed = True
-                b.close()  # nobody serves it here any more: our fd now, the mapping with its last reference
-            elif kind == "trial":
-                self.trials[a] = b
-                for s, session in c.items():
+                msg.reader.close()  # nobody serves it here any more: our fd now, the mapping with its last reference
+            elif isinstance(msg, BeginTrial):
+                self.trials[msg.name] = msg.trial
+                for s, session in msg.sessions.items():
                     s.session = session
-            else:  # "model" (a reload's swap) or "end-trial"
-                if kind == "end-trial" and a in self.trials:
-                    self.trials.pop(a).stop()  # the loop's last touch of it: its thread may go now
-                self.models[a] = b
-                for s, session in c.items():
+            else:  # SwapModel (a reload's swap) or EndTrial
+                if isinstance(msg, EndTrial) and msg.name in self.trials:
+                    self.trials.pop(msg.name).stop()  # the loop's last touch of it: its thread may go now
+                self.models[msg.name] = msg.model
+                for s, session in msg.sessions.items():
                     s.session = session
         if changed:
             self._attached = [s for s in self.streams if s.reader is not None]
@@ -248,10 +302,14 @@ class Engine:
                 try:
                     self._serve(group)
                 except Exception as e:  # whatever a camera's ring makes go wrong is its stream's, not the lane's
-                    for s in group:
-                        s.stats.error += 1
-                    self.events.append(("error", f"stream {', '.join(s.name for s in group)}: "
-                                                 f"{type(e).__name__}: {e}"))
+                    for s in group:  # the frame it consumed and did not count yet: an error (exactly one outcome)
+                        st = s.stats
+                        missing = s.reader.native.owed_total - st.outcomes_total() if s.reader is not None else 0
+                        if missing > 0:
+                            st.error += 1
+                            st.overload += missing - 1
+                    self.events.append(Log("error", f"stream {', '.join(s.name for s in group)}: "
+                                                    f"{type(e).__name__}: {e}"))
                 finally:
                     news = False
                     for s in group:
@@ -266,13 +324,14 @@ class Engine:
                 counters[dispatch.LANE_BUSY_NS] += busy
                 resume_at = started + busy + int(busy * (1.0 - self.duty) / self.duty)
         except BaseException as e:  # the loop must never die silently
-            self.events.append(("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
+            self.events.append(Log("error", f"real-time loop stopped: {type(e).__name__}: {e}"))
             raise
 
     def _pick(self, mask: int) -> tuple[LaneStream, list[LaneStream]] | None:
-        """Claims the ready stream with the earliest deadline (the daemon's own arrival time + max_age),
-        except that a stream passed over as many times as there are other ready streams goes first: nobody
-        starves. (It, the ready streams in that order), or None if other lanes claimed every one first."""
+        """Claims the first ready stream in the policy's order (pick.py: earliest deadline, the daemon's own
+        arrival time + max_age, except that a stream passed over as many times as there are other ready streams
+        goes first: nobody starves). (It, the ready streams in that order), or None if other lanes claimed every
+        one first."""
         attached = self._attached
         if not mask & (mask - 1):  # one stream ready (the common case): nothing to order, nobody passed over
             s = attached[mask.bit_length() - 1]
@@ -283,12 +342,11 @@ class Engine:
             return None
         ready = [attached[i] for i in range(len(attached)) if mask >> i & 1]
         now = ring.monotonic_ns()
-        for s in ready:
-            s.deadline = (s.reader.native.pending_since_ns or now) + s.max_age_ns
-        others = len(ready) - 1
-        # Owed a turn first (the most passed over first), then earliest deadline.
-        ready.sort(key=lambda s: (-s.reader.native.passed_over if others and s.reader.native.passed_over >= others
-                                  else 0, s.deadline))
+        for s in ready:  # the cursors' words, read once into the records the policy orders (pick.py)
+            native = s.reader.native
+            s.deadline = pick.deadline(native.pending_since_ns, s.max_age_ns, now)
+            s.passed_over = native.passed_over
+        pick.rank(ready)
         for s in ready:
             native = s.reader.native
             if native.claim(self.lane_id):
@@ -302,18 +360,13 @@ class Engine:
     def _group(self, first: LaneStream, ready: list[LaneStream]) -> list[LaneStream]:
         """`first`, and with micro-batching (models.NAME.batch > 1) up to batch - 1 more ready streams of the
         same model and geometry, in the same order, claimed for this lane."""
-        limit = self.models[first.model].batch
-        if limit <= 1:
+        batch = self.models[first.model].batch
+        if batch <= 1:
             return [first]
-        # Work-conserving: with other lanes of this model idle, take only our share of the ready frames, not
-        # the whole batch (a lane that claimed all 4 streams of 4 left its idle peer nothing for a whole run).
-        idle = 1
-        for c in self._peer_counters.get(first.model, ()):
-            if c[dispatch.LANE_READY] and not c[dispatch.LANE_RUN_STARTED]:
-                idle += 1
-        if idle > 1:
-            same = 1 + sum(1 for s in ready if s is not first and s.session is first.session)
-            limit = min(limit, -(-same // idle))
+        # Work-conserving: with other lanes of this model idle, take only our share of the ready frames (pick.py).
+        idle = pick.idle_lanes(self._peer_counters.get(first.model, ()))
+        same = 1 + sum(1 for s in ready if s is not first and s.session is first.session) if idle > 1 else 0
+        limit = pick.batch_limit(batch, same, idle)
         group = [first]
         for s in ready:
             if len(group) >= limit:
@@ -338,7 +391,7 @@ class Engine:
 
     def _give_up(self, s: LaneStream, why: str) -> None:
         """Stops serving a ring that cannot be trusted any more; the control plane drops its producer."""
-        self.dropped.append((s, s.reader, why))
+        self.dropped.append(GaveUp(s, s.reader, why))
         s.reader.native.unclaim()
         s.reader, s.session = None, None
         self._attached = [x for x in self._attached if x is not s]
@@ -357,7 +410,7 @@ class Engine:
                 native = reader.native
                 st.overload += native.skipped
                 if len(self.shorts) < SHORTS_PENDING_MAX:
-                    self.shorts.append((s.name, native.last_seq, native.short_len, native.frame_bytes,
+                    self.shorts.append(Short(s.name, native.last_seq, native.short_len, native.frame_bytes,
                                         reader.geometry_key))
             elif status == ring.TAKE_CORRUPT:
                 st.torn += 1
@@ -455,9 +508,9 @@ class Engine:
             if self._run_options.terminate:
                 self.runs_cancelled += 1
                 counters[dispatch.LANE_CANCELLED] += 1
-                self.events.append(("error", f"stream {names}: inference passed its deadline and was cancelled"))
+                self.events.append(Log("error", f"stream {names}: inference passed its deadline and was cancelled"))
             else:
-                self.events.append(("error", f"stream {names}: inference failed: {e}"))
+                self.events.append(Log("error", f"stream {names}: inference failed: {e}"))
             return None
         finally:
             counters[dispatch.LANE_RUN_STARTED] = 0
@@ -472,12 +525,14 @@ class Engine:
             st.error += 1
             if trial is not None:
                 trial.decode_failed()
-            self.events.append(("error", f"stream {s.name}: {e}"))
+            self.events.append(Log("error", f"stream {s.name}: {e}"))
             return
         done = ring.monotonic_ns()
         writer = s.writer
         writer.resume()  # another lane may have written this stream's last record
         writer.set_wake(s.flags is None or s.flags[dispatch.FLAG_WAKE] != 0)
+        st.publishing_head = writer.head  # the publish journal (stats.py): head first, then whose record it is
+        st.publishing = s.reader.native.owed_total
         writer.write_served(frame, start, done, model.decoder.kind, payload, items, model.name_b, model.version_b,
                             s.geometry[0], s.geometry[1])
         published = ring.monotonic_ns()

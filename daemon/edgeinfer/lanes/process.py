@@ -1,4 +1,4 @@
-"""A lane: one process, one real-time loop (engine.py) and its control thread.
+"""A lane: one process, one real-time loop (loop.py) and its control thread.
 
 Forked by the zygote (zygote.py) with the dispatch table, the streams and their
 result writers already mapped. The control plane talks to it over one
@@ -19,15 +19,17 @@ import select
 import socket
 import sys
 import time
+from typing import NamedTuple
 
 from edgeinfer.lanes import dispatch, gcwatch
 from edgeinfer.abi import ring
+from edgeinfer.abi.vocabulary import OUTCOMES
 from edgeinfer.lanes.protocol import (TO_LANE, Abort, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
                                       ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
                                       TrialReport, from_memfd, receive, send)
 from edgeinfer.lanes.trial import Trial
 from edgeinfer.support import sandbox
-from edgeinfer.lanes.loop import Engine
+from edgeinfer.lanes.loop import Loop
 from edgeinfer.lanes.stream import LaneStream
 from edgeinfer.support.memtrim import DeferredTrim
 from edgeinfer.models.runtime import SessionSet, ThreadPlan
@@ -37,6 +39,12 @@ EVENT_LOG_S = 60.0        # the loop's same event (its numbers aside) is logged 
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIAL_REPORT_S = 1.0     # how often a trial's figures go to the control plane
+
+
+class Held(NamedTuple):
+    """A ring this lane handed to its loop: the producer generation, and the ring."""
+    epoch: int
+    reader: ring.FrameReader
 
 
 class LogLimiter:
@@ -77,7 +85,7 @@ class Lane:
         # This lane's own working state per stream it may serve (the inherited Streams stay as made).
         self.streams = {s.index: LaneStream(s) for s in streams if s.model in self.model_names}
         bells = [ring.Doorbell(table.memory, table.doorbell_offset(i)) for i in range(table.n_lanes)]
-        self.engine = Engine({}, list(self.streams.values()), lane=lane, counters=table.lane_counters(lane),
+        self.engine = Loop({}, list(self.streams.values()), lane=lane, counters=table.lane_counters(lane),
                              bell=bells[lane], peers=[b for i, b in enumerate(bells) if i != lane],
                              loop_cpus=loop_cpus, scheduling=rt.scheduling, priority=rt.priority,
                              duty_ceiling=rt.duty_ceiling, spin_us=rt.spin_us, idle_timeout_ms=rt.idle_timeout_ms,
@@ -90,7 +98,7 @@ class Lane:
         self.staged: dict[str, SessionSet] = {}
         self.trials: dict[str, Trial] = {}  # a rollout's candidate per model (the loop has its own reference)
         self.next_report = 0.0
-        self.rings: dict[int, tuple[int, ring.FrameReader]] = {}  # stream → (epoch, reader) handed to the loop
+        self.rings: dict[int, Held] = {}  # by stream index: the rings handed to the loop
         self.trim = DeferredTrim()  # gives a replaced model's freed memory back to the kernel
         self.mutes_logged = LogLimiter(MUTE_LOG_S)  # by stream
         self.events_logged = LogLimiter(EVENT_LOG_S)  # by (level, message with its numbers as #)
@@ -153,7 +161,7 @@ class Lane:
         out = {}
         for s in self.streams.values():
             if s.model == name and s.index in self.rings and (only is None or s.index in only):
-                session = model.get(self.rings[s.index][1].geometry_key)
+                session = model.get(self.rings[s.index].reader.geometry_key)
                 if session is not None:
                     out[s] = session
         return out
@@ -207,7 +215,7 @@ class Lane:
             r = t.report()
             send(self.sock, TrialReport(name, t.candidate.version, r["frames"], r["agreed"], r["answers"], r["runs"],
                                         r["errors"], r["skipped"], _sparse(t.candidate_hist), _sparse(t.serving_hist),
-                                        None))
+                                        None, _sparse(t.ratio_hist)))
 
     def on_attach(self, msg: Attach, fds) -> None:
         """Takes the ring's fd (fds[0]) and the fused graph's memfd (fds[1])."""
@@ -228,7 +236,8 @@ class Lane:
             for fd in fds:
                 os.close(fd)
         reader.geometry_key = geometry
-        reader.native.share(self.table.memory, self.table.cursor_offset(index), epoch)
+        reader.native.share(self.table.memory, self.table.cursor_offset(index), epoch, self.table.stats_offset(index),
+                            len(OUTCOMES))
         try:
             session = self.models[s.model].add(geometry, fused, pinned=self.pinned())
         except Exception as e:
@@ -238,7 +247,7 @@ class Lane:
         trial = self.trials.get(s.model)
         if trial is not None and index in trial.canary:  # a canary stream is served by the candidate
             session = trial.candidate.get(geometry) or session
-        self.rings[index] = (epoch, reader)
+        self.rings[index] = Held(epoch, reader)
         self.engine.attach(s, reader, session, epoch)
         send(self.sock, Attached(index, epoch, None), wait_s=REPLY_WAIT_S)
 
@@ -250,9 +259,9 @@ class Lane:
 
     def detach(self, index: int, epoch: int) -> None:
         held = self.rings.get(index)
-        if held is not None and held[0] == epoch:
+        if held is not None and held.epoch == epoch:
             del self.rings[index]
-            self.engine.detach(self.streams[index], held[1])
+            self.engine.detach(self.streams[index], held.reader)
 
     def on_stall(self, msg: Stall, fds) -> None:
         if self.cfg.runtime.fault_injection:
@@ -277,28 +286,29 @@ class Lane:
         self.trim.run_due()
         self.report_trials(time.monotonic())
         counters = self.table.lane_counters(self.id)
-        held = list(self.models.values()) + list(self.staged.values()) + [t.candidate for t in self.trials.values()]
-        counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in held)
-        counters[dispatch.LANE_EVICTIONS] = sum(m.evictions for m in held)
+        sets = list(self.models.values()) + list(self.staged.values()) + [t.candidate for t in self.trials.values()]
+        counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in sets)
+        counters[dispatch.LANE_EVICTIONS] = sum(m.evictions for m in sets)
         e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)  # counted by the loop when the run returns
         for t in self.trials.values():  # a trial thread's run: counted an error by the thread when it returns
             t.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)
         while e.events:
-            level, message = e.events.pop(0)
+            level, message = e.events.pop(0)  # a protocol.Log
             since = self.events_logged.hit((level, re.sub(r"\d+", "#", message)), time.monotonic())
             if since is not None:  # (an error on every frame is a line a minute, not one a frame)
                 self.log(level, message + (f" (and {since} more like it since the last such line)" if since else ""))
         while e.muted:
             self.report_muted(e.muted.pop(0))
         while e.shorts:  # said by the control plane: a stream's frames go to any of its lanes
-            send(self.sock, Short(*e.shorts.pop(0)))
+            send(self.sock, e.shorts.pop(0))  # a protocol.Short already
         while e.dropped:
-            s, reader, why = e.dropped.pop(0)
+            gone = e.dropped.pop(0)
+            s = gone.stream
             held = self.rings.get(s.index)
-            if held is not None and held[1] is reader:
+            if held is not None and held.reader is gone.reader:
                 del self.rings[s.index]
-                send(self.sock, Dropped(s.index, held[0], why), wait_s=REPLY_WAIT_S)
-            reader.close()
+                send(self.sock, Dropped(s.index, held.epoch, gone.why), wait_s=REPLY_WAIT_S)
+            gone.reader.close()
 
     def report_muted(self, stream: str) -> None:
         """A camera rang its doorbell without frames: said once per MUTE_LOG_S per stream (the loop may

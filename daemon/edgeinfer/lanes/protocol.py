@@ -76,13 +76,13 @@ class Abort(NamedTuple):
 
 
 class Attach(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(): read as .index only
     epoch: int
     geometry: tuple
 
 
 class Detach(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(): read as .index only
     epoch: int
 
 
@@ -113,13 +113,13 @@ class Staged(NamedTuple):
 
 
 class Attached(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(): read as .index only
     epoch: int
     error: str | None
 
 
 class Dropped(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(): read as .index only
     epoch: int
     why: str
 
@@ -136,6 +136,7 @@ class TrialReport(NamedTuple):
     candidate_us: tuple  # run-time histograms (lanes/trial.py buckets), flat (bucket, count) pairs
     serving_us: tuple
     problem: str | None  # the trial thread's trouble, if any
+    ratios: tuple = ()   # paired run-time ratios candidate ÷ serving (lanes/trial.py ratio buckets), flat pairs
 
 
 class Short(NamedTuple):

@@ -16,8 +16,11 @@ from edgeinfer.abi.hist import HIST_BYTES, StageHistograms
 from edgeinfer.abi.vocabulary import OUTCOMES
 
 WINDOW = 4096  # recent frames kept for quantiles
-# Counter slots: the outcomes, then frames recorded in the windows, the last frame id, the lane that served last.
-_COUNTERS = OUTCOMES + ("count", "last_frame_id", "last_lane")
+# Counter slots: the outcomes, then frames recorded in the windows, the last frame id, the lane that served last,
+# and the publish journal: the cursor's journal total (lanes.h j_total) of the frame whose result is being written,
+# and the result ring's head before that write (written in that order, head first): a lane that dies between the
+# write and its count leaves a result that the control plane's settlement counts as processed (dispatch.py).
+_COUNTERS = OUTCOMES + ("count", "last_frame_id", "last_lane", "publishing", "publishing_head")
 _NCOUNTERS = 16
 _WINDOWS = ("e2e_ns", "infer_ns", "age_ns", "done_ns")
 STATS_BYTES = _NCOUNTERS * 8 + len(_WINDOWS) * WINDOW * 8 + HIST_BYTES  # one stream's block
@@ -78,6 +81,10 @@ class StreamStats:
         w_age[i] = age
         w_done[i] = done
         c[7] += 1
+
+    def outcomes_total(self) -> int:
+        """The outcome counters' exact sum (Python ints: no int64 wrap), against a cursor's journal total."""
+        return sum(self._w[: len(OUTCOMES)])
 
     @property
     def offered(self) -> int:

@@ -10,12 +10,17 @@ process from a `Stream`: the ring it serves now, the fused session for that
 ring's geometry, the producer generation, the deadline of its pending frame.
 Its fields are flat copies (the loop reads them on every frame), and no other
 process holds one. What the control plane keeps about a stream (its producer's
-connection, readers, churn) is control/streams.py's `StreamState`.
+connection, readers, churn) is control/streamstate.py's `StreamState`.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from edgeinfer.abi import ring
 from edgeinfer.lanes.stats import StreamStats
+
+if TYPE_CHECKING:
+    from edgeinfer.models.runtime import FusedSession
 
 
 class Stream:
@@ -38,13 +43,23 @@ class Stream:
 class LaneStream:
     """One lane's working state for a stream (the lane process only)."""
 
-    __slots__ = Stream.__slots__ + ("reader", "session", "geometry", "epoch", "deadline")
+    __slots__ = Stream.__slots__ + ("reader", "session", "geometry", "epoch", "deadline", "passed_over")
+    # Stream's fields, copied flat by __init__ (declared for the type checker: setattr hides them)
+    name: str
+    index: int
+    model: str
+    writer: ring.ResultWriter
+    max_age_ns: int
+    priority: int
+    stats: StreamStats
+    flags: Any
 
     def __init__(self, stream: Stream):
         for field in Stream.__slots__:
             setattr(self, field, getattr(stream, field))
         self.reader: ring.FrameReader | None = None  # the producer's ring being served
-        self.session = None     # the FusedSession for that ring's geometry
+        self.session: FusedSession | None = None  # the FusedSession for that ring's geometry
         self.geometry = (0, 0)  # (width, height) of the attached ring
         self.epoch = 0          # producer generation of the attached ring
         self.deadline = 0       # of the pending frame, set while picking
+        self.passed_over = 0    # picks that went to other streams while it was ready (its cursor's), read while picking

@@ -17,7 +17,9 @@ import os
 import select
 import signal
 import time
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
+from edgeinfer.abi import ring
 from edgeinfer.lanes import dispatch
 from edgeinfer.lanes.fusedfds import FusedFds
 from edgeinfer.lanes.handle import LaneHandle
@@ -26,24 +28,40 @@ from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
 from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Attached, Commit, Detach, Discard, Dropped,
                                       Log, ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
                                       TrialReport, receive, send, to_memfd)
-from edgeinfer.lanes.trials import TrialBook
+from edgeinfer.lanes.trialbook import TrialBook
+
+if TYPE_CHECKING:
+    from edgeinfer.config.schema import Config
+    from edgeinfer.config.sections import LaneConfig
+    from edgeinfer.lanes.stream import Stream
+    from edgeinfer.lanes.zygote import Zygote
+    from edgeinfer.models.runtime import ModelRuntime
 
 log = logging.getLogger("edgeinferd")
 
 REPLY_TIMEOUT_S = 60.0  # a lane building and warming a model's sessions (the watchdog is fed meanwhile)
 
 
-class LaneSet:
-    def __init__(self, cfg, plans, streams, table: dispatch.DispatchTable, zygote, on_dropped, keepalive=None):
+class AttachedRing(NamedTuple):
+    """A producer's ring handed to the lanes: the reader the control plane keeps, its generation, its geometry."""
+    reader: ring.FrameReader
+    epoch: int
+    geometry: tuple
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, plans: list[LaneConfig], streams: list[Stream], table: dispatch.DispatchTable,
+                 zygote: Zygote, on_dropped: Callable[[Stream, int, str], None],
+                 keepalive: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.table = table
         self.zygote = zygote
         self.streams = streams            # every Stream (lanes/stream.py), by index order
-        # The rings handed to the lanes, by stream index: (reader, epoch, geometry). A restarted lane gets them
-        # again from here; a reload stages the geometries in use from here.
-        self.attached: dict[int, tuple] = {}
+        # The rings handed to the lanes, by stream index. A restarted lane gets them again from here; a reload
+        # stages the geometries in use from here.
+        self.attached: dict[int, AttachedRing] = {}
         self.lanes = [LaneHandle(i, p) for i, p in enumerate(plans)]
-        self.runtimes: dict[str, object] = {}  # model name → the verified ModelRuntime being served
+        self.runtimes: dict[str, ModelRuntime] = {}  # model name → the verified ModelRuntime being served
         self.on_dropped = on_dropped      # (stream, epoch, why): a lane gave up on, or refused, a ring
         self.keepalive = keepalive        # called while waiting on lanes (feeds the watchdog while they progress)
         self.fatal: str | None = None     # why the lanes cannot go on (the zygote died): the daemon exits
@@ -57,7 +75,7 @@ class LaneSet:
 
     # ---------------------------------------------------------------- start
 
-    def start(self, runtimes: dict, geometries: dict) -> None:
+    def start(self, runtimes: dict[str, ModelRuntime], geometries: dict[str, list[tuple]]) -> None:
         """Spawns every lane and loads its models; raises BundleError if a lane cannot load one."""
         self.runtimes = dict(runtimes)
         for ln in self.lanes:
@@ -108,7 +126,8 @@ class LaneSet:
 
     # ---------------------------------------------------------------- models
 
-    def stage(self, name: str, model, geometries, lanes=None) -> dict[str, str]:
+    def stage(self, name: str, model: ModelRuntime, geometries: Iterable[tuple],
+              lanes: list[LaneHandle] | None = None) -> dict[str, str]:
         """Every lane holding `name` (or those of `lanes`) builds and warms `model` (a verified ModelRuntime)
         next to what it serves, from the fused graphs made here. {lane: error} of refusals."""
         errors = {}
@@ -138,7 +157,7 @@ class LaneSet:
                     send(ln.sock, Discard(name), wait_s=REPLY_WAIT_S)
         return errors
 
-    def commit(self, name: str, model=None) -> None:
+    def commit(self, name: str, model: ModelRuntime | None = None) -> None:
         """Every lane holding `name` serves its staged version from its next frame on."""
         if model is not None:
             self.runtimes[name] = model
@@ -146,7 +165,8 @@ class LaneSet:
             if ln.sock is not None and not send(ln.sock, Commit(name), wait_s=REPLY_WAIT_S):
                 self._lost(ln, "did not take the model's commit: restarted to serve one version")
 
-    def start_trial(self, name: str, model, geometries, mode: str, sample: float, canary: tuple) -> None:
+    def start_trial(self, name: str, model: ModelRuntime, geometries: Iterable[tuple], mode: str, sample: float,
+                    canary: Iterable[int]) -> None:
         """`model`, staged for `name` (stage(), for `geometries`), becomes its rollout's candidate in every lane
         holding it: measured in shadow, or serving the streams of `canary` (indices). Its reports arrive in
         self.trials; a lane restarted meanwhile is given it again (or says why not there)."""
@@ -156,7 +176,7 @@ class LaneSet:
             if ln.sock is not None and not send(ln.sock, msg, wait_s=REPLY_WAIT_S):
                 self._lost(ln, "did not take the rollout's trial: restarted")
 
-    def end_trial(self, name: str, promote_to=None) -> None:
+    def end_trial(self, name: str, promote_to: ModelRuntime | None = None) -> None:
         """Ends the trial of `name`: promote_to (the candidate's ModelRuntime) serves every stream, or (None) the
         candidate is dropped and the serving version serves on."""
         self.trials.end(name)
@@ -170,21 +190,22 @@ class LaneSet:
 
     # ---------------------------------------------------------------- streams
 
-    def attach(self, stream, reader, epoch: int, geometry) -> None:
+    def attach(self, stream: Stream, reader: ring.FrameReader, epoch: int, geometry: tuple) -> None:
         """Hands a producer's ring (generation `epoch`) to every live lane holding the stream's model."""
-        self.attached[stream.index] = (reader, epoch, geometry)
+        self.attached[stream.index] = AttachedRing(reader, epoch, geometry)
         for ln in self.holding(stream.model):
             if ln.sock is not None:
                 self._send_attach(ln, stream, reader, epoch, geometry)
 
-    def _send_attach(self, ln: LaneHandle, stream, reader, epoch: int, geometry) -> None:
+    def _send_attach(self, ln: LaneHandle, stream: Stream, reader: ring.FrameReader, epoch: int,
+                     geometry: tuple) -> None:
         fused = self.fused.fd(stream.model, self.runtimes[stream.model], geometry)
         if not send(ln.sock, Attach(stream.index, epoch, tuple(geometry)), [reader.fd, fused], wait_s=REPLY_WAIT_S):
             log.error("%s: cannot hand it stream %s (its control socket is full)", ln.name, stream.name)
 
-    def detach(self, stream, epoch: int) -> None:
+    def detach(self, stream: Stream, epoch: int) -> None:
         held = self.attached.get(stream.index)
-        if held is not None and held[1] == epoch:
+        if held is not None and held.epoch == epoch:
             del self.attached[stream.index]
         for ln in self.holding(stream.model):
             if ln.sock is not None:
@@ -220,12 +241,12 @@ class LaneSet:
             log.error("%s: cannot serve stream %s: %s", ln.name, stream.name, msg.error)
             self.on_dropped(stream, msg.epoch, f"refused by {ln.name}: {msg.error}")
 
-    def _stream_of(self, ln: LaneHandle, index: int):
+    def _stream_of(self, ln: LaneHandle, index: int) -> Stream:
         if not 0 <= index < len(self.streams) or self.streams[index].model not in ln.plan.models:
             raise ProtocolError(f"stream index {index}: not one of {ln.name}'s streams")
         return self.streams[index]
 
-    def report_short(self, stream: str, seq: int, received: int, expected: int, geometry) -> None:
+    def report_short(self, stream: str, seq: int, received: int, expected: int, geometry: tuple | None) -> None:
         """A frame counted `short`: said once per EVENT_LOG_S per stream, with both lengths (a camera that gets
         the frame length wrong sends every frame short, and without this line nothing says why)."""
         since = self.shorts_logged.hit(stream, time.monotonic())
@@ -302,8 +323,13 @@ class LaneSet:
         counters = self.table.lane_counters(ln.index)
         counters[dispatch.LANE_READY] = 0
         counters[dispatch.LANE_RUN_STARTED] = 0
-        # Free any stream it held mid-frame: otherwise nobody could claim it again. It is dead now (_kill
-        # waited), and no other lane writes an owner word that is not 0, so a plain store is safe.
+        # What it held mid-frame: the outcomes it owed are counted (every published frame has exactly one), then
+        # the stream is freed (otherwise nobody could claim it again). It is dead now (_kill waited), and no other
+        # lane writes an owner word that is not 0, so plain stores are safe.
+        for s in self.table.settle_cursors_of(ln.index, self.streams):
+            log.error("stream %s: frame %d had no outcome when %s died (%s): counted %s%s", s.stream, s.seq,
+                      ln.name, why, s.outcome, f", and the {s.skipped} frames skipped before it as overload"
+                      if s.skipped else "")
         self.table.free_cursors_of(ln.index)
         self._maybe_restart(ln, time.monotonic())
 
@@ -338,9 +364,9 @@ class LaneSet:
                 send(ln.sock, Commit(name))
                 if name in self.trials.trials:
                     self._restart_trial(ln, name)
-            for index, (reader, epoch, geometry) in self.attached.items():
+            for index, held in self.attached.items():
                 if self.streams[index].model in ln.plan.models:
-                    self._send_attach(ln, self.streams[index], reader, epoch, geometry)
+                    self._send_attach(ln, self.streams[index], held.reader, held.epoch, held.geometry)
             ln.state = "ready"
             log.info("%s restarted (pid %d, restart %d)", ln.name, ln.pid, ln.restarts)
         except (BundleError, OSError, RuntimeError) as e:
@@ -363,9 +389,9 @@ class LaneSet:
             log.info("model %s: %s restarted with the rollout's candidate %s beside the serving version", name,
                      ln.name, model.version)
 
-    def geometries_attached(self, model: str) -> list:
+    def geometries_attached(self, model: str) -> list[tuple]:
         """The geometries of the rings of `model`'s streams that the lanes serve now."""
-        return sorted({g for i, (_r, _e, g) in self.attached.items() if self.streams[i].model == model})
+        return sorted({held.geometry for i, held in self.attached.items() if self.streams[i].model == model})
 
     # ---------------------------------------------------------------- health
 
@@ -378,7 +404,7 @@ class LaneSet:
         """Every lane made progress after `since`, or is being restarted within its budget (LaneHandle)."""
         return all(ln.watchdog_ok(since, self.cfg.runtime.lane_restarts) for ln in self.lanes)
 
-    def status(self, now_ns: int) -> dict:
+    def status(self, now_ns: int) -> dict[str, dict]:
         return {ln.name: ln.status(self.table.lane_counters(ln.index)) for ln in self.lanes}
 
     def stop(self, timeout_s: float = 5.0) -> None:

@@ -21,8 +21,16 @@ import os
 import signal
 import socket
 import threading
+from typing import TYPE_CHECKING
 
 from edgeinfer.lanes import process as lanes_proc
+
+if TYPE_CHECKING:
+    from edgeinfer.config.schema import Config
+    from edgeinfer.config.sections import LaneConfig
+    from edgeinfer.lanes.dispatch import DispatchTable
+    from edgeinfer.lanes.stream import Stream
+    from edgeinfer.support.sandbox import LaneIdentity
 
 PR_SET_PDEATHSIG = 1
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGPIPE)
@@ -38,7 +46,8 @@ def _die_with_parent(parent: int) -> None:
 class Zygote:
     """The control plane's handle on the zygote."""
 
-    def __init__(self, cfg, plans, streams, table, lane_identity=None):
+    def __init__(self, cfg: Config, plans: list[LaneConfig], streams: list[Stream], table: DispatchTable,
+                 lane_identity: LaneIdentity | None = None) -> None:
         if len(threading.enumerate()) != 1:
             raise RuntimeError("the lanes' zygote must be forked before any thread starts")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -99,7 +108,8 @@ class Zygote:
         self.sock.close()  # the zygote sees EOF and exits; its lanes are stopped by the control plane
 
 
-def _serve(sock: socket.socket, cfg, plans, streams, table, lane_identity) -> int:
+def _serve(sock: socket.socket, cfg: Config, plans: list[LaneConfig], streams: list[Stream], table: DispatchTable,
+           lane_identity: LaneIdentity | None) -> int:
     zygote = os.getpid()
     while True:
         data, fds, _f, _a = socket.recv_fds(sock, 256, 1)

@@ -1,2 +1,2 @@
-"""Model bundles: loading, checks, signing, the rollback floor, the runtime, the fused pre-processing graph,
-output decoders (decoders/) and the offline tools (tools/: quantize, bench, bundle writing)."""
+"""Model bundles and what runs them: loading, checks, signing, the runtime, output decoders (decoders/) and
+the offline tools (tools/). Rank 1. Its modules, one job each: docs/architecture.md, "Module map"."""

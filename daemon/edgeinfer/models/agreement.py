@@ -10,6 +10,8 @@ of those pairs. A raw model's outputs have no agreed meaning to compare.
 from __future__ import annotations
 
 import dataclasses
+import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -18,8 +20,26 @@ from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION
 IOU_MATCH = 0.5
 METRICS = {KIND_CLASSIFICATION: "top1", KIND_DETECTION: "boxes_iou50"}
 # The least agreement accepted by default: INT8 against FP32 (quantize), a candidate against the serving version
-# (a rollout's gate). docs/operations.md, "INT8 quantization", says why these values.
+# (a rollout's gate). docs/operations/models-and-trust.md, "INT8 quantization", says why these values.
 DEFAULT_MIN_AGREEMENT = {KIND_CLASSIFICATION: 0.98, KIND_DETECTION: 0.90}
+
+
+def z_score(confidence: float) -> float:
+    """The two-sided normal quantile of `confidence` (0.95: 1.96)."""
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def wilson(agreed: int, n: int, confidence: float) -> tuple[float, float]:
+    """The Wilson score interval of a share `agreed`/`n` at `confidence` (two-sided): (low, high). (0, 1) when
+    nothing was compared. Unlike the normal approximation it stays inside [0, 1] and is not zero wide at 0 or n
+    agreed: 203 of 203 at 95 % is [0.9814, 1]; 202 of 203 is [0.9726, 0.9991]."""
+    if n <= 0:
+        return 0.0, 1.0
+    z = z_score(confidence)
+    p, z2 = agreed / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 class NotComparable(ValueError):

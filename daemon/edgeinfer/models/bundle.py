@@ -1,7 +1,7 @@
 """Model bundles: a directory with model.onnx, model.yaml and model.sig.
 Every file is opened and its size checked against the limits before any byte
 is read; reading then takes every file once into memory from the same open
-file; signing.load_verified_bundle checks the signature on those bytes before
+file; verify.load_verified_bundle checks the signature on those bytes before
 anything is parsed, and ONNX Runtime and the YAML parser get exactly the bytes
 that were checked."""
 from __future__ import annotations
@@ -14,11 +14,12 @@ import os
 import stat
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from edgeinfer.models.decoders import params_union
 from edgeinfer.models.placement import ResizeMode
 from edgeinfer.abi.vocabulary import ModelFormat, channels
+from edgeinfer.support.strictmodel import StrictModel
 from edgeinfer.support.yamlconf import ConfigError, load_yaml_model
 
 MODEL_FILE = "model.onnx"
@@ -50,11 +51,7 @@ class SizeLimits:
         return self.other, "each other file of a bundle (model.max_file_mib)"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class InputSpec(_Strict):
+class InputSpec(StrictModel):
     name: str                                   # the graph input the frames feed
     width: int = Field(ge=1, le=16384)
     height: int = Field(ge=1, le=16384)
@@ -62,7 +59,7 @@ class InputSpec(_Strict):
     layout: Literal["nchw", "nhwc"] = "nchw"
 
 
-class PreprocessSpec(_Strict):
+class PreprocessSpec(StrictModel):
     scale: float = 1.0                                     # applied first: x * scale
     mean: list[float] = Field(default_factory=lambda: [0.0])  # then (x - mean) / std, per channel
     std: list[float] = Field(default_factory=lambda: [1.0])
@@ -81,7 +78,7 @@ class PreprocessSpec(_Strict):
         return self
 
 
-class QuantizationInfo(_Strict):
+class QuantizationInfo(StrictModel):
     """What `edgeinferctl model quantize` measured when it wrote this INT8 bundle (signed with the rest of
     model.yaml; informational: the daemon serves the model like any other)."""
     method: Literal["static-int8-qdq"]
@@ -102,7 +99,7 @@ class QuantizationInfo(_Strict):
     max_score_delta_allowed: float | None = None
 
 
-class ModelMeta(_Strict):
+class ModelMeta(StrictModel):
     name: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     # The anti-rollback floor is kept per family (rollback.py): a model renamed in a later
     # version keeps its family, so the rename does not reset the floor. Default: the name.
@@ -245,7 +242,7 @@ def read_bundle_files(path: str, limits: SizeLimits = SizeLimits()) -> dict[str,
 
 def parse_bundle(path: str, files: dict[str, bytes]) -> Bundle:
     """Parses bundle files already read (and, for anything that will run, verified:
-    see signing.load_verified_bundle, the only loader the daemon uses); their sizes
+    see verify.load_verified_bundle, the only loader the daemon uses); their sizes
     were checked before they were read (OpenBundle)."""
     try:
         meta = load_yaml_model(ModelMeta, files[META_FILE].decode("utf-8"), os.path.join(path, META_FILE))

@@ -15,7 +15,7 @@ from typing import Callable
 from edgeinfer.models.bundle import SizeLimits
 from edgeinfer.models.runtime import ModelRuntime
 from edgeinfer.models.rollback import RollbackState
-from edgeinfer.models.signing import TrustStore, load_verified_bundle
+from edgeinfer.models.verify import TrustStore, load_verified_bundle
 
 
 def check_bundle(path: str, trust_dir: str, limits: SizeLimits = SizeLimits(),

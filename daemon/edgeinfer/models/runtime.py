@@ -11,8 +11,10 @@ daemon without bound.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
+import os
 import threading
 import time
 
@@ -30,7 +32,13 @@ from edgeinfer.support.yamlconf import clip
 
 @dataclasses.dataclass(frozen=True)
 class ThreadPlan:
-    """How ONNX Runtime's intra-op threads are sized and pinned."""
+    """How ONNX Runtime's intra-op threads are sized and pinned.
+
+    Pinned by inheritance, not by ORT's `session.intra_op_thread_affinities`: with that, each pool thread pins
+    itself by its own tid, which a lane's seccomp filter refuses (a lane sets CPUs for pid 0 only, so that it
+    can never re-pin another lane's loop: native/harden.h). A session is built (`building`) while the calling
+    thread has the extra threads' CPUs, so the pool threads ORT starts then are born on them; the caller gets
+    its own CPUs back afterwards. The extra threads share their CPUs (one each with ORT's option)."""
 
     threads: int = 1               # intra-op threads, the calling (loop) thread included
     extra_thread_cpus: tuple = ()  # CPU of each extra thread (0-based); empty: not pinned
@@ -44,11 +52,27 @@ class ThreadPlan:
         if self.threads > 1:
             # Idle pool threads must not spin: the loop's duty ceiling counts on idle CPUs being idle.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            if self.extra_thread_cpus:
-                # 1-based CPU ids, one group per extra thread (the calling thread is never pinned by ORT).
-                spec = ";".join(str(c + 1) for c in self.extra_thread_cpus[: self.threads - 1])
-                so.add_session_config_entry("session.intra_op_thread_affinities", spec)
         return so
+
+    @contextlib.contextmanager
+    def building(self):
+        """Around an InferenceSession's creation: the pool threads it starts are born on the extra threads' CPUs
+        (the calling thread's own, set for pid 0, are given back after)."""
+        cpus = set(self.extra_thread_cpus[: self.threads - 1]) if self.threads > 1 else set()
+        if not cpus:
+            yield
+            return
+        own = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, own)
+
+    def session(self, model, **kw) -> ort.InferenceSession:
+        """An InferenceSession of `model` (bytes or path) with these threads, its extra ones pinned."""
+        with self.building():
+            return ort.InferenceSession(model, sess_options=self.session_options(), **kw)
 
 
 class FusedSession:
@@ -160,8 +184,7 @@ class SessionSet:
             del self._sessions[victim]
             self.evictions += 1
         try:
-            sess = ort.InferenceSession(fused, sess_options=self.threads.session_options(),
-                                        providers=["CPUExecutionProvider"])
+            sess = self.threads.session(fused, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
         s = FusedSession(sess, *key, batch=self.batch)

@@ -1,6 +1,6 @@
 """Signing model bundles: sign_bundle() (`edgeinferctl model sign`; what the stock `model_signing sign` CLI
 writes), and self_sign() (`edgeinferctl model self-sign`, the demo and benchmarks): a signed copy of an
-unsigned bundle with a one-off key, its public half trusted. signing.py verifies what these make and
+unsigned bundle with a one-off key, its public half trusted. verify.py verifies what these make and
 re-exports them.
 """
 from __future__ import annotations

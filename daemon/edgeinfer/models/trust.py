@@ -2,7 +2,7 @@
 only root or the daemon's user could have put there), a new key pair (generate_keys), and installing a
 public key in a store (copy_trust). SignatureError, raised for every refusal, is defined here.
 
-signing.py verifies bundles against a TrustStore and re-exports these names.
+verify.py verifies bundles against a TrustStore and re-exports these names.
 """
 from __future__ import annotations
 

@@ -1,11 +1,14 @@
-"""Compatibility: `python -m edgeinfer.producers.avdecode` is the documented command of the RTSP decoder child
-(docs/operations.md): the ffmpeg producer runs it under this name (what `ps`/`pgrep` show), and a camera
-service started before an upgrade re-runs it by this name on its next reconnection. The code lives in
-edgeinfer.cameras.avdecode."""
+"""Deprecated name, removed in 0.4.0: `python -m edgeinfer.producers.avdecode` runs the RTSP decoder child,
+whose code and name are now edgeinfer.cameras.avdecode (what the ffmpeg producer launches since 0.3). It stays
+for one release because a camera service started before an upgrade still has the old producer in memory and
+re-runs the child by this name on its next reconnection; a restart of the camera's unit ends that. Nothing is
+said on stderr: the child's stderr is its protocol with the producer (one line per event)."""
 import os
 import sys
 
 from edgeinfer.cameras.avdecode import main
+
+REMOVED_IN = "0.4.0"
 
 if __name__ == "__main__":
     code = main()

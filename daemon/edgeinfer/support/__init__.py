@@ -1,2 +1,2 @@
-"""Small leaf helpers: YAML with line numbers, sd_notify, memory trim, CPU flags, state files. The bottom
-layer, with abi/: it imports nothing else of edgeinfer."""
+"""Small leaf helpers. The bottom layer, with abi/: it imports nothing else of edgeinfer.
+Its modules, one job each: docs/architecture.md, "Module map"."""

@@ -2,8 +2,9 @@
 
 A lane parses bytes a camera wrote, so it keeps only what serving needs:
 - **its uid:** a daemon started as root runs its lanes as `runtime.lane_user` (default: the package's user
-  `edgeinfer`; where that user does not exist and none is configured, `nobody`, said at every start). A daemon
-  started as another user (systemd's `User=edgeinfer`) runs its lanes as that user;
+  `edgeinfer`; where that user does not exist and none is configured, a dynamic uid of its own, as systemd's
+  DynamicUser= allocates one, said at every start: never `nobody`, whose other processes could signal a lane).
+  A daemon started as another user (systemd's `User=edgeinfer`) runs its lanes as that user;
 - **its capabilities:** none, except CAP_SYS_NICE for as long as the loop thread needs it to take its real-time
   priority when RLIMIT_RTPRIO does not allow it (raised to the priority first where this process may, as under
   systemd's `LimitRTPRIO=`); the loop thread then drops it, and so does the lane's other thread. From the first
@@ -15,6 +16,8 @@ Call `harden_lane` in the freshly forked lane, before it starts a thread (capabi
 """
 from __future__ import annotations
 
+import fcntl
+import grp
 import os
 import pwd
 from typing import NamedTuple
@@ -22,7 +25,12 @@ from typing import NamedTuple
 from edgeinfer import _harden
 
 DEFAULT_LANE_USER = "edgeinfer"  # the package's user (packaging/debian/edgeinfer.postinst)
-FALLBACK_LANE_USER = "nobody"
+# Without it: a uid (and a gid of the same number) from systemd's range for dynamic users, which no passwd or
+# group entry names (nss-systemd lists the ones systemd gave out) and no process holds, locked for the daemon's
+# life so that two daemons never share one (docs/decisions/0033-a-dynamic-lane-uid-instead-of-nobody.md).
+DYNAMIC_UIDS = range(61184, 65520)
+DYNAMIC_UID_LOCKS = "/run/edgeinfer-lane-uids"
+_held_locks: list[int] = []  # the lock of each dynamic uid this process took: held until it exits
 
 
 class LaneIdentity(NamedTuple):
@@ -30,11 +38,12 @@ class LaneIdentity(NamedTuple):
     uid: int
     gid: int
     name: str
+    dynamic: bool = False  # a uid of DYNAMIC_UIDS, locked for this daemon: no user's, no other process's
 
 
 def lane_identity(configured: str | None) -> tuple[LaneIdentity | None, str | None]:
     """(who lanes run as, a warning to log at every start or None). Not root: None, lanes keep the daemon's ids.
-    A configured user is checked when the configuration is loaded (config.py); here it exists."""
+    A configured user is checked when the configuration is loaded (config/sections.py); here it exists."""
     if os.geteuid() != 0:
         return None, None
     name = configured or DEFAULT_LANE_USER
@@ -43,14 +52,65 @@ def lane_identity(configured: str | None) -> tuple[LaneIdentity | None, str | No
     except KeyError:
         if configured:
             raise ValueError(f"runtime.lane_user: no such user: {configured!r}") from None
-        pw = pwd.getpwnam(FALLBACK_LANE_USER)
-        return (LaneIdentity(pw.pw_uid, pw.pw_gid, pw.pw_name),
-                f"edgeinferd runs as root and there is no user {DEFAULT_LANE_USER}: its lanes run as "
-                f"{FALLBACK_LANE_USER}. Create the user (the package does: useradd --system {DEFAULT_LANE_USER}) "
-                f"or name one in runtime.lane_user")
+        uid = dynamic_uid()
+        return (LaneIdentity(uid, uid, f"dynamic uid {uid}", dynamic=True),
+                f"edgeinferd runs as root and there is no user {DEFAULT_LANE_USER}: its lanes run as dynamic uid "
+                f"{uid}, which no other process has. Create the user (the package does: useradd --system "
+                f"{DEFAULT_LANE_USER}) or name one in runtime.lane_user")
     if pw.pw_uid == 0:
         raise ValueError(f"runtime.lane_user: {name!r} is root; lanes never run as root")
     return LaneIdentity(pw.pw_uid, pw.pw_gid, pw.pw_name), None
+
+
+def _uids_in_use() -> set[int]:
+    """Every real, effective, saved and file-system uid a live process holds now."""
+    used = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/status") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            used.update(int(u) for u in line.split()[1:])
+                            break
+            except OSError:
+                continue  # gone meanwhile
+    return used
+
+
+def _named(uid: int) -> bool:
+    """Whether a passwd or group entry (files, nss-systemd's dynamic users, LDAP...) has this number."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
+
+
+def dynamic_uid(uids: range = DYNAMIC_UIDS, locks: str = DYNAMIC_UID_LOCKS) -> int:
+    """Root: a uid of `uids` that no passwd or group entry names and no process holds, locked (flock on
+    `locks`/<uid>) for as long as this process and its children live. OSError when every one is taken."""
+    os.makedirs(locks, mode=0o700, exist_ok=True)
+    used = _uids_in_use()
+    for uid in uids:
+        if uid in used or _named(uid):
+            continue
+        fd = os.open(os.path.join(locks, str(uid)), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)  # another daemon's, whose lanes have not started yet
+            continue
+        if uid in _uids_in_use():  # a lane of a daemon that took it and has since died
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            continue
+        _held_locks.append(fd)
+        return uid
+    raise OSError(f"no free dynamic uid for the lanes in {uids.start}-{uids.stop - 1}: create the user "
+                  f"{DEFAULT_LANE_USER} or name one in runtime.lane_user")
 
 
 def harden_lane(identity: LaneIdentity | None, scheduling: str, priority: int) -> bool:

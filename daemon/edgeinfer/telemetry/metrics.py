@@ -60,6 +60,11 @@ class DaemonCollector:
                                       labels=["stream", "model"])
         readers = GaugeMetricFamily("edgeinfer_stream_readers", "Result reader connections held.",
                                     labels=["stream", "model"])
+        pooled = GaugeMetricFamily("edgeinfer_stream_pool",
+                                   "1 for a stream of a network front's pool (pools: of the configuration), absent "
+                                   "for a camera's: a pool stream's end-to-end latency is its request's age by "
+                                   "design (the front's own latency is the figure to watch).",
+                                   labels=["stream", "model", "pool"])
         last_lane = GaugeMetricFamily("edgeinfer_stream_last_lane", "The lane that served the stream's last frame.",
                                       labels=["stream", "model"])
         for s in streams:
@@ -78,8 +83,10 @@ class DaemonCollector:
             rolling.add_sample(rolling.name + "_sum", {"stream": s.name, "model": s.model}, total_s)
             connected.add_metric(ids, 1.0 if s.connected else 0.0)
             readers.add_metric(ids, float(s.readers))
+            if s.pool is not None:
+                pooled.add_metric([*ids, s.pool], 1.0)
             last_lane.add_metric(ids, float(s.stats.last_lane))
-        yield from (stage, e2e, frames, rolling, connected, readers, last_lane)
+        yield from (stage, e2e, frames, rolling, connected, readers, pooled, last_lane)
 
         yield from self._lanes(d)
         yield from self._models(d)
@@ -105,15 +112,19 @@ class DaemonCollector:
         if d.fds is not None:
             closer = d.fds
             yield GaugeMetricFamily("edgeinfer_fd_closer_waiting",
-                                    "Fds sent by clients (and their connections) handed to the fd closer thread and "
+                                    "Fds sent by clients (and their connections) handed to the fd closer threads and "
                                     "not closed yet.", value=float(closer.waiting))
             yield CounterMetricFamily("edgeinfer_fd_closer_slow_closes",
-                                      "Closes of a client's fd that took longer than 1 s (a socket whose close "
-                                      "blocks): the fd closer thread waited, the control plane did not.",
-                                      value=closer.slow)
-            yield CounterMetricFamily("edgeinfer_ingress_intake_pauses",
-                                      f"Times the ingress took nothing in because {closer.limit} fds were still "
-                                      "closing.", value=closer.saturations)
+                                      "Closes of a client's fd that took longer than 1 s (a file whose close "
+                                      "blocks): a closer thread of that client's party waited, the control plane "
+                                      "did not.", value=closer.slow)
+            yield GaugeMetricFamily("edgeinfer_fd_closer_full_parties",
+                                    f"Parties (uids) with {closer.limit} fds still closing: their new connections "
+                                    "are refused (reason closer_backlog) until they are closed.",
+                                    value=float(closer.full_parties))
+            yield GaugeMetricFamily("edgeinfer_fd_closer_threads",
+                                    "Closer threads now (at most 2 per party with fds closing).",
+                                    value=float(closer.threads))
         yield CounterMetricFamily("edgeinfer_producers_restored",
                                   "Producers served on from systemd's fd store when this daemon started.",
                                   value=d.restored)
@@ -125,6 +136,10 @@ class DaemonCollector:
                                   "Reads of frame-ring pages that were gone (absorbed; the stream was dropped). A "
                                   "sealed ring cannot shrink, so this stays 0: defence in depth.",
                                   value=ring.sigbus_absorbed())
+        yield GaugeMetricFamily("edgeinfer_uptime_seconds", "Seconds since the daemon started, on its monotonic "
+                                "clock, when this scrape's figures were read: the time between two scrapes' "
+                                "counters is the difference of theirs (edgeinferctl status divides by it).",
+                                value=d.uptime_s)
         h = self.health
         yield GaugeMetricFamily("edgeinfer_healthy", "1 when every lane made progress within its deadline.",
                                 value=1.0 if h.healthy() else 0.0)
@@ -223,13 +238,19 @@ class DaemonCollector:
         agreement = GaugeMetricFamily("edgeinfer_rollout_agreement", "Share of answers the candidate gives as the "
                                       "serving version does (top-1, or boxes matched at IoU 0.5).", labels=versions)
         ratio = GaugeMetricFamily("edgeinfer_rollout_p99_ratio", "The candidate's p99 run time divided by the "
-                                  "serving version's, on the same lanes.", labels=versions)
+                                  "serving version's, over the paired runs (informs; the gate is the median "
+                                  "ratio's).", labels=versions)
+        bounds = {k: GaugeMetricFamily(f"edgeinfer_rollout_{k}", help_, labels=versions) for k, help_ in (
+            ("time_ratio", "Median of the paired run-time ratios candidate / serving (same frame, same thread)."),
+            ("time_ratio_high", "Upper confidence bound of that median (the gate passes when it is <= the gate)."),
+            ("agreement_low", "Lower Wilson confidence bound of the agreement (the gate passes when >= the gate)."))}
         errors = GaugeMetricFamily("edgeinfer_rollout_error_rate", "The candidate's failed, cancelled or undecodable "
                                    "runs divided by its runs.", labels=versions)
         elapsed = GaugeMetricFamily("edgeinfer_rollout_elapsed_seconds", "Seconds since this rollout began.",
                                     labels=versions)
         gates = GaugeMetricFamily("edgeinfer_rollout_gate", "The model's rollout gates and window (min_agreement, "
-                                  "max_p99_ratio, max_error_rate, min_frames, min_seconds).", labels=["model", "gate"])
+                                  "max_time_ratio, max_error_rate, confidence, min_frames, min_seconds, max_seconds).",
+                                  labels=["model", "gate"])
         decisions = CounterMetricFamily("edgeinfer_rollout_decisions", "Rollouts decided since the start, by "
                                         "decision (promote, rollback).", labels=[*versions, "decision"])
         for m in d.models:
@@ -248,10 +269,12 @@ class DaemonCollector:
             active.add_metric([*labels, r.policy], 1.0)
             frames.add_metric(labels, f.frames)
             elapsed.add_metric(labels, f.elapsed_s)
-            for family, value in ((agreement, f.agreement), (ratio, f.p99_ratio), (errors, f.error_rate)):
+            for family, value in ((agreement, f.agreement), (ratio, f.p99_ratio), (errors, f.error_rate),
+                                  (bounds["time_ratio"], f.time_ratio), (bounds["time_ratio_high"], f.time_ratio_high),
+                                  (bounds["agreement_low"], f.agreement_low)):
                 if value is not None:
                     family.add_metric(labels, value)
-        yield from (active, frames, agreement, ratio, errors, elapsed, gates, decisions)
+        yield from (active, frames, agreement, ratio, errors, elapsed, *bounds.values(), gates, decisions)
 
 
 def _drift(view: DriftView):
@@ -296,7 +319,7 @@ class Health:
     model_ready; the HTTP thread only reads."""
 
     def __init__(self, lanes, models, streams, deadline_s: float, requires_stream: bool):
-        """lanes: the LaneSet (stuck lanes); models: the model registry (its `served`: fallbacks); streams: the
+        """lanes: the Supervisor (stuck lanes); models: the model registry (its `served`: fallbacks); streams: the
         streams' states (`connected`)."""
         self.lanes = lanes
         self.models = models

@@ -20,6 +20,7 @@ class StreamView:
     geometry: tuple | None        # (pixel format, height, width) served now
     attaches: int                 # producers admitted so far
     readers: int                  # reader connections held
+    pool: str | None = None       # the front's pool it is a stream of (pools: in the configuration); None: a camera's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,15 @@ class Figures:
     p99_candidate_us: float | None
     p99_serving_us: float | None
     elapsed_s: float
+    # The evidence's strength (control/rollout.py): agreement's Wilson interval, and the median of the paired
+    # run-time ratios candidate ÷ serving with its interval, both at the gates' confidence; pairs: ratios counted.
+    agreement_low: float | None = None
+    agreement_high: float | None = None
+    time_ratio: float | None = None
+    time_ratio_low: float | None = None
+    time_ratio_high: float | None = None
+    pairs: int = 0
+    confidence: float | None = None
 
     @property
     def error_rate(self) -> float | None:
@@ -47,9 +57,12 @@ class Figures:
     def said(self) -> str:
         def f(v, spec):
             return "-" if v is None else format(v, spec)
-        return (f"{self.frames} frames compared in {self.elapsed_s:.0f} s, agreement {f(self.agreement, '.4f')}, "
-                f"p99 run {f(self.p99_candidate_us, '.0f')} µs against {f(self.p99_serving_us, '.0f')} µs "
-                f"(ratio {f(self.p99_ratio, '.2f')}), errors {self.errors} of {self.runs} runs")
+        conf = f" at {self.confidence:.0%}" if self.confidence is not None else ""
+        return (f"{self.frames} frames compared in {self.elapsed_s:.0f} s, agreement {f(self.agreement, '.4f')} "
+                f"(bounds {f(self.agreement_low, '.4f')}–{f(self.agreement_high, '.4f')}{conf}), paired run-time "
+                f"ratio median {f(self.time_ratio, '.2f')} (bounds {f(self.time_ratio_low, '.2f')}–"
+                f"{f(self.time_ratio_high, '.2f')}{conf}, {self.pairs} pairs), p99 run {f(self.p99_candidate_us, '.0f')}"
+                f" µs against {f(self.p99_serving_us, '.0f')} µs, errors {self.errors} of {self.runs} runs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +73,7 @@ class RolloutView:
     candidate: str | None          # its version while one is under way
     canary: tuple
     figures: Figures | None
-    gates: dict                    # {min_agreement, max_p99_ratio, max_error_rate, min_frames, min_seconds}
+    gates: dict                    # {min_agreement, max_time_ratio, max_error_rate, confidence, min_frames, ...}
     decisions: dict                # {(serving, candidate, decision): count} since the start
     last: dict | None              # the last decision: {decision, serving, candidate, why, figures}
 
@@ -97,10 +110,11 @@ class LoopView:
 
 @dataclasses.dataclass(frozen=True)
 class FdCloserView:
-    waiting: int                  # fds handed to the closer thread, not closed yet
+    waiting: int                  # fds handed to the closer threads, not closed yet
     slow: int                     # closes that took over 1 s
-    limit: int
-    saturations: int              # times the ingress took nothing in because the closer was full
+    limit: int                    # fds a party may have waiting before its new connections are refused
+    full_parties: int             # parties at that limit now
+    threads: int                  # closer threads now
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +152,7 @@ class Snapshot:
     uptime_s: float
     streams: tuple[StreamView, ...]
     models: tuple[ModelView, ...]
-    lanes: dict                   # LaneSet.status(): {lane: {state, pid, progress, busy_ns, ...}}
+    lanes: dict                   # Supervisor.status(): {lane: {state, pid, progress, busy_ns, ...}}
     registry: RegistryView
     refusals: dict                # {(stream, role, reason): count}
     loop: LoopView

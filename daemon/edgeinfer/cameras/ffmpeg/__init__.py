@@ -27,10 +27,7 @@ What a supervisor (systemd, an operator) can rely on:
   (fps 0), or at its own rate with at most `fps` frames a second published (the others
   dropped, never duplicated).
 
-The modules, in the order a feed uses them: options.py (FfmpegOptions), ffprobe.py (the ffmpeg program, its
-hardware decoders, ffprobe on the source), output.py (the ring's geometry and colorimetry), cmdline.py (the
-child's command line), child.py (one decoder child and its two pipes), clock.py (StreamClock), errors.py
-(FeedError, ffmpeg's words in ours), feed.py (run: the loop and its reconnections). The names below are the
+Its modules, in the order a feed uses them, one job each: docs/architecture.md, "Module map". The names below are the
 package's: importers use `edgeinfer.cameras.ffmpeg`.
 """
 from edgeinfer.cameras.ffmpeg.child import EXIT_WAIT_S, POLL_S, PTS_WAIT_S  # noqa: F401

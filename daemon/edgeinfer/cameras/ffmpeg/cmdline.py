@@ -50,7 +50,7 @@ def ffmpeg_args(ffmpeg: str, o: FfmpegOptions) -> list[str]:
 
 def avdecode_args(o: FfmpegOptions) -> list[str]:
     """The PyAV decoder (avdecode.py) with the same input options and output as ffmpeg_args gives the program."""
-    args = [sys.executable, "-m", "edgeinfer.producers.avdecode"]
+    args = [sys.executable, "-m", "edgeinfer.cameras.avdecode"]
     for key, value in _input_options(o, o.read_timeout).items():
         args += ["--option", f"{key}={value}"]
     if o.width is not None:

@@ -1,5 +1,5 @@
-"""edgeinferctl's subcommands, one module a group (the parser that names them: ctl.py): streams (results,
-feed), camera, model (and keys), views (status, top, demo)."""
+"""edgeinferctl's subcommands, one module a group (the parser that names them: ctl.py).
+Its modules, one job each: docs/architecture.md, "Module map"."""
 from __future__ import annotations
 
 import signal

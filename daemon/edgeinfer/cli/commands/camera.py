@@ -1,4 +1,4 @@
-"""`edgeinferctl camera add|list|test|run`: cameras as services (cameras/services.py)."""
+"""`edgeinferctl camera add|list|test|run`: cameras as services (cameras/units.py)."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +10,7 @@ _CAMERA_KEYS = ("source", "stream", "width", "height", "pixel_format", "fps", "t
 
 
 def cmd_camera_add(args) -> int:
-    from edgeinfer.cameras import services as cameras
+    from edgeinfer.cameras import units as cameras
     path, entry = cameras.add(args.name, {k: getattr(args, k) for k in _CAMERA_KEYS}, args.dir,
                               create_user=not args.no_user)
     print(f"wrote {path}; the camera runs as user {cameras.user_of(args.name)}")
@@ -23,7 +23,7 @@ def cmd_camera_add(args) -> int:
 
 
 def cmd_camera_list(args) -> int:
-    from edgeinfer.cameras import services as cameras
+    from edgeinfer.cameras import units as cameras
     from edgeinfer.support.yamlconf import ConfigError
     for name in cameras.names(args.dir):
         try:
@@ -37,7 +37,7 @@ def cmd_camera_list(args) -> int:
 
 
 def cmd_camera_test(args) -> int:
-    from edgeinfer.cameras import services as cameras
+    from edgeinfer.cameras import units as cameras
     from edgeinfer.cameras.ffmpeg import FeedError
     try:
         cameras.test(args.name, args.dir, args.frames)
@@ -48,7 +48,7 @@ def cmd_camera_test(args) -> int:
 
 
 def cmd_camera_run(args) -> int:
-    from edgeinfer.cameras import services as cameras
+    from edgeinfer.cameras import units as cameras
     from edgeinfer.cameras.ffmpeg import FeedError
     try:
         n = cameras.run(args.name, args.dir, stop=stop_flag())

@@ -56,7 +56,7 @@ def _table(rows: list[dict], out) -> None:
 
 
 def cmd_decisions(args) -> int:
-    from edgeinfer.bridges.decisions import DecisionReader
+    from edgeinfer.bridges.decisionlog import DecisionReader
     since = parse_time(args.since) if args.since else None
     until = parse_time(args.until) if args.until else None
     reader = DecisionReader(args.db)

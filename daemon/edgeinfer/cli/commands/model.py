@@ -13,7 +13,7 @@ def cmd_model_bundle(args) -> int:
 
 
 def cmd_model_sign(args) -> int:
-    from edgeinfer.models.signing import sign_bundle
+    from edgeinfer.models.verify import sign_bundle
     print(sign_bundle(args.bundle, args.key, args.cert, tuple(args.chain)))
     return 0
 
@@ -46,7 +46,7 @@ def cmd_model_verify(args) -> int:
 
 def cmd_model_self_sign(args) -> int:
     from edgeinfer.models.bundle import SizeLimits
-    from edgeinfer.models.signing import self_sign
+    from edgeinfer.models.verify import self_sign
     verified = []
     pub = self_sign(args.bundle, args.out, args.trust_dir, args.key_name,
                     check=lambda out, trust: verified.append(_verify(out, trust, SizeLimits(), None)))
@@ -103,11 +103,18 @@ def cmd_model_rollout(args) -> int:
     from edgeinfer.cli import rolloutview
     from edgeinfer.cli.statusview import Endpoint
     try:
-        url = Endpoint(args.url, args.config).url
+        endpoint = Endpoint(args.url, args.config)
         if args.action == "show":
-            print(rolloutview.render(args.name, rolloutview.read(url, args.name)))
+            print(rolloutview.render(args.name, rolloutview.read(endpoint.url, args.name, endpoint=endpoint)))
             return 0
-        code, said = rolloutview.request(url, args.name, args.action, args.state_dir, args.wait)
+        state_dir = args.state_dir
+        if state_dir is None:  # the daemon's own, from the configuration that says where its metrics are
+            try:
+                state_dir = rolloutview.state_dir_of(args.config)
+            except (ValueError, OSError) as e:  # ConfigError is a ValueError
+                raise ValueError(f"cannot tell the daemon's model.state_dir: {e} (give --state-dir DIR, or "
+                                 "--config the daemon's configuration)") from None
+        code, said = rolloutview.request(endpoint.url, args.name, args.action, state_dir, args.wait, endpoint)
     except (OSError, ValueError) as e:
         print(f"edgeinferctl: {e}", file=sys.stderr)
         return 1
@@ -116,7 +123,7 @@ def cmd_model_rollout(args) -> int:
 
 
 def cmd_keys_generate(args) -> int:
-    from edgeinfer.models.signing import generate_keys
+    from edgeinfer.models.verify import generate_keys
     key, pub = generate_keys(args.out, args.name, args.curve)
     print(f"private key {key} (0600: keep it off the edge hosts)\npublic key  {pub} (install it in the trust "
           f"store, e.g. /etc/edgeinfer/trust/)")

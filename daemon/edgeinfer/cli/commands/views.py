@@ -4,12 +4,12 @@ from __future__ import annotations
 
 def cmd_status(args) -> int:
     from edgeinfer.cli.statusview import Endpoint, status
-    return status(Endpoint(args.url, args.config))
+    return status(Endpoint(args.url, args.config, args.timeout))
 
 
 def cmd_top(args) -> int:
     from edgeinfer.cli.statusview import Endpoint, top
-    return top(Endpoint(args.url, args.config), args.iterations)
+    return top(Endpoint(args.url, args.config, args.timeout), args.iterations)
 
 
 def cmd_demo(args) -> int:

@@ -13,9 +13,10 @@ import dataclasses
 from typing import Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION, KIND_NONE, KIND_RAW, KIND_TENSORS  # noqa: F401
+from edgeinfer.support.strictmodel import StrictModel
 from edgeinfer.support.yamlconf import clip
 
 _REGISTRY: dict[str, type["Decoder"]] = {}
@@ -25,10 +26,8 @@ class DecoderError(ValueError):
     """Bad decoder parameters, or outputs that do not fit the decoder."""
 
 
-class DecoderParams(BaseModel):
+class DecoderParams(StrictModel):
     """Parameters every decoder takes. Subclasses add theirs and narrow `type` to their name."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
     type: str
     # The model output decoded: its index among the graph's outputs, or its name.
     output: Union[int, str] = Field(0, description="output index (0-based) or name")

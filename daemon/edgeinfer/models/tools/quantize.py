@@ -39,7 +39,7 @@ from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION, KIND_DETECTION, frame_
 # The model input inside the fused graph: fusion's last preprocessing tensor, which merge_models wires to the
 # model's input (fusion.fuse's io_map).
 MODEL_INPUT_IN_FUSED = _PREFIX + "out"
-# Defaults of the gate (docs/operations.md, "INT8 quantization" says why these values; the minimum agreement is
+# Defaults of the gate (docs/operations/models-and-trust.md, "INT8 quantization" says why these values; the minimum agreement is
 # models/agreement.py's, which a rollout's agreement gate takes too).
 DEFAULT_MAX_SCORE_DELTA = {KIND_CLASSIFICATION: 0.15, KIND_DETECTION: 0.25}
 
@@ -147,7 +147,7 @@ def run_model(model: ModelRuntime, frames: list[tuple[np.ndarray, str]]) -> list
 
 def default_version(version: str) -> str:
     """The source version as a post-release (0.0.11 → 0.0.11.post1): ordered after the FP32 model it comes
-    from and before the next release, in the same family (docs/operations.md)."""
+    from and before the next release, in the same family (docs/operations/models-and-trust.md)."""
     import re
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
         raise ValueError(f"source version {version!r} has a suffix already: pass --version for the INT8 bundle")
@@ -183,7 +183,7 @@ def finish_bundle(tmp: str, out: str, key: str | None, trust_dir: str | None) ->
     """Checks the bundle written in `tmp` with the daemon's model checks, names it `out`, signs it (key) and
     runs the daemon's full checks (trust_dir). Any failure removes it."""
     from edgeinfer.models.check import check_bundle
-    from edgeinfer.models.signing import sign_bundle
+    from edgeinfer.models.verify import sign_bundle
     written = False
     try:
         m = ModelRuntime(load_unverified_bundle(tmp), threads=_threads(), warmup_runs=1)

@@ -8,7 +8,7 @@ synthetic one) under systemd:
   bounded exponential backoff (0.5 s doubling to 10 s, at most 1 s for a source whose last frame is under a
   minute old: short outages keep the ring and the daemon's attachment); an outage longer than WatchdogSec
   stops the pings and systemd restarts the unit (Restart=always): a long outage is visible as restarts, and nothing
-  waits forever. docs/operations.md, "Cameras as services".
+  waits forever. docs/operations/cameras.md, "Cameras as services".
 - STATUS= says how many frames were published and the last reconnection's reason.
 The unit runs as the camera's own user, `edgeinfer-cam-NAME` (`camera add` creates it), which
 is the stream's `producer:` in edgeinferd.yaml: ABI 2 identifies a producer by its uid, so a
@@ -26,10 +26,11 @@ import time
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from edgeinfer.abi.constants import INGRESS_SOCKET
 from edgeinfer.abi.vocabulary import FrameFormat, RtspClock, takes_source_colour
+from edgeinfer.support.strictmodel import StrictModel
 from edgeinfer.support.yamlconf import load_yaml_file, load_yaml_model
 
 CAMERA_DIR = "/etc/edgeinfer/cameras"
@@ -55,8 +56,7 @@ def check_name(name: str) -> str:
     return name
 
 
-class CameraConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class CameraConfig(StrictModel):
     source: str = Field(min_length=1, description="file, rtsp:// or http(s):// URL, /dev/videoN, or synthetic")
     stream: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$",
                                   description="edgeinferd's stream name (default: the camera's name)")
@@ -161,6 +161,9 @@ def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.envir
                       on_publish=unit.published)
 
 
+DECODED_MAX_AGE_MS = 400  # camera add's max_age_ms for a file or network source (the default 200 is a device's)
+
+
 def add(name: str, fields: dict, directory: str = CAMERA_DIR, create_user: bool = True) -> tuple[str, str]:
     """Writes NAME.yaml (validated first, replaced atomically) and, as root, creates the camera's user in group
     edgeinfer. Returns (path, the stream entry for edgeinferd.yaml)."""
@@ -187,6 +190,12 @@ def add(name: str, fields: dict, directory: str = CAMERA_DIR, create_user: bool 
     size += f"    pixel_format: {cam.frame_format}\n" if not takes_source_colour(cam.frame_format) else \
         f"    pixel_format: {cam.pixel_format}  # with the source's colorimetry, e.g. {cam.pixel_format}:bt709 " \
         "(camera test says it)\n"
+    # A decoded file or network stream: a frame with B-frames after it is handed over ~150 ms after its capture
+    # stamp, which leaves the default max_age_ms (200) no slack on a busy host: its frames would be dropped stale.
+    from edgeinfer.cameras.ffmpeg import source_kind
+    if cam.source != SYNTHETIC and source_kind(cam.source) != "device":
+        size += (f"    max_age_ms: {DECODED_MAX_AGE_MS}  # decoded frames (B-frames) are ~150 ms old when handed over: "
+                 "the default 200 drops them stale on a busy host\n")
     entry = (f"streams:\n  - name: {cam.stream or name}\n    producer: {{user: {user_of(name)}}}\n{size}"
              f"    # readers: {{users: [...], groups: [...]}}  who may read its results\n")
     return path, entry

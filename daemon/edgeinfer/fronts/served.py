@@ -1,6 +1,6 @@
 """The models a gateway serves, whatever the protocol: each request to its rings and back.
 
-`Models` holds, per model, a `SizePool` per accepted frame size (pool.py),
+`ServedModels` holds, per model, a `SizePool` per accepted frame size (pool.py),
 the version last seen serving it, its outputs as last seen, and whether it is
 ready (a warm-up frame came back through the daemon). A front checks its
 protocol's framing, then calls `infer()`, which finds the rings of the frame's
@@ -21,7 +21,7 @@ from edgeinfer.abi.payloads import PayloadError
 from edgeinfer.config.labels import LabelSource
 from edgeinfer.fronts.outputs import Output, outputs_of
 from edgeinfer.fronts.plan import ModelPlan
-from edgeinfer.fronts.pool import FrontError, SizePool, Slot, Timing
+from edgeinfer.fronts.pool import HOLD_NS_START, PROBE_RETRY_MAX_S, FrontError, SizePool, Slot, Timing
 
 log = logging.getLogger("edgeinfer-gateway")
 
@@ -47,7 +47,7 @@ class ServedModel:
         return ", ".join(f"{w}x{h}" for w, h in self.plan.sizes)
 
 
-class Models:
+class ServedModels:
     def __init__(self, plans: dict[str, ModelPlan], *, ingress_socket: str, results_socket: str,
                  labels: LabelSource):
         self.labels = labels
@@ -67,6 +67,30 @@ class Models:
         except BaseException:
             self.close()
             raise
+        self._pools: list[SizePool] = [p for m in self.served.values() for p in m.pools.values()]
+        if self._slots:  # the probe: reconnects often while edgeinferd is away; the others follow it (keep())
+            self._slots[0].reader.retry_max = PROBE_RETRY_MAX_S
+        self._attached = self._attach_count()
+
+    def _attach_count(self) -> int:
+        return sum(s.reader.attach_count for s in self._slots)
+
+    def full(self) -> bool:
+        """Every size of every model would shed a request now (read without locks): a request to infer is refused at
+        its HEADERS, before its message is read (whichever model it names, it would be shed)."""
+        return all(p.full for m in self.served.values() for p in m.pools.values())
+
+    def retry_ms(self) -> int:
+        """The retry hint of a request refused because every model is full: the soonest any size has room."""
+        return min((p.retry_ms() for m in self.served.values() for p in m.pools.values()), default=1)
+
+    def hopeless(self, budget_ns: int) -> bool:
+        """A request with this much time left could not be answered in time by any size of any model now (each would
+        make it wait longer than that; read without locks): it is refused at its HEADERS."""
+        for p in self._pools:
+            if p.wait_ns() <= budget_ns:
+                return False
+        return bool(self._pools)
 
     def largest_frame_bytes(self) -> int:
         """The largest frame any ring takes (the gRPC front's message limit is derived from it)."""
@@ -96,7 +120,7 @@ class Models:
         try:
             rec = slot.run(frame, deadline_ns, timing)
         finally:
-            pool.release(slot)
+            pool.release(slot, ran=timing.published != 0)
         if rec.status != 0:
             raise FrontError("INTERNAL", f"model {m.plan.name}: the daemon could not serve this frame (result status "
                              f"{rec.status})", "result_status")
@@ -115,10 +139,23 @@ class Models:
     # ---------------------------------------------------------------- the keeper
 
     def keep(self) -> None:
-        """Reconnects free rings; warms each model not ready yet (one zero frame of its first size)."""
+        """Reconnects free rings; warms each model not ready yet (one zero frame of its first size). A result ring
+        that reconnected says edgeinferd serves again: every other one tries at once, not after its backoff."""
         for m in self.served.values():
             for pool in m.pools.values():
                 pool.keep()
+        attached = self._attach_count()
+        if attached != self._attached:
+            self._attached = attached
+            behind = [s for s in self._slots if not s.reader.connected]
+            for s in behind:
+                s.reader.retry_now()
+            if behind:
+                for m in self.served.values():
+                    for pool in m.pools.values():
+                        pool.keep()
+                self._attached = self._attach_count()
+        for m in self.served.values():
             if not m.warm and all(p.connected for p in m.pools.values()):
                 self._warm(m)
 
@@ -128,6 +165,7 @@ class Models:
             try:
                 rec = self.infer(m, frame, w, h, time.monotonic_ns() + int(WARMUP_DEADLINE_S * 1e9), Timing())
                 self.outputs(m, rec)
+                pool.hold_ns = HOLD_NS_START  # a first frame may build the lanes' session: not the pace
             except FrontError as e:
                 if str(e) != m.warm_error:
                     log.warning("model %s: warm-up frame %dx%d not answered: %s", m.plan.name, w, h, e)

@@ -1,6 +1,6 @@
 """Drift's measure: what of a model's decoded outputs is compared, its bins, a reference of those distributions,
 and the population stability index between a window and its reference (control/drift.py, the chore that reads
-the result rings, uses them; docs/operations.md, "Drift").
+the result rings, uses them; docs/operations/metrics-and-alerts.md, "Drift").
 
 What is measured, per frame:
 - a classifier: its top-1 class, and its top-1 score;
@@ -16,9 +16,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from edgeinfer.abi.vocabulary import ITEM_VALUES, KIND_CLASSIFICATION, KIND_DETECTION, KIND_NAMES
+from edgeinfer.support.strictmodel import StrictModel
 
 EPS = 1e-4                              # the floor of a bin's proportion in the PSI
 BOX_EDGES = np.array([1, 2, 3, 4, 6, 10])  # boxes per frame: 0 | 1 | 2 | 3 | 4-5 | 6-9 | 10+
@@ -64,17 +65,15 @@ def frame_features(kind: int, payload: bytes, item_count: int):
     return rows[:, 5].astype(np.int64), rows[:, 4].astype(np.float64), item_count
 
 
-class _Features(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Features(StrictModel):
     classes: list[int] = Field(min_length=2)   # per class id seen, then "other" (ids it never saw)
     score_edges: list[float]
     score: list[int]
     boxes: list[int] | None = None             # per BOX_BUCKETS (detectors)
 
 
-class _ReferenceDoc(BaseModel):
+class _ReferenceDoc(StrictModel):
     """The file: `features` holds counts; the rest says what it is the reference of."""
-    model_config = ConfigDict(extra="forbid", frozen=True)
     format: int = Field(1, ge=1, le=1)
     kind: str
     frames: int = Field(ge=1)

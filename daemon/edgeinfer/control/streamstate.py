@@ -14,8 +14,9 @@ from edgeinfer.lanes.stream import Stream
 
 
 class StreamState:
-    def __init__(self, stream: Stream, producer_desc: str = "", readers_desc: str = ""):
+    def __init__(self, stream: Stream, producer_desc: str = "", readers_desc: str = "", pool: str | None = None):
         self.stream = stream
+        self.pool = pool                # the front's pool it is a stream of; None: a camera's
         self.conn = None                # the admitted producer's connection (ingress.Client)
         self.ring: ring.FrameReader | None = None  # the ring handed to the lanes for it
         self.geometry: tuple | None = None  # (pixel format, height, width) being served

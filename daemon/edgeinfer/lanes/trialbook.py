@@ -4,7 +4,7 @@ it. control/rollout.py reads the reports and decides; lanes/supervisor.py sends 
 from __future__ import annotations
 
 from edgeinfer.lanes.protocol import ProtocolError, StartTrial, TrialReport
-from edgeinfer.lanes.trial import BUCKETS
+from edgeinfer.lanes.trial import BUCKETS, RATIO_BUCKETS
 
 
 class TrialBook:
@@ -31,10 +31,10 @@ class TrialBook:
         if msg.name not in models:
             raise ProtocolError(f"TrialReport.name {msg.name[:40]!r}: not one of the lane's models")
         counts = (msg.frames, msg.agreed, msg.answers, msg.runs, msg.errors, msg.skipped)
-        hists = (msg.candidate_us, msg.serving_us)
+        hists = ((msg.candidate_us, BUCKETS), (msg.serving_us, BUCKETS), (msg.ratios, RATIO_BUCKETS))
         if (min(counts) < 0 or msg.agreed > msg.answers or msg.errors > msg.runs
-                or any(len(h) % 2 or len(h) > 2 * BUCKETS or not all(isinstance(v, int) and v >= 0 for v in h)
-                       or not all(h[i] < BUCKETS for i in range(0, len(h), 2)) for h in hists)):
+                or any(len(h) % 2 or len(h) > 2 * n or not all(isinstance(v, int) and v >= 0 for v in h)
+                       or not all(h[i] < n for i in range(0, len(h), 2)) for h, n in hists)):
             raise ProtocolError(f"TrialReport for {msg.name[:40]!r}: figures out of range")
         reports = self.reports.get(msg.name)
         if reports is not None:

@@ -10,19 +10,16 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from edgeinfer.abi import constants
+from edgeinfer.support.strictmodel import StrictModel
 from edgeinfer.support.yamlconf import load_yaml_file
 
 MQTT_CONFIG = "/etc/edgeinfer/mqtt.yaml"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BrokerTls(_Strict):
+class BrokerTls(StrictModel):
     ca: str | None = None     # PEM CA bundle that signed the broker's certificate (default: the system's)
     cert: str | None = None   # a client certificate (PEM), for brokers that require one
     key: str | None = None    # its private key
@@ -35,7 +32,7 @@ class BrokerTls(_Strict):
         return v
 
 
-class Broker(_Strict):
+class Broker(StrictModel):
     host: str = "localhost"
     port: int = Field(1883, ge=1, le=65535)
     tls: BrokerTls | None = None
@@ -53,7 +50,7 @@ class Broker(_Strict):
         return str(v) if isinstance(v, (int, float)) else v
 
 
-class Rule(_Strict):
+class Rule(StrictModel):
     """An event rule (rules.py): which items of a decoded result match, how many frames start an episode, how long
     without a match ends it. Boxes and the region are in frame pixels (docs/decisions/0026-*)."""
     labels: list[str] | None = Field(None, min_length=1)  # label names (or class ids as text); None: any label
@@ -78,7 +75,7 @@ class Rule(_Strict):
         return self
 
 
-class StreamOut(_Strict):
+class StreamOut(StrictModel):
     results: bool = True                      # publish <prefix>/<stream>/result per result
     max_rate_hz: float = Field(0.0, ge=0.0)   # result messages per second at most (0: no limit); the rest dropped
     rules: dict[str, Rule] = {}               # events on <prefix>/<stream>/event, state on .../state (retained)
@@ -92,19 +89,20 @@ class StreamOut(_Strict):
         return v
 
 
-class Queue(_Strict):
+class Queue(StrictModel):
     max_messages: int = Field(1000, ge=1, le=1_000_000)
     max_bytes: int = Field(4 << 20, ge=1024, le=1 << 30)
 
 
-class Qos(_Strict):
+class Qos(StrictModel):
     availability: Literal[0, 1, 2] = 1
     result: Literal[0, 1, 2] = 0
     event: Literal[0, 1, 2] = 1
     state: Literal[0, 1, 2] = 1
 
 
-class BridgeMetrics(_Strict):
+class MetricsSettings(StrictModel):
+    """metrics: the bridge's /metrics and /healthz listener (its collectors: bridges/bridgemetrics.BridgeMetrics)."""
     enabled: bool = True
     listen: str = "127.0.0.1:9466"
 
@@ -117,8 +115,8 @@ class BridgeMetrics(_Strict):
         return v
 
 
-class Decisions(_Strict):
-    """The decision log on the host (bridges/decisions.py; docs/decisions/0027-decision-log-format.md)."""
+class Decisions(StrictModel):
+    """The decision log on the host (bridges/decisionlog.py; docs/decisions/0027-decision-log-format.md)."""
     enabled: bool = True
     path: str = "/var/lib/edgeinfer-mqtt/decisions.db"
     results: bool = False                                   # every result too, not only the rules' events
@@ -134,7 +132,7 @@ class Decisions(_Strict):
         return v
 
 
-class MqttConfig(_Strict):
+class MqttConfig(StrictModel):
     daemon_config: str = "/etc/edgeinfer/edgeinferd.yaml"  # the results socket and the bundles (labels, digests)
     broker: Broker = Broker()
     prefix: str = "edgeinfer"
@@ -142,7 +140,7 @@ class MqttConfig(_Strict):
     streams: dict[str, StreamOut] = Field(min_length=1)
     queue: Queue = Queue()
     qos: Qos = Qos()
-    metrics: BridgeMetrics = BridgeMetrics()
+    metrics: MetricsSettings = MetricsSettings()
     decisions: Decisions = Decisions()
 
     @field_validator("streams")

@@ -19,8 +19,10 @@ per stream and per party, a stream's first READER_RESERVE pass the total cap,
 and where a shared cap is full the biggest holder's oldest connection held past
 reader_idle_s gives way to the newcomer. Refusals are counted and
 logged at most once per 10 s per stream and reason. Nothing a client sent, nor its connection, is
-closed on this thread: a client decides how long that close takes (a socket with SO_LINGER, say), so
-each goes to the fd closer (fdcloser.py), and the hello is received without the GIL.
+closed on this thread: a client decides how long that close takes (a socket with SO_LINGER, a FUSE
+file, say), so each goes to the fd closer (fdcloser.py) with the client's party, and the hello is
+received without the GIL. A party with fdcloser.PARTY_LIMIT fds still closing there has its new
+connections refused (closer_backlog) until they are closed; nothing else stops the intake.
 """
 from __future__ import annotations
 
@@ -30,10 +32,16 @@ import os
 import selectors
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from edgeinfer.abi import ring
+from edgeinfer.control.admission import UNLISTED
 from edgeinfer.control.clients import Client, Refusal, RefusalLog, peer_of
 from edgeinfer.control.fdcloser import FdCloser
+
+if TYPE_CHECKING:
+    from edgeinfer.config.schema import Config
+    from edgeinfer.control.admission import Admission
 
 log = logging.getLogger("edgeinferd")
 
@@ -42,11 +50,11 @@ READER_RESERVE = 4  # reader connections a stream is given even when ingress.max
 UNKNOWN_STREAM = "(unknown)"  # the stream label of refusals for names not configured (bounded cardinality)
 
 
-class Ingress:
+class Listeners:
     """The listeners and every connection on them; `poll()` runs one round."""
 
-    def __init__(self, cfg, admission, listeners: dict[str, socket.socket], owned_paths: list[str],
-                 closer: FdCloser):
+    def __init__(self, cfg: Config, admission: Admission, listeners: dict[str, socket.socket], owned_paths: list[str],
+                 closer: FdCloser) -> None:
         """closer: where every fd a client sent, and its connection, is closed (its owner stops it)."""
         self.cfg = cfg.ingress
         self.admission = admission
@@ -60,11 +68,9 @@ class Ingress:
         self.readers: dict[int, Client] = {}   # fd → admitted reader
         self.producers: dict[int, Client] = {}  # fd → admitted producer
         self.refusals = RefusalLog()
-        self.accepted = collections.Counter()   # (role) → handshakes accepted
+        self.accepted: collections.Counter[str] = collections.Counter()  # role → handshakes accepted
         self._paused: dict[str, float] = {}     # listener kind → when to poll it again (accept failed)
         self.closer = closer
-        self.closer_saturations = 0             # times the closer's backlog stopped the intake
-        self._saturated_since: float | None = None
 
     # ---------------------------------------------------------------- the loop's step
 
@@ -72,9 +78,6 @@ class Ingress:
         """Waits up to `timeout` for socket events and handles them; expires slow handshakes."""
         if self._paused:
             self._resume_listeners()
-        if self._closer_saturated():
-            time.sleep(timeout)  # take nothing in (no accept, no hello) until the closer has caught up
-            return
         for key, _ in self.selector.select(timeout):
             what = key.data
             if what in ("ingress", "results"):
@@ -82,22 +85,6 @@ class Ingress:
             elif isinstance(what, Client):
                 self._readable(what)
         self._expire()
-
-    def _closer_saturated(self) -> bool:
-        """While the fd closer holds its limit of fds still closing (clients whose fds' close blocks), nothing new
-        is taken in: what waits there stays bounded by the connections already held. Said once per episode."""
-        now = time.monotonic()
-        if self.closer.saturated:
-            if self._saturated_since is None:
-                self._saturated_since = now
-                self.closer_saturations += 1
-                log.warning("ingress: %d fds sent by clients are still closing (their close blocks): no connection "
-                            "or hello is taken in until they are closed", self.closer.waiting)
-            return True
-        if self._saturated_since is not None:
-            log.warning("ingress: taking connections in again, after %.1f s", now - self._saturated_since)
-            self._saturated_since = None
-        return False
 
     def refuse_count(self) -> dict:
         return dict(self.refusals.counts)
@@ -121,9 +108,10 @@ class Ingress:
             try:
                 peer = peer_of(sock)
             except OSError:
-                self.closer.close_socket(sock)
+                self.closer.close_socket(sock, UNLISTED)
                 continue
             client = Client(sock, kind, peer, self.closer)
+            client.party = self.admission.party(peer)  # whom its fds' closes and its caps count against
             role = "producer" if kind == "ingress" else "reader"
             try:
                 self._check_pending_caps(client)
@@ -139,14 +127,17 @@ class Ingress:
         if kind == "ingress" and not adm.may_produce_any(peer):
             raise Refusal("denied", "identity", f"{peer} may produce no stream configured here (refused before "
                           f"its hello)")
-        client.party = adm.party(peer)
+        if self.closer.full(client.party):
+            raise Refusal("again", "closer_backlog", f"{peer}: {adm.party_desc(client.party)} has "
+                          f"{self.closer.waiting_of(client.party)} fds it sent still closing (their close blocks; "
+                          f"at most {self.closer.limit} per party); try again")
         pool = [c for c in self.pending.values() if c.kind == kind]
         held = sum(c.party == client.party for c in pool)
-        per_party = self.cfg.max_pending_per_user
+        per_party = adm.pending_cap(kind, client.party)  # max_pending_per_user, or its own streams where more
         if held >= per_party:
             raise Refusal("again", "too_many_pending", f"{peer}: {adm.party_desc(client.party)} already has "
                           f"{held} connections in their handshake on the {kind} socket (ingress."
-                          f"max_pending_per_user); try again")
+                          f"max_pending_per_user, or the streams it is named for); try again")
         if len(pool) >= self.cfg.max_pending and not (held == 0 and adm.named(kind, peer.uid)):
             raise Refusal("again", "too_many_pending", f"{peer}: {len(pool)} connections in their handshake on "
                           f"the {kind} socket (ingress.max_pending); try again")
@@ -189,14 +180,14 @@ class Ingress:
             return
         finally:
             for f in extra:
-                self.closer.close(f)
+                self.closer.close(f, client.party)
         if hello is None:
             return
         got_role, name, fd = hello
         try:
             self._admit(client, role, got_role, name, fd)
         finally:
-            self.closer.close(fd)  # admission kept its own copy if it wanted one (a checked memfd)
+            self.closer.close(fd, client.party)  # admission kept its own copy if it wanted one (a checked memfd)
 
     def _admit(self, client: Client, role: str, got_role: int, name: str, fd: int) -> None:
         """Checks (admission decides), answers, and only then commits: a client that leaves before it
@@ -335,12 +326,18 @@ class Ingress:
         self._forget(client)
 
     def _forget(self, client: Client) -> None:
+        """Closes a connection off this thread. One never admitted (in no fd store) is closed here when nothing
+        queued in it holds an fd (FdCloser.close_refused), so a flood of refused connections carrying no fd
+        takes none of its party's closer budget."""
         self.pending.pop(client.fileno(), None)
         try:
             self.selector.unregister(client.sock)
         except (KeyError, ValueError):
             pass
-        client.close()
+        if client.admitted:
+            client.close()
+        else:
+            self.closer.close_refused(client.sock, client.party)
 
     def adopt_producer(self, client: Client) -> None:
         """A producer connection restored from systemd's fd store (admitted by admission already)."""

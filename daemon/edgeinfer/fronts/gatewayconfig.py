@@ -13,8 +13,9 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from edgeinfer.support.strictmodel import StrictModel
 from edgeinfer.support.yamlconf import load_yaml_file
 
 GATEWAY_CONFIG = "/etc/edgeinfer/gateway.yaml"
@@ -22,11 +23,14 @@ _SIZE = re.compile(r"([1-9][0-9]{0,4})x([1-9][0-9]{0,4})")
 FRONT_FORMATS = ("rgb24", "bgr24")  # what a network client sends: packed 8-bit colour
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _socket_mode(v: str, info: ValidationInfo) -> str:
+    """A socket's mode (grpc.sockets[].mode, frigate.socket_mode): octal, and nothing for others."""
+    if not re.fullmatch(r"0?[0-7]{3}", v) or int(v, 8) & 0o007:
+        raise ValueError(f"{info.field_name} is octal, e.g. \"0660\", and gives others nothing")
+    return v
 
 
-class ModelFront(_Strict):
+class ModelFront(StrictModel):
     """models.NAME: how the fronts serve one model of the daemon's `models:`."""
 
     pool: str | None = None   # the pool of edgeinferd.yaml serving it (default: the one pool of this model and user)
@@ -50,17 +54,44 @@ class ModelFront(_Strict):
         return [tuple(int(x) for x in _SIZE.fullmatch(s).groups()) for s in self.sizes]
 
 
-class TlsConfig(_Strict):
+class TlsConfig(StrictModel):
     cert: str                     # PEM certificate chain of the server
     key: str                      # its private key (readable by the gateway's user only)
     client_ca: str | None = None  # PEM CA bundle: set, every client must present a certificate it signed (mTLS)
 
 
-class GrpcConfig(_Strict):
+class UnixListener(StrictModel):
+    """grpc.sockets[]: a Unix socket the gRPC front also listens on, for co-located clients. Each socket is one
+    client to max_inflight_per_client (grpcio shows a server no peer credentials, so the socket that a user may
+    open stands for them: one socket per user or group that should not share a budget; decision 0031)."""
+
+    path: str                     # absolute, at most 107 bytes (e.g. /run/edgeinfer-gateway/grpc-nvr.sock)
+    mode: str = "0660"            # octal; others get nothing
+    group: str | int | None = None  # the socket's group (the gateway's user must be in it); unset: the gateway's
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/") or len(v.encode()) > 107:
+            raise ValueError("a socket path is absolute and at most 107 bytes")
+        return v
+
+    _mode = field_validator("mode")(_socket_mode)
+
+
+class GrpcConfig(StrictModel):
     enabled: bool = True
     listen: str = "127.0.0.1:8001"
     tls: TlsConfig | None = None
-    max_inflight_per_client: int = Field(16, ge=1, le=4096)  # requests of one client at once (over: RESOURCE_EXHAUSTED)
+    sockets: list[UnixListener] = Field(default_factory=list, max_length=64)  # Unix sockets, a client budget each
+    # Requests of one client at once, from their HEADERS on (whether their message arrived or not); over:
+    # RESOURCE_EXHAUSTED before the message is read. A client: its certificate's subject under mutual TLS, else
+    # its address (every loopback client is one), or the Unix socket it came through.
+    max_inflight_per_client: int = Field(16, ge=1, le=4096)
+    # Streams open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; over: REFUSED_STREAM). gRPC
+    # counts a stream until both ends closed it, so keep it twice max_inflight_per_client or more.
+    max_streams_per_connection: int = Field(32, ge=1, le=1024)
+    request_timeout_ms: int = Field(5000, ge=10, le=600000)  # from a request's HEADERS to its whole message
     max_deadline_ms: int = Field(10000, ge=1, le=600000)     # a longer client deadline is cut to this
     default_deadline_ms: int = Field(5000, ge=1, le=600000)  # for a request without a deadline
     max_concurrent_rpcs: int = Field(256, ge=1, le=65536)    # RPCs held at once (over: RESOURCE_EXHAUSTED by gRPC)
@@ -78,13 +109,15 @@ class GrpcConfig(_Strict):
     def _deadlines(self):
         if self.default_deadline_ms > self.max_deadline_ms:
             raise ValueError("default_deadline_ms is above max_deadline_ms")
+        if len({s.path for s in self.sockets}) != len(self.sockets):
+            raise ValueError("a socket path is listed twice")
         return self
 
     def loopback(self) -> bool:
         return _is_loopback(self.listen.rpartition(":")[0].strip("[]"))
 
 
-class FrigateConfig(_Strict):
+class FrigateConfig(StrictModel):
     enabled: bool = False
     endpoint: str = "ipc:///run/edgeinfer-gateway/frigate.sock"  # Frigate's `endpoint:` (ipc:// or tcp://)
     model: str | None = None      # the detection model it serves (default: the one detection model)
@@ -92,6 +125,9 @@ class FrigateConfig(_Strict):
     socket_group: str | int | None = None  # of an ipc:// socket (Frigate's group, so its user may connect)
     allow_remote: bool = False    # tcp:// on an address other than loopback (Frigate's client has no authentication)
     timeout_ms: int = Field(200, ge=10, le=60000)  # Frigate's request_timeout_ms: later answers are never sent
+    # Connections at once, of one peer (its uid on ipc://, its address on tcp://) and in all; one more is shut.
+    max_connections_per_peer: int = Field(32, ge=1, le=4096)
+    max_connections: int = Field(256, ge=1, le=65536)
 
     @field_validator("endpoint")
     @classmethod
@@ -107,12 +143,7 @@ class FrigateConfig(_Strict):
             raise ValueError("the endpoint is ipc:///PATH or tcp://HOST:PORT")
         return v
 
-    @field_validator("socket_mode")
-    @classmethod
-    def _mode(cls, v: str) -> str:
-        if not re.fullmatch(r"0?[0-7]{3}", v) or int(v, 8) & 0o007:
-            raise ValueError("socket_mode is octal, e.g. \"0660\", and gives others nothing")
-        return v
+    _mode = field_validator("socket_mode")(_socket_mode)
 
     @model_validator(mode="after")
     def _remote(self):
@@ -124,12 +155,12 @@ class FrigateConfig(_Strict):
         return self
 
 
-class GatewayMetrics(_Strict):
+class GatewayMetrics(StrictModel):
     enabled: bool = True
     listen: str = "127.0.0.1:9465"
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(StrictModel):
     daemon_config: str = "/etc/edgeinfer/edgeinferd.yaml"  # the pools, the models and the daemon's sockets
     models: dict[str, ModelFront] = Field(default_factory=dict)  # default: every model with a pool of ours
     grpc: GrpcConfig = GrpcConfig()
