@@ -123,10 +123,11 @@ def test_shedding_bench_runs_its_windows_and_a_refusal_burst_to_its_summary():
     pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (requirements/dev.txt)")
     s = _summary(["bench/shedding.py", "--quick"], timeout=300)
     rnd, = s["rounds"]
-    assert set(rnd["rows"]) == {"capacity", "100%", "150%", "300%"}, rnd["rows"].keys()
+    loads = ("100%", "150%", "300%")
+    assert set(rnd["rows"]) == {"capacity", *loads, *(f"{x} fixed" for x in loads)}, rnd["rows"].keys()
     assert rnd["capacity"] > 0 and rnd["rows"]["capacity"]["refused"] == 0, rnd["rows"]["capacity"]
     for key, row in rnd["rows"].items():
         assert row["answered"] > 0 and set(row["cpu"]) == {"gateway", "daemon", "clients"}, (key, row)
     burst = rnd["refusal"]
     assert burst["refused"] > 0 and burst["cpu"]["gateway"]["ms_per_refused"] is not None, burst
-    assert set(s["targets"]) == {"150%", "300%"}
+    assert set(s["targets"]) == {"150%", "300%", "150% fixed", "300% fixed"}, s["targets"]
