@@ -24,7 +24,9 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev libseccomp-dev
 TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-ugly mosquitto
-NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgeinfer/*.h) native/consumer.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/decode.pyx native/harden.pyx native/harden.h setup.py
+# (support/version.py holds the version: the editable install's metadata is made again when it changes)
+NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgeinfer/*.h) native/consumer.h native/sigbus_guard.h native/doorbell.h native/lanes.h native/hist.pyx native/decode.pyx native/harden.pyx native/harden.h setup.py \
+	daemon/edgeinfer/support/version.py
 EXT_STAMP := daemon/edgeinfer/.native-built
 
 .PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb clean distclean

@@ -1,6 +1,12 @@
 """Builds the `edgeinfer` package (from daemon/edgeinfer/) and its native core `edgeinfer._ring` (from native/)."""
 from Cython.Build import cythonize
+import re
+
 from setuptools import Extension, find_packages, setup
+
+# The version is defined once, in the package (daemon/edgeinfer/support/version.py), read here without importing it.
+with open("daemon/edgeinfer/support/version.py") as f:
+    VERSION = re.search(r'^VERSION = "([^"]+)"$', f.read(), re.M).group(1)
 
 ring = Extension(
     "edgeinfer._ring",
@@ -37,7 +43,7 @@ harden = Extension(
 
 setup(
     name="edgeinfer",
-    version="0.2.0",
+    version=VERSION,
     description="Zero-copy, real-time ONNX inference on shared-memory camera frames",
     license="Apache-2.0",
     python_requires=">=3.11",

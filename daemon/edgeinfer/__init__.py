@@ -8,3 +8,5 @@ import os
 # nobody asked for: off, before anything of ours can import onnxruntime. An operator who wants it sets
 # ORT_DISABLE_TELEMETRY=0 explicitly.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+from edgeinfer.support.version import VERSION as __version__  # noqa: E402 (defined once: support/version.py)

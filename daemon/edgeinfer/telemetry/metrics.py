@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from edgeinfer.support.version import VERSION
 from edgeinfer.abi import ring
 from edgeinfer.abi.hist import STAGES, cumulative_at
 from edgeinfer.telemetry.httplistener import HttpListener, Response, SharedRender
@@ -377,7 +378,8 @@ class MetricsServer:
             def answer() -> Response:  # on the listener's loop, never cached: liveness is now
                 ok = check()
                 # ok: a model on its last known-good bundle serves; the body says which, and why
-                body = {"ok": ok, "stuck_lanes": health.stuck(), "known_good_fallback": health.fallbacks()}
+                body = {"ok": ok, "version": VERSION, "stuck_lanes": health.stuck(),
+                        "known_good_fallback": health.fallbacks()}
                 return (200 if ok else 503), "application/json", json.dumps(body).encode() + b"\n"
             return answer
 

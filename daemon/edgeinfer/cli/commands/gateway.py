@@ -3,12 +3,8 @@ from __future__ import annotations
 
 
 def cmd_gateway(args) -> int:
-    from importlib.metadata import PackageNotFoundError, version
+    from edgeinfer.support.version import VERSION
     from edgeinfer.cli.logformat import setup_logging
     from edgeinfer.fronts.gateway import run
     setup_logging(args.log_level)
-    try:
-        ours = version("edgeinfer")
-    except PackageNotFoundError:
-        ours = "unknown"
-    return run(args.config, ours)
+    return run(args.config, VERSION)
