@@ -709,6 +709,7 @@ cp -r /test/det $M/det/det-1 && ln -sfn det-1 $M/det/current
 cp -r /test/v1 $M/orient/v1 && ln -sfn v1 $M/orient/current
 cp /test/trust/*.pub /etc/edgeinfer/trust/
 chown -R edgeinfer:edgeinfer /var/lib/edgeinfer
+edgeinferctl camera add porch --source synthetic --width 224 --height 224 --fps 5 > /dev/null  # start_file_camera
 cat > /etc/edgeinfer/edgeinferd.yaml <<'YAML'
 models:
   det: {bundle: /var/lib/edgeinfer/models/det/current}
@@ -718,6 +719,11 @@ streams:
     model: orient
     producer: {user: cam}
     readers: {groups: [edgeinfer]}
+  - name: porch
+    model: orient
+    producer: {user: edgeinfer-cam-porch}
+    width: 224
+    height: 224
 pools:
   gwd: {model: det, user: edgeinfer-gw, streams: 1}
 lanes: [{cpus: [0]}, {cpus: [1]}]
@@ -812,6 +818,11 @@ printf 'broker:\n  host: localhost\n  port: %s\n  username: edgeinfer\n  passwor
 check start_file_mqtt_password refused_start_file edgeinfer-mqtt \
     "broker.password_file: /etc/edgeinfer/mqtt.password: Permission denied for edgeinfer-mqtt .*: it is 0600 root:root; it must be 0640 root:edgeinfer-mqtt" \
     "chgrp edgeinfer-mqtt /etc/edgeinfer/mqtt.password && chmod 0640 /etc/edgeinfer/mqtt.password"
+chmod 0600 /etc/edgeinfer/cameras/porch.yaml  # the operator's slip: the camera's user cannot read its file
+check start_file_camera refused_start_file edgeinfer-camera@porch \
+    "camera porch: cannot start: the camera file: /etc/edgeinfer/cameras/porch.yaml: Permission denied for edgeinfer-cam-porch .*: it is 0600 root:root; it must be readable by the camera's user edgeinfer-cam-porch" \
+    "chmod 0644 /etc/edgeinfer/cameras/porch.yaml"
+systemctl stop edgeinfer-camera@porch
 chmod 0600 /etc/edgeinfer/edgeinferd.yaml
 check start_file_daemon_config refused_start_file edgeinferd \
     "--config: /etc/edgeinfer/edgeinferd.yaml: Permission denied for edgeinfer .*: it is 0600 root:root; it must be readable by user edgeinfer" \

@@ -48,7 +48,7 @@ CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disable
           "purge_gateway", "purge_mqtt",
           # issue 35: a fresh install again, as an operator follows docs/operations.md
           "several_models_start", "condition_follows_config", "frigate_socket_group", "start_file_gateway_tls_key",
-          "start_file_mqtt_password", "start_file_daemon_config", "remove_no_dangling_links",
+          "start_file_mqtt_password", "start_file_camera", "start_file_daemon_config", "remove_no_dangling_links",
           "purge_reowns_operator_files",
           "upgrade_from_0_1"]
 

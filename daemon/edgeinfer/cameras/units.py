@@ -35,6 +35,8 @@ from edgeinfer.support.yamlconf import load_yaml_file, load_yaml_model
 
 CAMERA_DIR = "/etc/edgeinfer/cameras"
 USER_PREFIX = "edgeinfer-cam-"
+# What a camera file needs for its unit to start (`camera add` writes it so): its user reads it, nobody else writes.
+CAMERA_FILE_NEED = "readable by the camera's user {user}: 0644 root:root, as `camera add` writes it"
 # A camera's name is a systemd instance, a stream name and its user's suffix: useradd (Debian's shadow) takes a user
 # name of at most 32 characters, so at most 32 - len(USER_PREFIX) = 18 here.
 NAME_MAX = 32 - len(USER_PREFIX)

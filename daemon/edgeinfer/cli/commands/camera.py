@@ -48,10 +48,24 @@ def cmd_camera_test(args) -> int:
 
 
 def cmd_camera_run(args) -> int:
+    """A camera unit's ExecStart=. Exit 2 (RestartPreventExitStatus=2: no restart loop) for what a restart cannot
+    mend: a camera file the camera's user cannot read, or one that does not load."""
     from edgeinfer.cameras import units as cameras
     from edgeinfer.cameras.ffmpeg import FeedError
+    from edgeinfer.support.startfiles import StartFile, StartFileError, check_start_files
+    from edgeinfer.support.yamlconf import ConfigError
     try:
+        path = cameras.path_of(args.name, args.dir)
+        need = cameras.CAMERA_FILE_NEED.format(user=cameras.user_of(args.name))
+        check_start_files([StartFile(path, "the camera file", need)])
         n = cameras.run(args.name, args.dir, stop=stop_flag())
+    except StartFileError as e:
+        for line in e.problems:
+            print(f"edgeinferctl: camera {args.name}: cannot start: {line}", file=sys.stderr)
+        return 2
+    except (ConfigError, ValueError) as e:
+        print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
+        return 2
     except FeedError as e:
         print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
         return 1
