@@ -21,7 +21,8 @@ BUILD_PACKAGES := gcc libc6-dev make python3-venv python3-dev libseccomp-dev
 # faketime: that server with its clock set off ours (the RTCP sender reports' wall clock, trusted and not).
 # uidmap: newuidmap, and /etc/subuid for the test users: one user attacking as its subordinate uids.
 # mosquitto: a real MQTT broker (plain, and TLS with a password file) for the MQTT bridge's tests.
-TEST_PACKAGES := spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
+# apt-utils, gnupg, sqv: the signed apt repository (make repo) and both verifiers apt uses.
+TEST_PACKAGES := apt-utils gnupg sqv spin prometheus debootstrap systemd-container clang libclang-rt-14-dev llvm ffmpeg faketime uidmap \
 	gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
 	gstreamer1.0-plugins-ugly mosquitto
 # (support/version.py holds the version: the editable install's metadata is made again when it changes)
@@ -29,7 +30,7 @@ NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgein
 	daemon/edgeinfer/support/version.py
 EXT_STAMP := daemon/edgeinfer/.native-built
 
-.PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb clean distclean
+.PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb repo clean distclean
 
 all: native
 
@@ -39,6 +40,8 @@ help:
 	@echo "make test         the whole suite, what CI runs: unit, integration, reliability (short), system;"
 	@echo "                  installs the test packages and builds the .deb first; needs root; ~35 min"
 	@echo "make deb          the Debian package, into DEB_BUILD (default build/deb)"
+	@echo "make repo         the package published into a signed apt repository, REPO (default build/repo), for"
+	@echo "                  REPO_URL (where you will serve it); the signing key is made on first use, outside the clone"
 	@echo "make bench        the ingress benchmark (bench/: the others run by hand)"
 	@echo "make reliability  the reliability campaign, rewriting docs/reliability.md (PROFILE=short|long)"
 	@echo "make native       the .venv and the native core, built in place (make models: the model bundles)"
@@ -130,6 +133,16 @@ deb:
 	cd $(DEB_BUILD)/src && EDGEINFER_DEB_COMPRESSION="$(DEB_COMPRESSION)" dpkg-buildpackage -us -uc -b
 	lintian --fail-on error $(DEB_BUILD)/edgeinfer_*.deb
 	@ls -l $(DEB_BUILD)/edgeinfer_*.deb
+
+# The signed apt repository (scripts/make-repo: apt-ftparchive and gpg; decision record 0035): the package just
+# built, added to the releases already in REPO, the index signed again. Serve REPO as static files at REPO_URL.
+REPO ?= build/repo
+REPO_URL ?= http://127.0.0.1:8080
+REPO_PACKAGES := apt-utils gnupg
+repo: deb
+	scripts/ensure-system-packages $(REPO_PACKAGES)
+	scripts/make-repo --out $(REPO) --url $(REPO_URL) $(DEB_BUILD)/edgeinfer_*.deb
+	@echo "serve $(REPO) at $(REPO_URL); operators add $(REPO_URL)/edgeinfer.sources (docs/operations/install-and-upgrade.md)"
 
 clean:
 	rm -rf build native/ring.c native/hist.c native/decode.c native/harden.c daemon/edgeinfer/_ring*.so daemon/edgeinfer/_hist*.so daemon/edgeinfer/_decode*.so daemon/edgeinfer/_harden*.so $(EXT_STAMP) *.egg-info
