@@ -27,9 +27,12 @@ from edgeinfer import _harden
 DEFAULT_LANE_USER = "edgeinfer"  # the package's user (packaging/debian/edgeinfer.postinst)
 # Without it: a uid (and a gid of the same number) from systemd's range for dynamic users, which no passwd or
 # group entry names (nss-systemd lists the ones systemd gave out) and no process holds, locked for the daemon's
-# life so that two daemons never share one (docs/decisions/0033-a-dynamic-lane-uid-instead-of-nobody.md).
+# life (docs/decisions/0033-a-dynamic-lane-uid-and-self-only-affinity.md). The lock is systemd's own: a BSD lock on
+# /run/systemd/dynamic-uid/UID, which systemd's allocator (src/core/dynamic-user.c, pick_uid) takes before it gives
+# a uid to a DynamicUser= service and skips when it cannot. So neither a later DynamicUser= service nor another
+# edgeinferd gets the lanes' uid, while they live.
 DYNAMIC_UIDS = range(61184, 65520)
-DYNAMIC_UID_LOCKS = "/run/edgeinfer-lane-uids"
+DYNAMIC_UID_LOCKS = "/run/systemd/dynamic-uid"
 _held_locks: list[int] = []  # the lock of each dynamic uid this process took: held until it exits
 
 
@@ -92,16 +95,16 @@ def _named(uid: int) -> bool:
 def dynamic_uid(uids: range = DYNAMIC_UIDS, locks: str = DYNAMIC_UID_LOCKS) -> int:
     """Root: a uid of `uids` that no passwd or group entry names and no process holds, locked (flock on
     `locks`/<uid>) for as long as this process and its children live. OSError when every one is taken."""
-    os.makedirs(locks, mode=0o700, exist_ok=True)
+    os.makedirs(locks, mode=0o755, exist_ok=True)  # systemd's mode for it; each lock file is 0600
     used = _uids_in_use()
     for uid in uids:
         if uid in used or _named(uid):
             continue
-        fd = os.open(os.path.join(locks, str(uid)), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(os.path.join(locks, str(uid)), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)  # another daemon's, whose lanes have not started yet
+            os.close(fd)  # systemd's (a DynamicUser= service), or another daemon's whose lanes have not started yet
             continue
         if uid in _uids_in_use():  # a lane of a daemon that took it and has since died
             fcntl.flock(fd, fcntl.LOCK_UN)
