@@ -171,7 +171,7 @@ def test_the_bridge_logs_results_it_does_not_publish_and_commits_on_its_turn(tmp
     import numpy as np
     from edgeinfer.abi import ring
     from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION
-    from edgeinfer.bridges.bridge import Bridge, StreamState
+    from edgeinfer.bridges.bridge import Bridge, BridgedStream
     p = tmp_path / "mqtt.yaml"
     db = str(tmp_path / "decisions.db")
     p.write_text(f"daemon_config: {tmp_path}/none.yaml\nmetrics: {{enabled: false}}\nstreams: {{c: {{results: false}}}}\n"
@@ -181,7 +181,7 @@ def test_the_bridge_logs_results_it_does_not_publish_and_commits_on_its_turn(tmp
     bridge.decisions = DecisionLog(db, fsync_interval_ms=cfg.decisions.fsync_interval_ms,
                                    registry=bridge.metrics.registry)
     with ring.ResultWriter.create(64, records=16) as w:
-        st = StreamState("c", ring.ResultReader.from_fd(w.fd, "c"), 0.0, False)
+        st = BridgedStream("c", ring.ResultReader.from_fd(w.fd, "c"), 0.0, False)
         bridge.streams = [st]
         for i in range(3):
             w.write(frame_id=i, capture_realtime_ns=T0 + i, kind=KIND_CLASSIFICATION,

@@ -103,15 +103,15 @@ def test_a_result_message_follows_the_published_schema():
 def test_a_lapped_ring_is_counted_and_the_rate_limit_drops_what_it_holds_back(tmp_path):
     from edgeinfer.abi import ring
     from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION
-    from edgeinfer.bridges.bridge import Bridge, StreamState
+    from edgeinfer.bridges.bridge import Bridge, BridgedStream
     from edgeinfer.bridges.mqttconfig import load_mqtt_config
     cfg = load_mqtt_config(_write(tmp_path, f"daemon_config: {tmp_path}/none.yaml\nmetrics: {{enabled: false}}\n"
                                   "streams: {fast: {}, slow: {max_rate_hz: 1}}\n"))
     bridge = Bridge(cfg)
     row = np.array([[1, 0.5]], np.float32).tobytes()
     with ring.ResultWriter.create(64, records=4) as fast, ring.ResultWriter.create(64, records=16) as slow:
-        bridge.streams = [StreamState("fast", ring.ResultReader.from_fd(fast.fd, "fast"), 0, True),
-                          StreamState("slow", ring.ResultReader.from_fd(slow.fd, "slow"), 1, True)]
+        bridge.streams = [BridgedStream("fast", ring.ResultReader.from_fd(fast.fd, "fast"), 0, True),
+                          BridgedStream("slow", ring.ResultReader.from_fd(slow.fd, "slow"), 1, True)]
         for w in (fast, slow):
             for i in range(10):
                 w.write(frame_id=i + 1, capture_realtime_ns=1_700_000_000_000_000_000, kind=KIND_CLASSIFICATION,

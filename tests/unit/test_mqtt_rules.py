@@ -155,7 +155,7 @@ def test_messages_follow_their_schemas_and_handle_feeds_the_rules(tmp_path):
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (requirements/dev.txt)")
     from edgeinfer.abi import ring
     from edgeinfer.abi.vocabulary import KIND_CLASSIFICATION
-    from edgeinfer.bridges.bridge import Bridge, StreamState
+    from edgeinfer.bridges.bridge import Bridge, BridgedStream
     from edgeinfer.bridges.messages import finish
     from edgeinfer.bridges.rules import StreamRules
     ev_schema = json.loads((ROOT / "docs" / "schemas" / "mqtt-event.schema.json").read_text())
@@ -166,7 +166,7 @@ def test_messages_follow_their_schemas_and_handle_feeds_the_rules(tmp_path):
                                   "end_after_frames: 1}}}}\n"))
     bridge = Bridge(cfg)
     with ring.ResultWriter.create(64, records=64) as w:
-        st = StreamState("c", ring.ResultReader.from_fd(w.fd, "c"), 0.001, True,
+        st = BridgedStream("c", ring.ResultReader.from_fd(w.fd, "c"), 0.001, True,
                          StreamRules("c", "node", cfg.streams["c"].rules))
         bridge.streams = [st]
         bridge._offer_state(st)

@@ -77,18 +77,18 @@ def test_shared_helpers_are_defined_in_their_one_home():
     assert found == {name: [home] for name, home in HOMES.items()}
 
 
-def test_no_class_name_means_two_things_in_one_package():
-    """Within one package (a folder) a class name names one class: bridges/ had two BridgeMetrics (the
-    settings' `metrics:` section and the Prometheus collectors)."""
-    seen: dict[tuple[pathlib.Path, str], pathlib.Path] = {}
+def test_no_class_name_means_two_things_in_the_package():
+    """A class name names one class in the whole package: bridges/ had two BridgeMetrics (the settings' `metrics:`
+    section and the Prometheus collectors), and two folders each had a `Models`, an `Admission`, a `ServedModel`, a
+    `StreamState` and an `Output`, each a different thing."""
+    seen: dict[str, pathlib.Path] = {}
     twice = []
     for path, node in _classes():
         if node.col_offset:
             continue                              # nested (a class inside a function or class)
-        key = (path.parent, node.name)
-        if key in seen and seen[key] != path:
-            twice.append(f"{node.name}: {seen[key].relative_to(PACKAGE)} and {path.relative_to(PACKAGE)}")
-        seen.setdefault(key, path)
+        if node.name in seen and seen[node.name] != path:
+            twice.append(f"{node.name}: {seen[node.name].relative_to(PACKAGE)} and {path.relative_to(PACKAGE)}")
+        seen.setdefault(node.name, path)
     assert not twice, twice
 
 

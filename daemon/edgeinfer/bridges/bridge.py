@@ -46,7 +46,7 @@ MESSAGE_OVERHEAD = 160   # bytes the publish time and latency add to a message's
 STATUS_INTERVAL_S = 5.0
 
 
-class StreamState:
+class BridgedStream:
     def __init__(self, name: str, reader: ring.ResultReader | None, max_rate_hz: float, results: bool,
                  rules: StreamRules | None = None):
         self.name = name
@@ -76,7 +76,7 @@ class Bridge:
         self.signals = signals if signals is not None else Signals()
         self.notifier = Notifier()
         self.metrics = BridgeMetrics()
-        self.streams: list[StreamState] = []
+        self.streams: list[BridgedStream] = []
         self.listener: ProbeListener | None = None
         self.publisher = Publisher(cfg, self.metrics, self._status)
         self.live = Liveness("the reader loop")   # the watchdog's and /healthz's evidence
@@ -112,7 +112,7 @@ class Bridge:
                     log.warning("stream %s: edgeinferd not there yet (%s): attached when it comes", name,
                                 reader.last_error)
                 rules = StreamRules(name, cfg.node, out.rules) if out.rules else None
-                self.streams.append(StreamState(name, reader, out.max_rate_hz, out.results, rules))
+                self.streams.append(BridgedStream(name, reader, out.max_rate_hz, out.results, rules))
                 if rules is not None:  # at start no rule is active: a restart does not carry an episode over
                     self._offer_state(self.streams[-1])
                 log.info("stream %s: results to %s/%s/result%s", name, cfg.prefix, name,
@@ -130,7 +130,7 @@ class Bridge:
 
     # ------------------------------------------------------------------ one record → messages
 
-    def handle(self, st: StreamState, rec: ring.ResultRecord) -> None:
+    def handle(self, st: BridgedStream, rec: ring.ResultRecord) -> None:
         st.read_counter.inc()
         send = st.results and st.allow(time.monotonic_ns())
         if st.results and not send:
@@ -153,7 +153,7 @@ class Bridge:
                                       self.cfg.qos.result, done_ns=rec.done_ns))
         # The events engine (rules) and the decision log take the same record here (issue 26, parts 2 and 3).
 
-    def _offer_events(self, st: StreamState, events: list[dict], done_ns: int = 0) -> None:
+    def _offer_events(self, st: BridgedStream, events: list[dict], done_ns: int = 0) -> None:
         """Rule events to PREFIX/STREAM/event (qos.event), then the stream's retained state (qos.state)."""
         for ev in events:
             self.metrics.events.labels(st.name, ev["rule"], ev["type"]).inc()
@@ -165,7 +165,7 @@ class Bridge:
         if events:
             self._offer_state(st)
 
-    def _offer_state(self, st: StreamState) -> None:
+    def _offer_state(self, st: BridgedStream) -> None:
         state = st.rules.state()
         self.publisher.offer(Outgoing(KIND_STATE, f"{self.cfg.prefix}/{st.name}/state", state,
                                       len(json.dumps(state)) + MESSAGE_OVERHEAD, self.cfg.qos.state, retain=True))

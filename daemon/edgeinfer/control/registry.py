@@ -11,7 +11,7 @@ serving and touches no other model; the reason is recorded per model.
 At start, a configured bundle that is refused is not the end of a model that
 served before: the daemon starts on its last known-good bundle (knowngood.py),
 verified again like any other, and says so in the log, in STATUS=, in /healthz
-and in edgeinfer_model_known_good_fallback (ServedModel.fallback). Without a
+and in edgeinfer_model_known_good_fallback (RegisteredModel.fallback). Without a
 known-good bundle the start fails with the refusal, as before.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ STATE_RETRY_S = 10.0  # seconds between attempts to write an anti-rollback recor
 REASONS = ("signature", "rollback", "load")
 
 
-class ServedModel:
+class RegisteredModel:
     """One entry of `models:` and what is known of it."""
 
     def __init__(self, name: str, entry):
@@ -65,7 +65,7 @@ class ModelRegistry:
         self.serving = False  # set once the lanes serve: only then is a bundle known to be good
         self.unrecorded_good: dict[str, dict] = {}  # known-good entries not on disk yet, by model
         self.last_known_good_error: str | None = None
-        self.served = {name: ServedModel(name, e) for name, e in cfg.model_entries().items()}
+        self.served = {name: RegisteredModel(name, e) for name, e in cfg.model_entries().items()}
         self.unrecorded: dict[str, tuple[str, str]] = {}  # (family, version) accepted, not on disk yet, by model
         self.state_write_failures = 0
         self.last_state_error: str | None = None
@@ -80,7 +80,7 @@ class ModelRegistry:
     def choose(self, name: str) -> ModelRuntime:
         """The start's checks of model `name`: its configured bundle; if that is refused and the model served
         before, its last known-good bundle, verified again (signature, limits, anti-rollback floor, the model)
-        and holding the model.onnx that served (ServedModel.fallback then says so). Raises BundleError: the
+        and holding the model.onnx that served (RegisteredModel.fallback then says so). Raises BundleError: the
         refusal, and why there is nothing to fall back on when a known-good bundle is recorded."""
         m = self.served[name]
         m.fallback, m.pending_rollout = None, False

@@ -112,7 +112,7 @@ class ClientLimit:
                 del self.held[client]
 
 
-class Admission:
+class RpcAdmission:
     """What a request costs before its handler: its client's share from its HEADERS on, and a bound on the time its
     message may take to arrive.
 
@@ -400,7 +400,7 @@ class GrpcFront:
 
     def __init__(self, service: InferenceService, cfg: GrpcConfig, metrics: FrontMetrics, max_frame_bytes: int):
         self.service, self.cfg = service, cfg
-        self.admission = Admission(cfg, metrics)
+        self.admission = RpcAdmission(cfg, metrics)
         self.pool = futures.ThreadPoolExecutor(cfg.workers, thread_name_prefix="grpc-front")
         self.servers: list[grpc.Server] = []
         self.options = [
@@ -463,9 +463,9 @@ class GrpcFront:
 
 
 class _Admitted:
-    """What pb_grpc's add_..._to_server sees as the server: each method it registers goes in behind Admission."""
+    """What pb_grpc's add_..._to_server sees as the server: each method it registers goes in behind RpcAdmission."""
 
-    def __init__(self, server: grpc.Server, admission: Admission, client_of, full=None):
+    def __init__(self, server: grpc.Server, admission: RpcAdmission, client_of, full=None):
         self.server, self.admission, self.client_of, self.full = server, admission, client_of, full
 
     def add_generic_rpc_handlers(self, handlers) -> None:
@@ -479,7 +479,7 @@ class _Admitted:
 
 
 class _Full:
-    """Admission's full() for ModelInfer: the models would shed any request now; hopeless(): its deadline is shorter
+    """RpcAdmission's full() for ModelInfer: the models would shed any request now; hopeless(): its deadline is shorter
     than the wait any model would make it expect; retry_ms() the retry hint of either."""
 
     def __init__(self, models: ServedModels, cfg: GrpcConfig):

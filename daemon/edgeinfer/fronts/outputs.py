@@ -25,7 +25,7 @@ FRIGATE_ROWS = 20  # Frigate's detector output: float32 [20, 6]
 
 
 @dataclasses.dataclass(frozen=True)
-class Output:
+class OutputTensor:
     name: str
     datatype: str
     shape: tuple
@@ -42,25 +42,25 @@ def _rows(kind: int, payload: bytes, items: int) -> np.ndarray:
     return np.frombuffer(payload, np.float32, items * width).reshape(items, width)
 
 
-def outputs_of(kind: int, payload: bytes, items: int, labels: list[str]) -> list[Output]:
+def outputs_of(kind: int, payload: bytes, items: int, labels: list[str]) -> list[OutputTensor]:
     """The outputs of one record (raises payloads.PayloadError for a payload that does not parse)."""
     if kind in (KIND_CLASSIFICATION, KIND_DETECTION):
         rows = _rows(kind, payload, items)
         ids = rows[:, 0] if kind == KIND_CLASSIFICATION else rows[:, 5]
         name = "classes" if kind == KIND_CLASSIFICATION else "detections"
         names = [labels[int(i)] if 0 <= int(i) < len(labels) else "" for i in ids]
-        return [Output(name, "FP32", rows.shape, rows.tobytes()),
-                Output("labels", "BYTES", (items,), bytes_tensor(names))]
+        return [OutputTensor(name, "FP32", rows.shape, rows.tobytes()),
+                OutputTensor("labels", "BYTES", (items,), bytes_tensor(names))]
     if kind == KIND_RAW:
         values = np.frombuffer(payload, np.float32, items)
-        return [Output("raw", "FP32", (items,), values.tobytes())]
+        return [OutputTensor("raw", "FP32", (items,), values.tobytes())]
     if kind == KIND_TENSORS:
-        return [Output(t["name"], DATATYPES[t["dtype"]], tuple(t["shape"]), t["array"].tobytes())
+        return [OutputTensor(t["name"], DATATYPES[t["dtype"]], tuple(t["shape"]), t["array"].tobytes())
                 for t in payloads.tensors(payload, items)]
     raise payloads.PayloadError(f"payload kind {kind}: not one a front can answer")
 
 
-def declared_outputs(decoder: str, learned: list[Output] | None) -> list[tuple[str, str, tuple]]:
+def declared_outputs(decoder: str, learned: list[OutputTensor] | None) -> list[tuple[str, str, tuple]]:
     """(name, datatype, shape) of a model's outputs for ModelMetadata: a decoder's rows (-1: as many as found), or,
     for tensors, those of a record already seen (the warm-up's)."""
     if decoder == "classification":

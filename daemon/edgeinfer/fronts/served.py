@@ -19,7 +19,7 @@ import numpy as np
 from edgeinfer.abi import ring
 from edgeinfer.abi.payloads import PayloadError
 from edgeinfer.config.labels import LabelSource
-from edgeinfer.fronts.outputs import Output, outputs_of
+from edgeinfer.fronts.outputs import OutputTensor, outputs_of
 from edgeinfer.fronts.plan import ModelPlan
 from edgeinfer.fronts.pool import HOLD_NS_START, PROBE_RETRY_MAX_S, FrontError, SizePool, Slot, Timing
 
@@ -33,7 +33,7 @@ class ServedModel:
         self.plan = plan
         self.pools = pools
         self.version: str | None = None       # the version that answered last
-        self.outputs: list[Output] | None = None  # as last answered (a tensors model's metadata)
+        self.outputs: list[OutputTensor] | None = None  # as last answered (a tensors model's metadata)
         self.warm = False                     # a warm-up frame came back through the daemon
         self.warm_error: str | None = None
 
@@ -127,7 +127,7 @@ class ServedModels:
         m.version = rec.model_version
         return rec
 
-    def outputs(self, m: ServedModel, rec: ring.ResultRecord) -> list[Output]:
+    def outputs(self, m: ServedModel, rec: ring.ResultRecord) -> list[OutputTensor]:
         labels = self.labels.labels(rec.model_name, rec.model_version) or []
         try:
             outs = outputs_of(rec.kind, rec.payload, rec.item_count, labels)
