@@ -17,9 +17,45 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def _others_reach(path: Path) -> bool:
+    """Whether a user who is neither the owner nor in the group can walk down to `path` (every directory on the
+    way searchable by others)."""
+    return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
+
+
+def _reachable_clone(real: Path) -> Path:
+    """The clone as the tests' other users reach it. A clone in a 0700 directory (a home on Debian 12, root's, a
+    `mktemp -d`) is out of their reach: the tests that run the clone's code as another user would die with
+    ModuleNotFoundError or EACCES. Then (as root) this pytest enters a mount namespace of its own, shared by every
+    process it starts and gone when they end, and binds the clone at a 0755 directory under /tmp: ROOT, the
+    interpreter (sys.executable) and the package (PYTHONPATH) are taken from there, by root and users alike."""
+    if os.geteuid() != 0 or _others_reach(real):
+        return real
+    import atexit
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_rec, ms_private, ms_bind, mnt_detach = 0x00020000, 0x4000, 0x40000, 0x1000, 2
+    if libc.unshare(clone_newns) != 0 or libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0:
+        raise OSError(ctypes.get_errno(), f"the tests' mount namespace (for a clone in a 0700 directory, {real})")
+    where = Path(tempfile.mkdtemp(prefix="edgeinfer-clone-", dir="/tmp"))
+    os.chmod(where, 0o755)
+    if libc.mount(str(real).encode(), str(where).encode(), None, ms_bind | ms_rec, None) != 0:
+        raise OSError(ctypes.get_errno(), f"cannot bind {real} at {where}")
+
+    def unbind():
+        libc.umount2(str(where).encode(), mnt_detach)
+        os.rmdir(where)
+    atexit.register(unbind)
+    if sys.executable.startswith(str(real) + os.sep):
+        sys.executable = str(where / os.path.relpath(sys.executable, real))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(where / "daemon"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return where
+
+
+ROOT = _reachable_clone(Path(__file__).resolve().parent.parent)
 IN_CI = os.environ.get("CI") == "true"
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent  # the tests as pytest collected them (not the bound clone)
 
 # The folders are the kinds (CONTRIBUTING.md): unit (no root, no daemon that needs it, no system package beyond
 # the build set, no .deb: `make check`), integration (the real daemon, root, ffmpeg, Prometheus, spin, the
