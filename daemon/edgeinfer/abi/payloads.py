@@ -3,6 +3,8 @@ rows with class ids as integers and label names, or tensors with their names and
 Readers only: the daemon writes payloads with the decoders."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from edgeinfer.abi.vocabulary import (ITEM_VALUES, KIND_CLASSIFICATION, KIND_DETECTION, KIND_RAW, KIND_TENSORS,
@@ -20,7 +22,8 @@ def _label(labels: list[str], class_id: int) -> str | None:
 
 def tensors(payload: bytes, item_count: int) -> list[dict]:
     """The sections of a KIND_TENSORS payload: [{name, index, dtype, shape, array}]."""
-    out, off = [], 0
+    out: list[dict] = []
+    off = 0
     for _ in range(item_count):
         if off + TENSOR_DESC_SIZE > len(payload):
             raise PayloadError(f"tensor {len(out)}: descriptor past the payload's {len(payload)} bytes")
@@ -42,7 +45,7 @@ def tensors(payload: bytes, item_count: int) -> list[dict]:
     return out
 
 
-def describe(kind: int, payload: bytes, item_count: int, labels: list[str] = ()) -> dict:
+def describe(kind: int, payload: bytes, item_count: int, labels: Sequence[str] = ()) -> dict:
     """JSON-ready: {"classes": [...]} , {"detections": [...]}, {"values": [...]} or {"tensors": [...]}."""
     labels = list(labels)
     if kind == KIND_CLASSIFICATION:

@@ -56,7 +56,7 @@ PIXEL_FORMAT_NAMES = {code: name for name, code in PIXEL_FORMATS.items()}
 COLORIMETRIES = dict(_ring.COLORIMETRIES)
 COLORIMETRY_NAMES = {code: name for name, code in COLORIMETRIES.items()}
 # ring.h's codes and the names the schemas take (vocabulary) are one list, in one order.
-assert tuple(sorted(COLORIMETRIES, key=COLORIMETRIES.get)) == _vocabulary.COLORIMETRIES, COLORIMETRIES
+assert tuple(sorted(COLORIMETRIES, key=lambda name: COLORIMETRIES[name])) == _vocabulary.COLORIMETRIES, COLORIMETRIES
 MAX_WAIT = _ring.MAX_WAIT
 STREAM_NAME_MAX = _ring.STREAM_NAME_MAX
 STATUS = dict(_ring.STATUS)

@@ -28,7 +28,7 @@ RTSP_CLOCKS: tuple[str, ...] = get_args(RtspClock)
 
 YUV_FORMATS: tuple[str, ...] = tuple(yuv_format_name(b, c) for b in YUV_BASES for c in COLORIMETRIES)
 FRAME_FORMATS: tuple[str, ...] = ("gray8", "rgb24", "bgr24", "rgba32", "bgra32", *YUV_FORMATS)
-FrameFormat = Literal[FRAME_FORMATS]                                  # what a camera may write
+FrameFormat = Literal[FRAME_FORMATS]  # type: ignore[valid-type]  # what a camera may write (built from ring.h)
 ModelFormat = Literal["rgb24", "bgr24", "gray8"]                      # what a model may ask for
 MODEL_FORMATS: tuple[str, ...] = get_args(ModelFormat)
 

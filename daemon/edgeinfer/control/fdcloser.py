@@ -53,7 +53,7 @@ _REFUSED_READS = 16  # messages read out of a refused connection here (a client 
 
 
 def _fds_of(anc) -> list[int]:
-    fds = []
+    fds: list[int] = []
     for level, kind, raw in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.extend(struct.unpack(f"{len(raw) // 4}i", raw[:len(raw) - len(raw) % 4]))

@@ -162,7 +162,7 @@ class Trial:
             if mine is not None and theirs is not None:
                 self.sessions[g] = (mine, theirs, np.empty((1, *theirs.frame_shape), np.uint8))
         self.busy = False      # set by the loop when it fills the slot, cleared by the thread
-        self.slot = None       # (geometry, (width, height))
+        self.slot: tuple[tuple, tuple[int, int]] | None = None  # (geometry, (width, height))
         self.thread_error: str | None = None  # the last comparison that raised
         self.sched_error: str | None = None   # SCHED_IDLE or the CPUs refused
         # The trial thread's run, cancellable like the loop's: the lane's control thread terminates it once it

@@ -8,13 +8,14 @@ through it: they are lock-free and written by the lanes only.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
 class StreamView:
     name: str
     model: str
-    stats: object                 # lanes.stats.StreamStats: the dispatch table's counters and histograms
+    stats: Any                    # lanes.stats.StreamStats: the dispatch table's counters and histograms
     connected: bool               # a producer is connected
     producer: str | None          # who, in words
     geometry: tuple | None        # (pixel format, height, width) served now
