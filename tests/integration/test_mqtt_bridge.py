@@ -326,3 +326,50 @@ def test_tls_with_a_password_file(tmp_path, children, bundles):
     finally:
         notify.close()
         sub.close()
+
+
+def _docs_block(containing: str) -> str:
+    """The fenced block of docs/operations/mqtt.md that holds `containing`, as an operator copies it."""
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", (ROOT / "docs/operations/mqtt.md").read_text(), re.S)
+    found = [b for b in blocks if containing in b]
+    assert len(found) == 1, f"docs/operations/mqtt.md: {len(found)} blocks hold {containing!r}"
+    return found[0]
+
+
+def test_the_docs_listener_and_acl_load_in_mosquitto_without_a_warning(tmp_path, children):
+    """docs/operations/mqtt.md's listener and ACL, as written (paths and the port put where this test keeps them):
+    Mosquitto starts on them and warns of nothing. The `pattern` line the docs advise against is the control:
+    Mosquitto warns of it, so a warning would be seen."""
+    from test_gateway import _pki
+    pki = _pki(tmp_path)
+    port = free_port()
+    listener = _docs_block("listener 8883").replace("listener 8883", f"listener {port} 127.0.0.1")
+    for name, path in (("/etc/mosquitto/certs/ca.crt", pki["ca"] + ".crt"),
+                       ("/etc/mosquitto/certs/server.crt", pki["server"] + ".crt"),
+                       ("/etc/mosquitto/certs/server.key", pki["server"] + ".key"),
+                       ("/etc/mosquitto/passwd", _passwords(tmp_path, edgeinfer="s3cret", dashboard="d4sh")),
+                       ("/etc/mosquitto/edgeinfer.acl", str(tmp_path / "edgeinfer.acl"))):
+        assert name in listener, name
+        listener = listener.replace(name, path)
+    acl = _docs_block("topic write edgeinfer/#")
+
+    def start(acl_text: str) -> str:
+        (tmp_path / "edgeinfer.acl").write_text(acl_text)
+        conf = tmp_path / "mosquitto.conf"
+        conf.write_text(f"log_dest stderr\nuser root\npersistence false\n{listener}")
+        log = tmp_path / f"mosquitto-{len(list(tmp_path.glob('mosquitto-*.log')))}.log"
+        with open(log, "w") as f:
+            proc = children.spawn([MOSQUITTO, "-c", str(conf)], stdout=f, stderr=f)
+        wait_for(lambda: proc.poll() is not None or "running" in log.read_text(), 10, "mosquitto started")
+        assert proc.poll() is None, log.read_text()
+        proc.terminate()
+        proc.wait(10)
+        return log.read_text()
+
+    def warnings(log: str) -> list[str]:  # but the one of this test's own `user root` (the unit runs as mosquitto)
+        return [ln for ln in log.splitlines() if "warning" in ln.lower() and "should not be run as root" not in ln]
+
+    said = start(acl)
+    assert "running" in said and warnings(said) == [], said
+    control = start(acl + "\npattern read edgeinfer/#\n")
+    assert "does not contain '%c' or '%u'" in control, control
