@@ -4,11 +4,7 @@
 # Phase 1: a fresh install of the new .deb. Phase 2: an upgrade of it to a newer build while a
 # camera runs (the fd store). Phase 3: an upgrade from 0.1.0 (ABI 1), built from its commit.
 set -u
-R=/out/results.txt
-: > $R
-pass() { echo "PASS $1 ${2:-}" >> $R; }
-fail() { echo "FAIL $1 ${2:-}" >> $R; }
-check() { local name=$1; shift; if out=$("$@" 2>&1); then pass "$name" "$(echo "$out" | tail -1)"; else fail "$name" "$(echo "$out" | tail -3 | tr '\n' ' ')"; fi; }
+. /test/checks.sh  # R, pass, fail, check
 wait_active() { for _ in $(seq 1 120); do [ "$(systemctl is-active edgeinferd)" = active ] && return 0; sleep 0.5; done; return 1; }
 invocation() { systemctl show -P InvocationID edgeinferd; }
 starts() { journalctl -u edgeinferd --no-pager -o cat | grep -c '^Started edgeinferd.service\|^Started edgeinfer real-time'; }

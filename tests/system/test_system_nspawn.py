@@ -183,6 +183,30 @@ def system_run(tmp_path_factory, signing_key):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def run_at_boot(root, name: str, script: str, timeout_s: int) -> None:
+    """The container's oneshot unit NAME that runs /test/SCRIPT once it has booted (its checks), and Debian's
+    Mosquitto kept from starting at boot: it would listen on 1883 in this host's network namespace (the container
+    shares it); the scripts start it on free ports."""
+    for link in (root / "etc/systemd/system").glob("*.wants/mosquitto.service"):
+        link.unlink()
+    unit = root / f"etc/systemd/system/{name}.service"
+    unit.write_text(f"[Unit]\nDescription=edgeinfer {name}\nAfter=basic.target network.target\n\n[Service]\n"
+                    f"Type=oneshot\nExecStart=/test/{script}\nStandardOutput=journal+console\n"
+                    f"TimeoutStartSec={timeout_s}\n")
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    os.symlink(f"/etc/systemd/system/{name}.service", wants / f"{name}.service")
+
+
+def boot_container(nspawn: str, root, test, out, timeout_s: int) -> subprocess.CompletedProcess:
+    """Boots the container (systemd as its PID 1) with /test (read-only) and /out bound; returns when it powered
+    off."""
+    return subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
+                           "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
+
+
 def _boot(nspawn, deb, built, root, test, out, signing_key):
     """The container set up (the package and the checks' files in /test), booted, its checks run to the end:
     (results.txt, the other files it wrote, the nspawn run)."""
@@ -191,7 +215,7 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
     old = built.get("release_0_1")
     if old:
         shutil.copy(old, test / "edgeinfer-0.1.0.deb")
-    for f in ("inside.sh", "gap.py"):
+    for f in ("inside.sh", "checks.sh", "gap.py"):
         shutil.copy(ROOT / "tests/system" / f, test / f)
     compile_c(ROOT / "tests/adversary/linger.c", test)  # the linger attack (issue 23, A), run inside as a user
     key, pub, _ = signing_key
@@ -219,18 +243,7 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
         "runtime:\n  scheduling: fifo\n  fault_injection: true\n  lane_hang_s: 1\n  lane_restarts: 2\n"
         "  handovers: 1000\n"
         "metrics:\n  ready_requires_stream: false\n")
-    # Debian's Mosquitto (the mqtt_* checks' broker) is enabled by its package: kept from starting at boot, where it
-    # would listen on 1883 in this host's network namespace (the container shares it); inside.sh starts it on the
-    # free ports of /test/mqtt-ports.
-    for link in (root / "etc/systemd/system").glob("*.wants/mosquitto.service"):
-        link.unlink()
-    unit = root / "etc/systemd/system/edgeinfer-systemtest.service"
-    unit.write_text("[Unit]\nDescription=edgeinfer system test\nAfter=basic.target\n\n[Service]\nType=oneshot\n"
-                    "ExecStart=/test/inside.sh\nStandardOutput=journal+console\nTimeoutStartSec=1500\n")
-    wants = root / "etc/systemd/system/multi-user.target.wants"
-    wants.mkdir(parents=True, exist_ok=True)
-    os.symlink("/etc/systemd/system/edgeinfer-systemtest.service", wants / "edgeinfer-systemtest.service")
-    env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+    run_at_boot(root, "edgeinfer-systemtest", "inside.sh", 1500)  # inside.sh starts Mosquitto on /test/mqtt-ports
     # The RTSP camera's server runs here (the container shares this network namespace): GStreamer is not in the
     # container, and the camera unit needs nothing but a server to reach.
     missing = _gst_rtsp_missing()
@@ -240,9 +253,7 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
     try:
         (test / "rtsp-port").write_text(str(rtsp.port))
         (test / "mqtt-ports").write_text(" ".join(map(str, free_ports(2))))
-        boot = subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
-                               "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
-                              capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
+        boot = boot_container(nspawn, root, test, out, 1800)
     finally:
         rtsp.close()
     results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
@@ -341,8 +352,9 @@ def test_reliability_rows_from_the_container(system_run, matrix, request):
     assert ok
 
 
-def test_the_container_script_parses():
-    """inside.sh runs only in the booted container, minutes in: a quoting slip there ends every later check at once
-    (bash reads the script as it goes), so it is parsed here first."""
-    r = subprocess.run(["bash", "-n", str(ROOT / "tests/system/inside.sh")], capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize("script", ["inside.sh", "upgrade.sh", "checks.sh"])
+def test_the_container_scripts_parse(script):
+    """The container scripts run only in a booted container, minutes in: a quoting slip there ends every later check
+    at once (bash reads a script as it goes), so each is parsed here first."""
+    r = subprocess.run(["bash", "-n", str(ROOT / "tests/system" / script)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr

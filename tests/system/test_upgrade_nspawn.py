@@ -17,7 +17,7 @@ from conftest import ROOT, built_deb, require_tool
 from daemon_helpers import sign_copy
 from edgeinfer import __version__
 from test_repo import make_repo
-from test_system_nspawn import free_ports, mount_root, prepared
+from test_system_nspawn import boot_container, free_ports, mount_root, prepared, run_at_boot
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -52,7 +52,7 @@ def upgrade_run(tmp_path_factory, signing_key):
         sources.write_text(sources.read_text().replace("http://127.0.0.1:PORT", f"http://127.0.0.1:{repo_port}"))
     (test / "ports").write_text(f"{repo_port} {mqtt_port}\n")
     (test / "version").write_text(__version__)
-    for f in ("upgrade.sh", "gap.py", "gwgap.py"):
+    for f in ("upgrade.sh", "checks.sh", "gap.py", "gwgap.py"):
         shutil.copy(ROOT / "tests/system" / f, test / f)
     key, pub, _ = signing_key
     (test / "trust").mkdir()
@@ -60,18 +60,8 @@ def upgrade_run(tmp_path_factory, signing_key):
     sign_copy("orientation", test / "v1", key)
     root, mounted = mount_root(built["rootfs"], work)
     try:
-        for link in (root / "etc/systemd/system").glob("*.wants/mosquitto.service"):
-            link.unlink()  # started by the script on a free port (the container shares this network namespace)
-        unit = root / "etc/systemd/system/edgeinfer-upgradetest.service"
-        unit.write_text("[Unit]\nDescription=edgeinfer upgrade test\nAfter=basic.target network.target\n\n[Service]\n"
-                        "Type=oneshot\nExecStart=/test/upgrade.sh\nStandardOutput=journal+console\nTimeoutStartSec=1200\n")
-        wants = root / "etc/systemd/system/multi-user.target.wants"
-        wants.mkdir(parents=True, exist_ok=True)
-        os.symlink("/etc/systemd/system/edgeinfer-upgradetest.service", wants / "edgeinfer-upgradetest.service")
-        boot = subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
-                               "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
-                              capture_output=True, text=True, timeout=1500, stdin=subprocess.DEVNULL,
-                              env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
+        run_at_boot(root, "edgeinfer-upgradetest", "upgrade.sh", 1200)  # it starts Mosquitto on a free port
+        boot = boot_container(nspawn, root, test, out, 1500)
     finally:
         for m in mounted:
             subprocess.run(["umount", str(m)], timeout=120)

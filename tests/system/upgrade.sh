@@ -6,11 +6,7 @@
 #   /test/repo-0.3.0   the same repository after this release was added to it (same key, re-signed)
 # The web server serves /srv/edgeinfer-repo, a link to what is published now: publishing 0.3.0 is moving it.
 set -u
-R=/out/results.txt
-: > $R
-pass() { echo "PASS $1 ${2:-}" >> $R; }
-fail() { echo "FAIL $1 ${2:-}" >> $R; }
-check() { local name=$1; shift; if out=$("$@" 2>&1); then pass "$name" "$(echo "$out" | tail -1)"; else fail "$name" "$(echo "$out" | tail -3 | tr '\n' ' ')"; fi; }
+. /test/checks.sh  # R, pass, fail, check
 finish() {
     journalctl --no-pager -u edgeinferd -u edgeinfer-gateway -u edgeinfer-mqtt -u 'edgeinfer-camera@*' > /out/journal.txt 2>&1
     cp /tmp/apt-*.log /out/ 2>/dev/null
