@@ -31,3 +31,17 @@ def test_a_camera_file_that_does_not_load_is_refused_with_exit_2_and_its_line(tm
 def test_the_camera_unit_does_not_restart_on_exit_2():
     unit = (ROOT / "systemd/edgeinfer-camera@.service").read_text()
     assert "\nRestartPreventExitStatus=2\n" in unit and "\nRestart=always\n" in unit
+
+
+def test_an_error_while_the_camera_runs_is_not_exit_2(tmp_path, monkeypatch):
+    """Exit 2 is for what the start reads. A ValueError raised while the camera runs (a decoder child that died,
+    a malformed ffprobe answer) propagates as before, exit 1 from the command's caller, so systemd restarts it."""
+    import pytest
+    from edgeinfer.cameras import units
+    (tmp_path / "porch.yaml").write_text("source: synthetic\nwidth: 64\nheight: 64\nfps: 5\n")
+
+    def running(*a, **kw):
+        raise ValueError("I/O operation on closed file")
+    monkeypatch.setattr(units, "run", running)
+    with pytest.raises(ValueError, match="closed file"):
+        run(tmp_path)

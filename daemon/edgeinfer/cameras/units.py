@@ -148,11 +148,13 @@ class UnitNotifier:
         self.notifier.send(f"STATUS=camera {self.name}: {line}")
 
 
-def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.environ) -> int:
-    """A camera unit's main: the camera's producer with systemd's notify protocol; returns frames published."""
+def run(name: str, directory: str = CAMERA_DIR, stop=lambda: False, env=os.environ,
+        cam: CameraConfig | None = None) -> int:
+    """A camera unit's main: the camera's producer with systemd's notify protocol; returns frames published.
+    cam: its file, already loaded (else it is loaded here)."""
     from edgeinfer.cameras import ffmpeg, synthetic
     from edgeinfer.support.systemd import Notifier
-    cam = load(name, directory)
+    cam = cam or load(name, directory)
     stream = cam.stream or name
     unit = UnitNotifier(Notifier(env), name, stream)
     if cam.source == SYNTHETIC:

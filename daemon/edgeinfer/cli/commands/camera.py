@@ -54,18 +54,20 @@ def cmd_camera_run(args) -> int:
     from edgeinfer.cameras.ffmpeg import FeedError
     from edgeinfer.support.startfiles import StartFile, StartFileError, check_start_files
     from edgeinfer.support.yamlconf import ConfigError
-    try:
+    try:  # only what the start reads: an error while the camera runs is no reason to stop it for good
         path = cameras.path_of(args.name, args.dir)
         need = cameras.CAMERA_FILE_NEED.format(user=cameras.user_of(args.name))
         check_start_files([StartFile(path, "the camera file", need)])
-        n = cameras.run(args.name, args.dir, stop=stop_flag())
+        cam = cameras.load(args.name, args.dir)
     except StartFileError as e:
         for line in e.problems:
             print(f"edgeinferctl: camera {args.name}: cannot start: {line}", file=sys.stderr)
         return 2
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError) as e:  # a file that does not load, or a name no unit may have
         print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
         return 2
+    try:
+        n = cameras.run(args.name, args.dir, stop=stop_flag(), cam=cam)
     except FeedError as e:
         print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
         return 1
