@@ -24,32 +24,58 @@ def _others_reach(path: Path) -> bool:
     return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
 
 
+# Set when the clone is bound elsewhere for the tests' other users (below): what their commands put in front of
+# sys.path, so that they import the package from the bound clone, not through the editable install's own path.
+USERS_PYTHONPATH: str | None = None
+
+
 def _reachable_clone(real: Path) -> Path:
     """The clone as the tests' other users reach it. A clone in a 0700 directory (a home on Debian 12, root's, a
-    `mktemp -d`) is out of their reach: the tests that run the clone's code as another user would die with
-    ModuleNotFoundError or EACCES. Then (as root) this pytest enters a mount namespace of its own, shared by every
-    process it starts and gone when they end, and binds the clone at a 0755 directory under /tmp: ROOT, the
-    interpreter (sys.executable) and the package (PYTHONPATH) are taken from there, by root and users alike."""
+    `mktemp -d`, or the clone's own directory made by `mktemp -d`) is out of their reach: the tests that run the
+    clone's code as another user would die with ModuleNotFoundError or EACCES. Then (as root) this pytest enters a
+    mount namespace of its own, shared by every process it starts and gone when they end, makes a 0755 directory
+    under /tmp and binds each entry of the clone in it (a bind shows its source's own mode, so the clone's directory
+    itself is not bound: its entries are, and git makes those 0755). ROOT and sys.executable are taken from there,
+    by root and users alike. Where the namespace cannot be made, this says why and the clone stays where it is:
+    the tests that run code as other users then fail with that reason, the rest run."""
+    global USERS_PYTHONPATH
     if os.geteuid() != 0 or _others_reach(real):
         return real
     import atexit
     import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    import threading
+    import warnings
     clone_newns, ms_rec, ms_private, ms_bind, mnt_detach = 0x00020000, 0x4000, 0x40000, 0x1000, 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    if threading.active_count() != 1:  # unshare moves the calling thread only
+        warnings.warn(f"{real} is out of other users' reach and threads run already: not bound")
+        return real
     if libc.unshare(clone_newns) != 0 or libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0:
-        raise OSError(ctypes.get_errno(), f"the tests' mount namespace (for a clone in a 0700 directory, {real})")
+        warnings.warn(f"{real} is out of other users' reach, and no mount namespace could be made to bind it "
+                      f"elsewhere: {os.strerror(ctypes.get_errno())}")
+        return real
     where = Path(tempfile.mkdtemp(prefix="edgeinfer-clone-", dir="/tmp"))
     os.chmod(where, 0o755)
-    if libc.mount(str(real).encode(), str(where).encode(), None, ms_bind | ms_rec, None) != 0:
-        raise OSError(ctypes.get_errno(), f"cannot bind {real} at {where}")
+    for entry in real.iterdir():
+        target = where / entry.name
+        if entry.is_symlink():
+            target.symlink_to(os.readlink(entry))
+            continue
+        target.mkdir() if entry.is_dir() else target.touch()
+        if libc.mount(str(entry).encode(), str(target).encode(), None, ms_bind | ms_rec, None) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot bind {entry} at {target}")
 
     def unbind():
-        libc.umount2(str(where).encode(), mnt_detach)
-        os.rmdir(where)
+        for target in where.iterdir():
+            if not target.is_symlink():
+                libc.umount2(str(target).encode(), mnt_detach)
+        shutil.rmtree(where, ignore_errors=True)
     atexit.register(unbind)
-    if sys.executable.startswith(str(real) + os.sep):
-        sys.executable = str(where / os.path.relpath(sys.executable, real))
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(where / "daemon"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    exe = Path(sys.executable)
+    if exe.resolve().is_relative_to(real) or exe.is_relative_to(real):
+        sys.executable = str(where / (exe.relative_to(real) if exe.is_relative_to(real) else
+                                      exe.resolve().relative_to(real)))
+    USERS_PYTHONPATH = str(where / "daemon")
     return where
 
 
@@ -138,8 +164,11 @@ class UserSet:
     more: tuple = ()    # two more group members with no role (attackers besides cam_b and reader)
 
     def run_as(self, user: str) -> list[str]:
-        """The command prefix that runs a program as `user` with its groups (setpriv)."""
-        return ["setpriv", f"--reuid={self.uids[user]}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups"]
+        """The command prefix that runs a program as `user` with its groups (setpriv); where the clone is bound for
+        other users (_reachable_clone), the package comes from there."""
+        env = ["env", f"PYTHONPATH={USERS_PYTHONPATH}"] if USERS_PYTHONPATH else []
+        return ["setpriv", f"--reuid={self.uids[user]}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
+                *env]
 
 
 @pytest.fixture(scope="session")
