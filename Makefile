@@ -30,7 +30,8 @@ NATIVE_SRC := native/ring.pyx native/ring_h.pxd $(wildcard native/include/edgein
 	daemon/edgeinfer/support/version.py
 EXT_STAMP := daemon/edgeinfer/.native-built
 
-.PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb repo clean distclean
+.PHONY: all help system-packages venv native models system-cache check test reliability bench demo deb repo repo-sign \
+	clean distclean
 
 all: native
 
@@ -42,6 +43,7 @@ help:
 	@echo "make deb          the Debian package, into DEB_BUILD (default build/deb)"
 	@echo "make repo         the package published into a signed apt repository, REPO (default build/repo), for"
 	@echo "                  REPO_URL (where you will serve it); the signing key is made on first use, outside the clone"
+	@echo "make repo-sign    REPO signed again, a new Valid-Until (30 days), before the last one passes"
 	@echo "make bench        the ingress benchmark (bench/: the others run by hand)"
 	@echo "make reliability  the reliability campaign, rewriting docs/reliability.md (PROFILE=short|long)"
 	@echo "make native       the .venv and the native core, built in place (make models: the model bundles)"
@@ -136,6 +138,7 @@ deb:
 
 # The signed apt repository (scripts/make-repo: apt-ftparchive and gpg; decision record 0035): the package just
 # built, added to the releases already in REPO, the index signed again. Serve REPO as static files at REPO_URL.
+# A repository you publish lives outside build/ (make clean removes build/): REPO=/srv/apt/edgeinfer.
 REPO ?= build/repo
 REPO_URL ?= http://127.0.0.1:8080
 REPO_PACKAGES := apt-utils gnupg
@@ -143,6 +146,11 @@ repo: deb
 	scripts/ensure-system-packages $(REPO_PACKAGES)
 	scripts/make-repo --out $(REPO) --url $(REPO_URL) $(DEB_BUILD)/edgeinfer_*.deb
 	@echo "serve $(REPO) at $(REPO_URL); operators add $(REPO_URL)/edgeinfer.sources (docs/operations/install-and-upgrade.md)"
+
+# The same packages signed again with a new Valid-Until (run it before the last one passes); its URL is kept.
+repo-sign:
+	scripts/ensure-system-packages $(REPO_PACKAGES)
+	scripts/make-repo --out $(REPO)
 
 clean:
 	rm -rf build native/ring.c native/hist.c native/decode.c native/harden.c daemon/edgeinfer/_ring*.so daemon/edgeinfer/_hist*.so daemon/edgeinfer/_decode*.so daemon/edgeinfer/_harden*.so $(EXT_STAMP) *.egg-info

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -125,10 +126,42 @@ def test_the_sources_file_is_deb822_with_signed_by(repo):
                  "Architectures": "amd64", "Signed-By": "/etc/apt/keyrings/edgeinfer.pgp"}, s
 
 
-def test_a_key_dir_inside_the_clone_is_refused(tmp_path):
-    r = make_repo(tmp_path / "repo", ROOT / "build" / "repo-key-here", built_deb())
-    assert r.returncode == 2 and "inside the clone" in r.stderr, r.stderr
-    assert not (ROOT / "build" / "repo-key-here").exists()
+def test_a_key_dir_inside_the_clone_is_refused_however_it_is_named(tmp_path):
+    for key_dir in (ROOT / "build" / "repo-key-here", "build/repo-key-here", ROOT / "build" / ".." / "repo-key-here"):
+        r = subprocess.run([MAKE_REPO, "--out", str(tmp_path / "repo"), "--key-dir", str(key_dir), built_deb()],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and "inside the clone" in r.stderr, (key_dir, r.stderr)
+    assert not (ROOT / "build" / "repo-key-here").exists() and not (ROOT / "repo-key-here").exists()
+
+
+def test_signing_again_without_a_package_renews_valid_until_and_lists_only_the_index(repo):
+    """What `make repo-sign` runs before Valid-Until passes: the same packages, a new date; Release lists the
+    index it signs, never a previous Release."""
+    root, key_dir, _ = repo
+    before = (root / "dists/bookworm/Release").read_text()
+    time.sleep(1.1)  # Release's Date has a resolution of one second
+    r = subprocess.run([MAKE_REPO, "--out", str(root), "--key-dir", str(key_dir)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    after = (root / "dists/bookworm/Release").read_text()
+    assert deb822(after.split("\nMD5Sum:")[0])["Date"] != deb822(before.split("\nMD5Sum:")[0])["Date"]
+    assert deb822((root / "edgeinfer.sources").read_text())["URIs"] == "http://127.0.0.1:1", "the URL is kept"
+    listed = {ln.split()[-1] for ln in after.splitlines() if ln.startswith(" ")}
+    assert listed == {"main/binary-amd64/Packages", "main/binary-amd64/Packages.gz"}, listed
+    v = subprocess.run(["gpgv", "--keyring", str(root / "edgeinfer-archive-keyring.pgp"),
+                        str(root / "dists/bookworm/InRelease")], capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0, v.stderr
+
+
+def test_a_repository_signed_by_another_key_is_never_signed_again_by_a_new_one(repo, tmp_path):
+    """A lost key directory (another machine, another HOME) must not turn into a new key silently: every host
+    trusts the old one and would refuse every update (NO_PUBKEY)."""
+    root, _, _ = repo
+    before = (root / "dists/bookworm/InRelease").read_bytes()
+    r = subprocess.run([MAKE_REPO, "--out", str(root), "--key-dir", str(tmp_path / "elsewhere")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "hosts trust that key only" in r.stderr, r.stderr
+    assert (root / "dists/bookworm/InRelease").read_bytes() == before and not (tmp_path / "elsewhere").exists()
 
 
 def test_a_published_version_never_changes(repo, tmp_path):
@@ -171,7 +204,7 @@ def test_apt_refuses_an_expired_repository_in_the_words_the_docs_quote(repo, tmp
         assert r.returncode != 0 and re.search(r"Release file for \S+ is expired \(invalid since", said), said
         assert "Updates for this repository will not be applied" in said, said
         assert apt.versions() == []
-        docs = (ROOT / "docs/operations/install-and-upgrade.md").read_text()
+        docs = " ".join((ROOT / "docs/operations/install-and-upgrade.md").read_text().split())
         assert "is expired (invalid since" in docs and "Updates for this repository will not be applied" in docs
     finally:
         served.close()
@@ -183,8 +216,8 @@ def test_apt_refuses_a_repository_signed_by_another_key(repo, tmp_path):
     root, _, _ = repo
     forged = tmp_path / "forged"
     shutil.copytree(root, forged)
-    for f in ("InRelease", "Release.gpg"):
-        (forged / "dists/bookworm" / f).unlink()
+    for f in ("dists/bookworm/InRelease", "dists/bookworm/Release.gpg", "edgeinfer-archive-keyring.pgp"):
+        (forged / f).unlink()
     (forged / "pool").rename(tmp_path / "pool-aside")
     r = make_repo(forged, tmp_path / "other-key", built_deb())  # the same packages, signed by another key
     assert r.returncode == 0, r.stderr
@@ -197,7 +230,7 @@ def test_apt_refuses_a_repository_signed_by_another_key(repo, tmp_path):
         said = r.stdout + r.stderr
         assert r.returncode != 0 and "NO_PUBKEY" in said and "is not signed" in said, said
         assert apt.versions() == [], "apt used a repository whose signature it could not verify"
-        docs = (ROOT / "docs/operations/install-and-upgrade.md").read_text()
+        docs = " ".join((ROOT / "docs/operations/install-and-upgrade.md").read_text().split())
         assert "NO_PUBKEY" in docs and "is not signed" in docs
     finally:
         served.close()
