@@ -59,3 +59,19 @@ def test_every_uid_taken_is_a_clear_error(tmp_path, held):
             sandbox.dynamic_uid(range(a, a + 1), str(tmp_path))
     finally:
         os.close(fd)
+
+
+def test_a_lock_file_unlinked_by_its_holder_is_not_taken_for_a_lock(tmp_path, held, monkeypatch):
+    """systemd unlinks a uid's lock file when it frees the uid, while it holds the lock: a process that opened the
+    file before and locks it after holds a lock on nothing (the next allocator makes a new file). Such a uid is
+    passed over, as systemd's pick_uid does."""
+    a, b = free_uids(2)
+    real_flock = sandbox.fcntl.flock
+
+    def flock_after_an_unlink(fd, op):
+        real_flock(fd, op)
+        path = tmp_path / str(a)
+        if path.exists() and os.fstat(fd).st_ino == os.stat(path).st_ino:
+            path.unlink()  # what systemd's dynamic_user_close does between our open and our flock
+    monkeypatch.setattr(sandbox.fcntl, "flock", flock_after_an_unlink)
+    assert sandbox.dynamic_uid(range(a, b + 1), str(tmp_path)) == b

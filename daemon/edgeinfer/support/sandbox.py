@@ -92,6 +92,16 @@ def _named(uid: int) -> bool:
     return False
 
 
+def _still_linked(fd: int, path: str) -> bool:
+    """Whether the file `fd` locks is still the one at `path`: a lock on an unlinked file guards nothing, since
+    the next allocator creates a new file there (systemd's pick_uid checks the same)."""
+    try:
+        st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return st.st_nlink > 0 and (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+
 def dynamic_uid(uids: range = DYNAMIC_UIDS, locks: str = DYNAMIC_UID_LOCKS) -> int:
     """Root: a uid of `uids` that no passwd or group entry names and no process holds, locked (flock on
     `locks`/<uid>) for as long as this process and its children live. OSError when every one is taken."""
@@ -100,11 +110,15 @@ def dynamic_uid(uids: range = DYNAMIC_UIDS, locks: str = DYNAMIC_UID_LOCKS) -> i
     for uid in uids:
         if uid in used or _named(uid):
             continue
-        fd = os.open(os.path.join(locks, str(uid)), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        path = os.path.join(locks, str(uid))
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)  # systemd's (a DynamicUser= service), or another daemon's whose lanes have not started yet
+            continue
+        if not _still_linked(fd, path):  # its holder unlinked it (systemd does, freeing a uid) before we locked
+            os.close(fd)
             continue
         if uid in _uids_in_use():  # a lane of a daemon that took it and has since died
             fcntl.flock(fd, fcntl.LOCK_UN)
