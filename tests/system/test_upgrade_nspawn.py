@@ -39,13 +39,16 @@ def upgrade_run(tmp_path_factory, signing_key):
     test, out = work / "test", work / "out"
     for d in (test, out):
         d.mkdir()
-    # The repository as published with 0.2.0, then with this release added (the same key, signed again).
+    # The repository as published with 0.2.0, then this release added to it as the docs say (make repo into the
+    # same repository: the same key, signed again); the container serves one, then the other.
     key_dir = work / "repo-key"
     old = work / "edgeinfer_0.2.0_amd64.deb"
     shutil.copy(built["release_0_2"], old)
-    for name, debs in (("repo-0.2.0", [old]), ("repo-0.3.0", [old, built_deb()])):
-        r = make_repo(test / name, key_dir, *debs, url="http://127.0.0.1:PORT")
-        assert r.returncode == 0, r.stderr
+    r = make_repo(test / "repo-0.2.0", key_dir, old, url="http://127.0.0.1:PORT")
+    assert r.returncode == 0, r.stderr
+    shutil.copytree(test / "repo-0.2.0", test / "repo-0.3.0")
+    r = make_repo(test / "repo-0.3.0", key_dir, built_deb(), url="http://127.0.0.1:PORT")
+    assert r.returncode == 0 and "2 package(s)" in r.stderr, r.stderr
     repo_port, mqtt_port = free_ports(2)
     for name in ("repo-0.2.0", "repo-0.3.0"):
         sources = test / name / "edgeinfer.sources"

@@ -7,10 +7,10 @@
 # The web server serves /srv/edgeinfer-repo, a link to what is published now: publishing 0.3.0 is moving it.
 set -u
 . /test/checks.sh  # R, pass, fail, check
-finish() {
+finish() {  # on any exit: the journal kept, the container powered off (DONE is written at the script's end only)
     journalctl --no-pager -u edgeinferd -u edgeinfer-gateway -u edgeinfer-mqtt -u 'edgeinfer-camera@*' > /out/journal.txt 2>&1
     cp /tmp/apt-*.log /out/ 2>/dev/null
-    echo DONE >> $R; systemctl poweroff --no-block; exit 0
+    systemctl poweroff --no-block; exit 0
 }
 trap finish EXIT
 export DEBIAN_FRONTEND=noninteractive
@@ -106,9 +106,10 @@ check serving_0_2_0 serving_0_2_0
 install -m 0755 /test/gap.py /usr/local/bin/edgeinfer-gap
 install -m 0755 /test/gwgap.py /usr/local/bin/edgeinfer-gwgap
 rm -f /tmp/*.ready /tmp/upgrade.stop
-runuser -u reader -- $PY /usr/local/bin/edgeinfer-gap gate1 240 /tmp/reader.ready /tmp/upgrade.stop > /tmp/reader-gap.json &
+# The clients run until /tmp/upgrade.stop (900 s at most: a bound, not a figure) and report their longest gaps.
+runuser -u reader -- $PY /usr/local/bin/edgeinfer-gap gate1 900 /tmp/reader.ready /tmp/upgrade.stop > /tmp/reader-gap.json &
 reader_pid=$!
-runuser -u reader -- $PY /usr/local/bin/edgeinfer-gwgap default 240 /tmp/client.ready /tmp/upgrade.stop > /tmp/client-gap.json &
+runuser -u reader -- $PY /usr/local/bin/edgeinfer-gwgap default 900 /tmp/client.ready /tmp/upgrade.stop > /tmp/client-gap.json &
 client_pid=$!
 for _ in $(seq 1 120); do [ -e /tmp/reader.ready ] && [ -e /tmp/client.ready ] && break; sleep 0.5; done
 c_gate1=$(connects gate1) c_door=$(connects door)
@@ -137,15 +138,19 @@ cameras_never_reconnect() {
     [ $g = 0 ] && [ $d = 0 ] && [ "$active" = "active active " ] && [ "$(invocation edgeinferd)" != "$inv_d" ]
 }
 check cameras_never_reconnect cameras_never_reconnect
+started_at() { systemctl show -P ExecMainStartTimestampMonotonic "$1"; }
 clients_bounded_gap() {
-    local r c; r=$(cat /tmp/reader-gap.json) c=$(cat /tmp/client-gap.json)
-    echo "reader of gate1: $r; gateway client (tritonclient, one request at a time): $c; gateway restarted: $([ "$(invocation edgeinfer-gateway)" != "$inv_g" ] && echo yes || echo no), bridge restarted: $([ "$(invocation edgeinfer-mqtt)" != "$inv_m" ] && echo yes || echo no)"
+    local r c g d; r=$(cat /tmp/reader-gap.json) c=$(cat /tmp/client-gap.json)
+    g=$(started_at edgeinfer-gateway) d=$(started_at edgeinferd)
+    echo "reader of gate1: $r; gateway client (tritonclient, one request at a time): $c; gateway restarted: $([ "$(invocation edgeinfer-gateway)" != "$inv_g" ] && echo yes || echo no) (before the daemon: $([ "$g" -lt "$d" ] && echo yes || echo no)), bridge restarted: $([ "$(invocation edgeinfer-mqtt)" != "$inv_m" ] && echo yes || echo no)"
+    # The new gateway (UNAVAILABLE at once while no daemon serves) is the one clients meet during the daemon's
+    # restart: the postinst restarts it first. The gaps and failure codes are figures (docs/performance.md).
+    [ "$(invocation edgeinfer-gateway)" != "$inv_g" ] && [ "$(invocation edgeinfer-mqtt)" != "$inv_m" ] && [ "$g" -lt "$d" ] || return 1
     $PY - "$r" "$c" <<'PY'
 import json, sys
 r, c = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-# Bounded: both came back and went on (the figures are the closing line's; no time is asserted here).
-assert r["results"] > 0 and r["attaches"] >= 2, r
-assert c["answers"] > 0 and "DEADLINE_EXCEEDED" not in c["failures"] and "StatusCode.DEADLINE_EXCEEDED" not in c["failures"], c
+assert r["results"] > 0 and r["attaches"] >= 2, r   # the reader came back through the restarted daemon
+assert c["answers"] > 0, c                          # and the client through the restarted gateway and daemon
 PY
 }
 check clients_bounded_gap clients_bounded_gap
@@ -176,3 +181,4 @@ downgrade() {
     [ "$(installed)" = 0.2.0 ] && [ $r = 3 ] && [ $g = 0 ] && [ $d = 0 ] && [ "$(sums)" = "$state_before" ]
 }
 check downgrade_to_0_2_0 downgrade
+echo DONE >> $R
