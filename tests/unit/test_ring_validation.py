@@ -116,7 +116,9 @@ def _named_dev_shm_file(image, tmp_name=f"/dev/shm/edgeinfer-test-{os.getpid()}"
 
 
 def _disk_file(image):
-    fd = os.open(os.path.dirname(os.path.abspath(__file__)), os.O_RDWR | os.O_TMPFILE, 0o600)
+    # A file on a disk filesystem, never linked: /var/tmp is on disk on Debian (/tmp may be a tmpfs), and any user
+    # may write there (make check runs as any user, the clone perhaps not writable by them).
+    fd = os.open("/var/tmp", os.O_RDWR | os.O_TMPFILE, 0o600)
     os.write(fd, image)
     return fd
 
