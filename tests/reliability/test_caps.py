@@ -23,7 +23,7 @@ import pytest
 
 from conftest import Children, read_line
 from daemon_helpers import daemon_log, poll
-from test_isolation import H, W, Arena, Watch, row
+from test_isolation import ATTACKER_STREAMS, H, W, Arena, Watch, row
 
 CAPS = {"max_pending": 16, "max_pending_per_user": 2, "max_readers": 96, "max_readers_per_stream": 48,
         "max_readers_per_user": 32, "reader_idle_s": 3.0}
@@ -104,18 +104,21 @@ def finish(procs: list[subprocess.Popen]) -> list[str]:
 def test_four_users_holding_silent_connections_cannot_lock_out_a_camera_or_a_reader(request, matrix, arena, users,
                                                                                      c_producer, c_reader):
     """The issue (B): four group members holding 4 silent connections each filled the shared pool: the honest
-    camera was refused 8 of 8 times. Now the pools are per socket, a party holds at most 2 handshakes of each,
-    a connection to the ingress socket from a uid that may produce nothing is refused before its hello, and
-    a uid named as a producer or reader has a slot past the pool."""
+    camera was refused 8 of 8 times. Now the pools are per socket; a party holds at most max_pending_per_user (2)
+    handshakes on each, or as many as the streams it is named for there (issue 35 item 7: a front's pool connects
+    all its streams at once), so cam_b, named for each of its attack streams, opens two more than those; a
+    connection to the ingress socket from a uid that may produce nothing is refused before its hello, and a uid
+    named as a producer or reader has a slot past the pool."""
     w = Watch(arena)
     attackers = [users.cam_b, users.reader, *users.more]
     assert len(attackers) == 4
+    count = {u: 6 for u in attackers} | {users.cam_b: len(ATTACKER_STREAMS) + 2}  # past each one's cap
     procs, per = [], {}
     try:
         for u in attackers:
             ps = silent_attack(arena, lambda sock, u=u: [*users.run_as(u), arena.tools["evil_reader"], "--socket",
-                                                         sock, "--attack", "silent", "--count", "6", "--seconds",
-                                                         str(SILENT_S)])
+                                                         sock, "--attack", "silent", "--count", str(count[u]),
+                                                         "--seconds", str(SILENT_S)])
             procs.extend(ps)
             per[u] = ps
         first, took, rd = honest_clients(arena, users, c_producer, c_reader)
@@ -131,12 +134,14 @@ def test_four_users_holding_silent_connections_cannot_lock_out_a_camera_or_a_rea
         int(got[(users.cam_b, "ingress")].get("AGAIN", 0)) > 0
     admitted = first == "CONNECTED accepted=1"
     attached = "ATTACHED" in rd
-    observed = (f"4 group members, 6 silent connections on each socket each, reopened for {SILENT_S} s: {said}; "
+    observed = (f"4 group members, silent connections on each socket ({count[users.cam_b]} of cam_b, 6 of the others), "
+                f"reopened for {SILENT_S} s: {said}; "
                 f"meanwhile the honest camera (stream free): {first!r} after {took:.2f} s; a new reader of another "
                 f"stream: attached {attached}; {text}")
-    row(matrix, request, "four group members hold silent connections on both sockets up to their caps", 4 * 2 * 6,
-        "refused past 2 per party per socket (non-producers at once on the ingress socket); the honest camera and "
-        "a new reader of another stream admitted", observed,
+    row(matrix, request, "four group members hold silent connections on both sockets up to their caps",
+        2 * sum(count.values()),
+        "refused past each party's cap per socket (2, or the streams it is named for; non-producers at once on the "
+        "ingress socket); the honest camera and a new reader of another stream admitted", observed,
         admitted and attached and non_producers_denied and capped and ok)
 
 
