@@ -49,6 +49,19 @@ def http_status(url: str, timeout: float = 2.0) -> int:
         return 0
 
 
+def unlabelled_metric(url: str, name: str) -> float:
+    """One unlabelled sample of the daemon's /metrics (-1 when missing)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return -1.0
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return -1.0
+
+
 def stream_stats(stats_file: str, stream: str) -> dict:
     return read_stats(stats_file).get("streams", {}).get(stream, {})
 

@@ -21,12 +21,11 @@ import os
 import re
 import threading
 import time
-import urllib.request
 
 from conftest import ROOT, compile_c, read_line
 from daemon_helpers import daemon_log, poll, read_stats, stop_daemon
 from edgeinfer.abi.vocabulary import DROPS, OUTCOMES
-from rel_helpers import Lines, fault_daemon, http_status, stop_and_count
+from rel_helpers import Lines, fault_daemon, http_status, stop_and_count, unlabelled_metric as _metric
 from test_systemd_notify import FakeSystemd
 
 W, H = 64, 48
@@ -34,19 +33,6 @@ LINGER_S = 30
 WATCHDOG_S = 3.0
 ROUNDS = 24          # each: one attack on ingress.sock and one on results.sock, 3 ways in turn
 ADMIT_BOUND_S = 10.0  # the test's own bound on a handshake (no tighter time is asserted)
-
-
-def _metric(url: str, name: str) -> float:
-    """One unlabelled sample of the daemon's /metrics (-1 when missing)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return -1.0
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return -1.0
 
 
 def test_the_linger_attack_cannot_stall_the_control_plane(request, matrix, tmp_path, children, users, sandbox,

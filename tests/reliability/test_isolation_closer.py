@@ -23,14 +23,13 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 
 import pytest
 
 from conftest import ROOT, compile_c, read_line
 from daemon_helpers import daemon_log, poll, read_stats, stop_daemon
 from edgeinfer.abi.vocabulary import OUTCOMES
-from rel_helpers import Lines, fault_daemon, http_status, stop_and_count
+from rel_helpers import Lines, fault_daemon, http_status, stop_and_count, unlabelled_metric as _metric
 
 W, H = 64, 48
 LINGER_S = 60  # long enough that, before the fix, the honest parties came while the closer was still blocked
@@ -39,19 +38,6 @@ ADMIT_BOUND_S = float(os.environ.get("EI_TEST_ADMIT_BOUND_S", "40"))  # the test
 
 def _refusals(stats: str) -> int:
     return sum(n for k, n in read_stats(stats).get("refusals", {}).items() if k.startswith(("victim/", "(unknown)/")))
-
-
-def _metric(url: str, name: str) -> float:
-    """One unlabelled sample of the daemon's /metrics (-1 when missing)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return -1.0
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return -1.0
 
 
 def _attack(children, tmp_path, users, sandbox, signing_key, c_producer, c_reader, attack: list[str],
