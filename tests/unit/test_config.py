@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from daemon_helpers import edgeinferd_args
-from edgeinfer.cli import main as cli
+from edgeinfer.cli import ctl as cli
 from edgeinfer.config import schema as config
 from edgeinfer.abi import ring
 from edgeinfer.config.schema import ConfigError, load_config

@@ -10,8 +10,13 @@ import sys
 from edgeinfer.support.version import VERSION
 from edgeinfer.support.signals import Signals
 from edgeinfer.cli.logformat import setup_logging
-# edgeinferctl by the name setup.py's console script gives it, and its socket defaults as named here before.
-from edgeinfer.cli.ctl import _INGRESS_SOCKET, _RESULTS_SOCKET, edgeinferctl_main  # noqa: F401
+
+
+def edgeinferctl_main(argv=None) -> int:
+    """edgeinferctl (ctl.py), by the name setup.py's console script gives it. Imported when called: the
+    daemon's start loads none of the operator tool's subcommands (tests/integration/test_startup_imports.py)."""
+    from edgeinfer.cli.ctl import edgeinferctl_main as main
+    return main(argv)
 
 
 def _print_status(st: dict) -> None:

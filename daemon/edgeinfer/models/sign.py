@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from typing import Callable
 
+from edgeinfer.models import signinglib
 from edgeinfer.models.bundle import MODEL_FILE, SIG_FILE, BundleError
 from edgeinfer.models.trust import copy_trust, generate_keys
 
@@ -19,7 +20,7 @@ def sign_bundle(path: str, private_key: str, certificate: str | None = None, cha
     """Signs every file of the bundle directory into BUNDLE/model.sig (what the
     stock CLI does with --signature BUNDLE/model.sig); with `certificate` (and
     its intermediate `chain`), a certificate signature."""
-    import model_signing
+    model_signing = signinglib.model_signing()
 
     if not os.path.isdir(path):
         raise BundleError(f"{path}: a model bundle is a directory")

@@ -24,6 +24,7 @@ import os
 import pathlib
 import tempfile
 
+from edgeinfer.models import signinglib
 from edgeinfer.models.bundle import SIG_FILE, Bundle, OpenBundle, SizeLimits, parse_bundle
 from edgeinfer.models.sign import self_sign, sign_bundle, throwaway_signed_copy  # noqa: F401  (re-exported)
 from edgeinfer.models.trust import (  # noqa: F401  (re-exported: importers name them from here)
@@ -93,7 +94,7 @@ def _find_signer(path: str, sig: bytes, trust: TrustStore, tmp: str):
     (a function making a fresh verifying config for it, the Signer); raises SignatureError.
     Each anchor verifies the signature against an empty directory, so no file of the
     bundle is needed: a signature it made reports a mismatch of the files, any other an error."""
-    import model_signing
+    model_signing = signinglib.model_signing()
 
     sig_path = os.path.join(path, SIG_FILE)
     sig_copy = pathlib.Path(tmp) / SIG_FILE
