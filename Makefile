@@ -120,7 +120,7 @@ bench: native models
 demo: native models
 	$(PY) -m edgeinfer.cli demo --bundle models/bundles/orientation
 
-# The Debian package: dpkg-buildpackage in a copy of the tree with packaging/debian as debian/.
+# The Debian packages (edgeinfer, and edgeinfer-rtsp: PyAV, decision record 0036): dpkg-buildpackage in a copy of the tree with packaging/debian as debian/.
 DEB_PACKAGES := debhelper dh-virtualenv dpkg-dev fakeroot lintian python3-dev python3-venv libseccomp-dev
 DEB_BUILD ?= build/deb
 # dpkg-deb's compression: xz, Debian's default, for a package that ships; make test and make reliability
@@ -133,8 +133,8 @@ deb:
 	git ls-files -z | xargs -0 cp --parents -t $(DEB_BUILD)/src
 	cp -rL packaging/debian $(DEB_BUILD)/src/debian
 	cd $(DEB_BUILD)/src && EDGEINFER_DEB_COMPRESSION="$(DEB_COMPRESSION)" dpkg-buildpackage -us -uc -b
-	lintian --fail-on error $(DEB_BUILD)/edgeinfer_*.deb
-	@ls -l $(DEB_BUILD)/edgeinfer_*.deb
+	lintian --fail-on error $(DEB_BUILD)/*.deb
+	@ls -l $(DEB_BUILD)/*.deb
 
 # The signed apt repository (scripts/make-repo: apt-ftparchive and gpg; decision record 0035): the package just
 # built, added to the releases already in REPO, the index signed again. Serve REPO as static files at REPO_URL.
@@ -144,7 +144,7 @@ REPO_URL ?= http://127.0.0.1:8080
 REPO_PACKAGES := apt-utils gnupg
 repo: deb
 	scripts/ensure-system-packages $(REPO_PACKAGES)
-	scripts/make-repo --out $(REPO) --url $(REPO_URL) $(DEB_BUILD)/edgeinfer_*.deb
+	scripts/make-repo --out $(REPO) --url $(REPO_URL) $(DEB_BUILD)/*.deb
 	@echo "serve $(REPO) at $(REPO_URL); operators add $(REPO_URL)/edgeinfer.sources (docs/operations/install-and-upgrade.md)"
 
 # The same packages signed again with a new Valid-Until (run it before the last one passes); its URL is kept.

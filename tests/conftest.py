@@ -116,13 +116,14 @@ def require_tool(name: str) -> str:
     return path
 
 
-def built_deb() -> str:
+def built_deb(package: str = "edgeinfer") -> str:
     """The .deb under test: `make test` builds it into build/deb before pytest runs (`make deb`);
-    EDGEINFER_DEB_DIR names another build of it (`make deb DEB_BUILD=...`)."""
+    EDGEINFER_DEB_DIR names another build of it (`make deb DEB_BUILD=...`). package: edgeinfer, or the second
+    binary package of the same source, edgeinfer-rtsp (PyAV; decision record 0036)."""
     deb_dir = os.environ.get("EDGEINFER_DEB_DIR", str(ROOT / "build/deb"))
-    debs = sorted(glob.glob(os.path.join(deb_dir, "edgeinfer_*.deb")))
+    debs = sorted(glob.glob(os.path.join(deb_dir, f"{package}_*.deb")))
     if not debs:
-        pytest.fail(f"no {deb_dir}/edgeinfer_*.deb: `make test` builds it first (`make deb`)")
+        pytest.fail(f"no {deb_dir}/{package}_*.deb: `make test` builds it first (`make deb`)")
     return debs[-1]
 
 

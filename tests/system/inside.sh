@@ -18,7 +18,8 @@ install -m 0755 /test/gap.py /usr/local/bin/edgeinfer-gap
 install -m 0755 /test/linger /usr/local/bin/edgeinfer-linger
 
 # ------------------------------------------------------------------ phase 1: fresh install
-check install apt-get install -y -q /test/edgeinfer.deb
+# Both packages of the source (edgeinfer-rtsp: PyAV, for the RTSP camera below; decision record 0036).
+check install apt-get install -y -q /test/edgeinfer.deb /test/edgeinfer-rtsp.deb
 check user_and_group getent group edgeinfer
 check units_enabled bash -c '[ "$(systemctl is-enabled edgeinferd.service)" = enabled ] && [ "$(systemctl is-enabled edgeinferd.socket)" = enabled ] && echo "service and socket enabled"'
 # The network gateway ships disabled: its unit inactive, its user (sysusers.d) without a shell, its config a conffile.
@@ -317,6 +318,26 @@ camera_rtsp_sender_clock() {
     [ "$r" = 3 ] && [ -n "$said" ] && [ "$dec" = 1 ]
 }
 check camera_rtsp_sender_clock camera_rtsp_sender_clock
+# The same camera with edgeinfer-rtsp removed (the daemon's install alone: issue 37's 300 MB): its unit exits 2 at
+# once, not restarted, naming the package; installed again and restarted, it serves.
+camera_rtsp_package() {
+    local kib; kib=$(dpkg-query -W -f='${Installed-Size}' edgeinfer)
+    local rkib; rkib=$(dpkg-query -W -f='${Installed-Size}' edgeinfer-rtsp)
+    apt-get remove -y -q edgeinfer-rtsp > /tmp/apt-rtsp.log 2>&1 || { tail -3 /tmp/apt-rtsp.log; return 1; }
+    local av=present; /opt/venvs/edgeinfer/bin/python -c 'import av' 2>/dev/null || av=absent
+    systemctl start edgeinfer-camera@lobby 2>/dev/null
+    sleep 1
+    local state code said
+    state=$(systemctl is-active edgeinfer-camera@lobby) code=$(systemctl show -P ExecMainStatus edgeinfer-camera@lobby)
+    said=$(journalctl -u edgeinfer-camera@lobby --no-pager -o cat | grep -m1 'apt install edgeinfer-rtsp')
+    apt-get install -y -q /test/edgeinfer-rtsp.deb > /tmp/apt-rtsp2.log 2>&1 || { tail -3 /tmp/apt-rtsp2.log; return 1; }
+    systemctl reset-failed edgeinfer-camera@lobby; systemctl start edgeinfer-camera@lobby || return 1
+    local r; r=$(runuser -u reader -- edgeinferctl results lobby --count 1 --timeout 30 | wc -l)
+    systemctl stop edgeinfer-camera@lobby
+    echo "edgeinfer $((kib / 1024)) MiB, edgeinfer-rtsp $((rkib / 1024)) MiB; removed: PyAV $av, unit $state (exit $code): ${said:-nothing said}; installed again: results $r"
+    [ "$kib" -le 307200 ] && [ "$av" = absent ] && [ "$state" = failed ] && [ "$code" = 2 ] && [ -n "$said" ] && [ "$r" = 1 ]
+}
+check camera_rtsp_package camera_rtsp_package
 # Reliability row: the camera unit stopped and started 100 times; every start READY, the daemon serves on,
 # and neither the daemon's fds nor its memory grow with the cameras that came and went.
 daemon_fds() { local p n=0; for p in $(systemctl show -P MainPID edgeinferd) $(pgrep -x 'edgeinfer-lane[0-9]+'); do n=$((n + $(ls /proc/$p/fd | wc -l))); done; echo $n; }
@@ -640,7 +661,7 @@ cfg_sum=$(md5sum < /etc/edgeinfer/edgeinferd.yaml)
 state_sum=$(md5sum < /var/lib/edgeinfer/model-versions.json)
 gw_inv_before=$(gw InvocationID)
 upgrade_keeps_cameras() {
-    apt-get install -y -q -o Dpkg::Options::=--force-confold /test/edgeinfer-next.deb > /tmp/apt.log 2>&1 || { tail -5 /tmp/apt.log; return 1; }
+    apt-get install -y -q -o Dpkg::Options::=--force-confold /test/edgeinfer-next.deb /test/edgeinfer-rtsp-next.deb > /tmp/apt.log 2>&1 || { tail -5 /tmp/apt.log; return 1; }
     wait_active; sleep 3
     local n=$(( $(starts) - starts_before )) c=$(( $(grep -c "connected to edgeinfer" /tmp/feed.err) - connects_before ))
     local r=$(runuser -u reader -- edgeinferctl results cam0 --count 3 --timeout 20 | wc -l)

@@ -126,6 +126,38 @@ def test_package_description_and_sysusers_say_memfd(deb, shipped):
     assert "shared-memory" not in sysusers and "ingress.sock" in sysusers, sysusers
 
 
+def _field(deb: str, name: str) -> str:
+    return subprocess.run(["dpkg-deb", "-f", deb, name], capture_output=True, text=True, check=True,
+                          timeout=60).stdout.strip()
+
+
+def _paths(deb: str) -> list[str]:
+    out = subprocess.run(["dpkg-deb", "--fsys-tarfile", deb], capture_output=True, check=True, timeout=300).stdout
+    import io
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        return [os.path.normpath(m.name).lstrip("./") for m in tar]
+
+
+def test_the_daemon_installs_300_mb_or_less_and_pyav_is_a_package_of_its_own(deb):
+    """Issue 37, item 4 (decision record 0036): edgeinfer without PyAV and the FFmpeg libraries of its wheel, at most
+    300 MB installed; edgeinfer-rtsp holds exactly those files, in the same virtualenv, and upgrades with it."""
+    rtsp = built_deb("edgeinfer-rtsp")
+    assert int(_field(deb, "Installed-Size")) * 1024 <= 300_000_000, _field(deb, "Installed-Size")
+    assert "edgeinfer-rtsp" in _field(deb, "Recommends").split(", ")
+    assert _field(rtsp, "Depends").split(", ")[-1] == f"edgeinfer (= {__version__})"
+    assert _field(rtsp, "Breaks") == _field(rtsp, "Replaces") == "edgeinfer (<< 0.3.0~)"
+    site = "opt/venvs/edgeinfer/lib/python3.11/site-packages/"
+    ours = [p for p in _paths(deb) if p.startswith(site)]
+    assert f"{site}edgeinfer/__init__.py" in ours and f"{site}onnxruntime/__init__.py" in ours
+    top = {p[len(site):].split("/")[0] for p in ours if p != site.rstrip("/")}
+    assert "edgeinfer" in top and not [t for t in top if t == "av" or t.startswith(("av.", "av-"))], sorted(top)
+    theirs = [p for p in _paths(rtsp) if p.startswith(("opt/", "usr/bin", "usr/lib", "etc/"))]
+    assert f"{site}av/__init__.py" in theirs and any(p.startswith(f"{site}av.libs/") for p in theirs)
+    assert {p[len(site):].split("/")[0] for p in theirs if p.startswith(site)} == \
+        {"av", "av.libs", "av-18.1.0.dist-info"}, theirs
+    assert not [p for p in theirs if p.startswith(("usr/bin", "usr/lib", "etc/"))]
+
+
 def _maintainer_script(deb: str, name: str, check: bool = True) -> str:
     return subprocess.run(["dpkg-deb", "-I", deb, name], capture_output=True, text=True, check=check,
                           timeout=60).stdout

@@ -41,7 +41,7 @@ CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disable
           "fdstore_kill", "fdstore_accounting", "daemon_sigkill_restart", "lane_restarted_by_daemon", "watchdog_restart",
           "socket_activation", "allow_downgrade_as_root", "refused_reload_then_restart", "camera_add", "camera_unit",
           "camera_stalled_source",
-          "camera_rtsp_sender_clock", "camera_restarts_100", "camera_stop", "camera_add_as_told",
+          "camera_rtsp_sender_clock", "camera_rtsp_package", "camera_restarts_100", "camera_stop", "camera_add_as_told",
           "gateway_serves", "gateway_daemon_restart", "gateway_restart_codes", "gateway_sigkill_restart",
           "gateway_sandbox_zmq", "gateway_memory_bounded",
           "mqtt_publishes", "upgrade_keeps_cameras", "gateway_after_upgrade", "stop", "purge", "purge_cameras",
@@ -149,7 +149,9 @@ def next_version(deb: str, out) -> str:
             if m.name in ("./control", "control"):
                 text = body.decode()
                 version = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Version: "))
-                body = text.replace(f"Version: {version}", f"Version: {version}+test1").encode()
+                # (and edgeinfer-rtsp's Depends: edgeinfer (= VERSION), so that the two upgrade together)
+                body = text.replace(f"Version: {version}", f"Version: {version}+test1").replace(
+                    f"(= {version})", f"(= {version}+test1)").encode()
                 m.size = len(body)
             dst.addfile(m, io.BytesIO(body) if body is not None else None)
     members[i] = ("control.tar.gz", control.getvalue())
@@ -212,6 +214,9 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
     (results.txt, the other files it wrote, the nspawn run)."""
     shutil.copy(deb, test / "edgeinfer.deb")
     next_version(deb, test / "edgeinfer-next.deb")
+    rtsp_deb = built_deb("edgeinfer-rtsp")  # PyAV, for the RTSP camera (decision record 0036)
+    shutil.copy(rtsp_deb, test / "edgeinfer-rtsp.deb")
+    next_version(rtsp_deb, test / "edgeinfer-rtsp-next.deb")
     old = built.get("release_0_1")
     if old:
         shutil.copy(old, test / "edgeinfer-0.1.0.deb")

@@ -47,8 +47,8 @@ def upgrade_run(tmp_path_factory, signing_key):
     r = make_repo(test / "repo-0.2.0", key_dir, old, url="http://127.0.0.1:PORT")
     assert r.returncode == 0, r.stderr
     shutil.copytree(test / "repo-0.2.0", test / "repo-0.3.0")
-    r = make_repo(test / "repo-0.3.0", key_dir, built_deb(), url="http://127.0.0.1:PORT")
-    assert r.returncode == 0 and "2 package(s)" in r.stderr, r.stderr
+    r = make_repo(test / "repo-0.3.0", key_dir, built_deb(), built_deb("edgeinfer-rtsp"), url="http://127.0.0.1:PORT")
+    assert r.returncode == 0 and "3 package(s)" in r.stderr, r.stderr
     repo_port, mqtt_port = free_ports(2)
     for name in ("repo-0.2.0", "repo-0.3.0"):
         sources = test / name / "edgeinfer.sources"

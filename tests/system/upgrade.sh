@@ -122,8 +122,11 @@ upgrade() {
     apt-get update -q > /tmp/apt-update-2.log 2>&1 || { tail -3 /tmp/apt-update-2.log; return 1; }
     apt_keeping_mine /tmp/apt-upgrade.log upgrade -y -q || { tail -5 /tmp/apt-upgrade.log; return 1; }
     wait_active edgeinferd && wait_active edgeinfer-gateway && wait_active edgeinfer-mqtt || return 1
-    echo "apt update && apt upgrade: $(grep -o 'edgeinfer (0.2.0) over (.*)\|Unpacking edgeinfer ([^)]*) over ([^)]*)' /tmp/apt-upgrade.log | head -1); now $(installed)"
-    [ "$(installed)" = "$VERSION" ]
+    # PyAV moved to edgeinfer-rtsp (decision record 0036): the new Recommends, installed by the upgrade itself
+    local rtsp; rtsp=$(dpkg-query -W -f='${Version}' edgeinfer-rtsp 2>/dev/null)
+    local av=absent; /opt/venvs/edgeinfer/bin/python -c 'import av' 2>/dev/null && av=present
+    echo "apt update && apt upgrade: $(grep -o 'edgeinfer (0.2.0) over (.*)\|Unpacking edgeinfer ([^)]*) over ([^)]*)' /tmp/apt-upgrade.log | head -1); now $(installed); edgeinfer-rtsp ${rtsp:-not installed}, PyAV $av"
+    [ "$(installed)" = "$VERSION" ] && [ "$rtsp" = "$VERSION" ] && [ $av = present ]
 }
 check upgrade_0_2_0_to_this upgrade
 # The clients: one more answer each after the restarts, then their figures.
@@ -177,8 +180,12 @@ downgrade() {
     wait_active edgeinferd && wait_active edgeinfer-gateway && wait_active edgeinfer-mqtt || return 1
     local r; r=$(runuser -u reader -- edgeinferctl results gate1 --count 3 --timeout 60 | wc -l)
     local g=$(( $(connects gate1) - c_g )) d=$(( $(connects door) - c_d ))
-    echo "apt install edgeinfer=0.2.0: now $(installed); daemon restarted: $([ "$(invocation edgeinferd)" != "$inv" ] && echo yes || echo no); camera reconnections $g, $d; results after: $r; state files $([ "$(sums)" = "$state_before" ] && echo unchanged || echo changed)"
-    [ "$(installed)" = 0.2.0 ] && [ $r = 3 ] && [ $g = 0 ] && [ $d = 0 ] && [ "$(sums)" = "$state_before" ]
+    # edgeinfer-rtsp removed by apt (it depends on this release's edgeinfer); 0.2.0's own package has PyAV again
+    local rtsp; rtsp=$(dpkg-query -W -f='${db:Status-Status}' edgeinfer-rtsp 2>/dev/null)
+    local av=absent; /opt/venvs/edgeinfer/bin/python -c 'import av' 2>/dev/null && av=present
+    echo "apt install edgeinfer=0.2.0: now $(installed); daemon restarted: $([ "$(invocation edgeinferd)" != "$inv" ] && echo yes || echo no); camera reconnections $g, $d; results after: $r; state files $([ "$(sums)" = "$state_before" ] && echo unchanged || echo changed); edgeinfer-rtsp ${rtsp:-gone}, PyAV $av"
+    [ "$(installed)" = 0.2.0 ] && [ $r = 3 ] && [ $g = 0 ] && [ $d = 0 ] && [ "$(sums)" = "$state_before" ] && \
+        [ "${rtsp:-not-installed}" != installed ] && [ $av = present ]
 }
 check downgrade_to_0_2_0 downgrade
 echo DONE >> $R

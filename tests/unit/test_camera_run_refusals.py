@@ -45,3 +45,30 @@ def test_an_error_while_the_camera_runs_is_not_exit_2(tmp_path, monkeypatch):
     monkeypatch.setattr(units, "run", running)
     with pytest.raises(ValueError, match="closed file"):
         run(tmp_path)
+
+
+def test_an_rtsp_camera_without_pyav_is_refused_with_exit_2_naming_the_package(tmp_path, capsys, monkeypatch):
+    """PyAV ships in edgeinfer-rtsp (decision record 0036). Here its absence is played by find_spec answering None
+    for `av` (this .venv has it); the booted container removes the real package (inside.sh, camera_rtsp_package)."""
+    import importlib.util
+    real = importlib.util.find_spec
+    (tmp_path / "porch.yaml").write_text("source: rtsp://127.0.0.1:1/cam\n")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "av" else real(name, *a))
+    assert run(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "camera porch: cannot start: an RTSP source with rtsp_clock sender is decoded by PyAV, which is not " \
+           "installed (Debian: apt install edgeinfer-rtsp;" in err, err
+
+
+def test_an_rtsp_camera_with_the_stream_clock_needs_only_the_ffmpeg_program(tmp_path, monkeypatch):
+    """rtsp_clock: stream is decoded by the ffmpeg program: PyAV's absence does not matter to it."""
+    import importlib.util
+    from edgeinfer.cameras import units
+    real = importlib.util.find_spec
+    (tmp_path / "porch.yaml").write_text("source: rtsp://127.0.0.1:1/cam\nrtsp_clock: stream\n")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "av" else real(name, *a))
+    from edgeinfer.cameras import ffmpeg
+    asked = []
+    monkeypatch.setattr(ffmpeg, "find_ffmpeg", lambda: asked.append("ffmpeg") or "/usr/bin/ffmpeg")  # (make check
+    monkeypatch.setattr(units, "run", lambda *a, **kw: 0)  # has no ffmpeg) the start's checks passed: it would run
+    assert run(tmp_path) == 0 and asked == ["ffmpeg"]

@@ -119,6 +119,18 @@ def load(name: str, directory: str = CAMERA_DIR) -> CameraConfig:
     return load_yaml_file(CameraConfig, path_of(name, directory))
 
 
+def check_decoder(cam: CameraConfig) -> None:
+    """Raises FeedError when what decodes the camera's source is not installed: the ffmpeg program, or PyAV (package
+    edgeinfer-rtsp) for RTSP with the sender's clock. A restart cannot mend it (a camera unit exits 2)."""
+    if cam.source == SYNTHETIC:
+        return
+    from edgeinfer.cameras import ffmpeg
+    if cam.feed_options().pyav:
+        ffmpeg.find_pyav()
+    else:
+        ffmpeg.find_ffmpeg()
+
+
 class UnitNotifier:
     """READY at the first frame, WATCHDOG while frames flow (at most every half interval), STATUS now and then."""
 

@@ -36,6 +36,6 @@ from edgeinfer.cameras.ffmpeg.clock import (  # noqa: F401
 from edgeinfer.cameras.ffmpeg.cmdline import avdecode_args, ffmpeg_args  # noqa: F401
 from edgeinfer.cameras.ffmpeg.errors import FeedError, explain  # noqa: F401
 from edgeinfer.cameras.ffmpeg.feed import RETRY_UP_S, UP_RECENTLY_S, retry_delay, run  # noqa: F401
-from edgeinfer.cameras.ffmpeg.ffprobe import check_file, check_hwaccel, find_ffmpeg, probe  # noqa: F401
+from edgeinfer.cameras.ffmpeg.ffprobe import check_file, check_hwaccel, find_ffmpeg, find_pyav, probe  # noqa: F401
 from edgeinfer.cameras.ffmpeg.options import FFMPEG_PIX, FfmpegOptions, source_kind  # noqa: F401
 from edgeinfer.cameras.ffmpeg.output import Output, asked_range, output_of  # noqa: F401

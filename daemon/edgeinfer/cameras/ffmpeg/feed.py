@@ -12,7 +12,7 @@ from edgeinfer.cameras.ffmpeg.child import POLL_S, _AvDecoder, _Ffmpeg
 from edgeinfer.cameras.ffmpeg.clock import StreamClock
 from edgeinfer.cameras.ffmpeg.cmdline import avdecode_args, ffmpeg_args
 from edgeinfer.cameras.ffmpeg.errors import FeedError, explain
-from edgeinfer.cameras.ffmpeg.ffprobe import check_file, check_hwaccel, find_ffmpeg
+from edgeinfer.cameras.ffmpeg.ffprobe import check_file, check_hwaccel, find_ffmpeg, find_pyav
 from edgeinfer.cameras.ffmpeg.options import FfmpegOptions
 from edgeinfer.cameras.ffmpeg.output import Output, output_of
 
@@ -43,7 +43,7 @@ def run(o: FfmpegOptions, stream: str, *, socket: str = ring.INGRESS_SOCKET, wai
     reconnection; note(line) what stamps the frames (the sender's clock, or why not); on_publish(count) each frame
     (a camera unit's READY and watchdog); on_ring(Output) the ring's geometry when it is made."""
     pyav = o.pyav
-    ffmpeg = None if pyav else find_ffmpeg()
+    ffmpeg = find_pyav() if pyav else find_ffmpeg()
     if o.hwaccel:
         check_hwaccel(ffmpeg, o.hwaccel)
     if o.kind == "file":

@@ -2,6 +2,7 @@
 source."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -17,6 +18,17 @@ def find_ffmpeg() -> str:
     if path is None:
         raise FeedError("ffmpeg is not installed (Debian: apt install ffmpeg)")
     return path
+
+
+# The RTSP decoder's package (PyAV and its FFmpeg libraries; decision record 0036).
+PYAV_PACKAGE = "edgeinfer-rtsp"
+
+
+def find_pyav() -> None:
+    """Refuses an RTSP source with the sender's clock on a host without PyAV (avdecode.py decodes it)."""
+    if importlib.util.find_spec("av") is None:
+        raise FeedError(f"an RTSP source with rtsp_clock sender is decoded by PyAV, which is not installed "
+                        f"(Debian: apt install {PYAV_PACKAGE}; rtsp_clock stream decodes it with the ffmpeg program)")
 
 
 def check_hwaccel(ffmpeg: str | None, name: str) -> None:

@@ -49,7 +49,7 @@ def cmd_camera_test(args) -> int:
 
 def cmd_camera_run(args) -> int:
     """A camera unit's ExecStart=. Exit 2 (RestartPreventExitStatus=2: no restart loop) for what a restart cannot
-    mend: a camera file the camera's user cannot read, or one that does not load."""
+    mend: a camera file the camera's user cannot read, one that does not load, or a decoder that is not installed."""
     from edgeinfer.cameras import units as cameras
     from edgeinfer.cameras.ffmpeg import FeedError
     from edgeinfer.support.startfiles import StartFile, StartFileError, check_start_files
@@ -59,12 +59,16 @@ def cmd_camera_run(args) -> int:
         need = cameras.CAMERA_FILE_NEED.format(user=cameras.user_of(args.name))
         check_start_files([StartFile(path, "the camera file", need)])
         cam = cameras.load(args.name, args.dir)
+        cameras.check_decoder(cam)
     except StartFileError as e:
         for line in e.problems:
             print(f"edgeinferctl: camera {args.name}: cannot start: {line}", file=sys.stderr)
         return 2
     except (ConfigError, ValueError) as e:  # a file that does not load, or a name no unit may have
         print(f"edgeinferctl: camera {args.name}: {e}", file=sys.stderr)
+        return 2
+    except FeedError as e:  # its decoder is not installed
+        print(f"edgeinferctl: camera {args.name}: cannot start: {e}", file=sys.stderr)
         return 2
     try:
         n = cameras.run(args.name, args.dir, stop=stop_flag(), cam=cam)
