@@ -33,7 +33,9 @@ last_decision() { $PY -c 'import sqlite3; print(sqlite3.connect("file:/var/lib/e
 # What `curl -fsSLo FILE URL` does (the container's minimal Debian has no curl).
 fetch() { python3 -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1], timeout=10).read())' "$1" "$2"; }
 # dpkg's conffile question, answered as an operator who keeps their file: N (and the line dpkg asked it with).
-apt_keeping_mine() { local log=$1; shift; yes N | apt-get "$@" > "$log" 2>&1; }
+# `apt`, as the operator types it: `apt upgrade` installs what a new version newly depends on or recommends
+# (edgeinfer-rtsp, decision record 0036), where `apt-get upgrade` holds the package back.
+apt_keeping_mine() { local log=$1; shift; yes N | apt "$@" > "$log" 2>&1; }
 asked() { grep -c "^Configuration file '$1'" "$2"; }
 
 # ------------------------------------------------------------------ the repository, served as static files
