@@ -95,13 +95,13 @@ system-cache: .test-packages.stamp
 check: native models
 	$(PY) -m pytest -q tests/unit
 
-# The whole suite, including the system tests that install build/deb/*.deb in a
-# booted systemd container: so the package is built first.
-# The short reliability profile (tests/reliability) is part of it; its table goes to build/reliability.md.
+# The whole suite, in two halves side by side (scripts/run-tests; decision record 0037): the .deb and the
+# containers' cache built, then the system tests (the package in booted systemd containers) and the longest
+# waiting files; unit, integration and the rest of the short reliability profile meanwhile. The reliability
+# table of both goes to build/reliability.md.
 test: DEB_COMPRESSION = -Zgzip -z1
-test: .test-packages.stamp native models deb system-cache
-	EDGEINFER_RELIABILITY_REPORT=build/reliability.md EDGEINFER_RELIABILITY_COMMAND="make test" \
-		$(PY) -m pytest -q --durations=25 tests
+test: .test-packages.stamp native models
+	PY=$(PY) MAKE="$(MAKE)" DEB_COMPRESSION="$(DEB_COMPRESSION)" scripts/run-tests
 
 # The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
 # in tests/reliability plus the container's fault checks (so the .deb first).

@@ -4,14 +4,19 @@ Every reliability test records one row per fault it injects — how often, what
 was expected, what happened — *before* it asserts, so a failing fault shows up
 in the table too. The rows are printed at the end of the pytest run and, when
 EDGEINFER_RELIABILITY_REPORT names a file, written there as Markdown
-(`make reliability` writes docs/reliability.md; `make test` writes
-build/reliability.md).
+(`make reliability` writes docs/reliability.md). `make test` runs its tests in two
+pytest processes side by side (scripts/run-tests): each writes its rows as JSON to
+EDGEINFER_RELIABILITY_ROWS, and `python tests/reliability_matrix.py OUT ROWS...`
+writes the one report from them (build/reliability.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass
 
@@ -67,6 +72,26 @@ class Matrix:
         """Adds a row; returns `passed` so a test can `assert matrix.record(...)`."""
         self.rows.append(Row(area, fault, injected, expected, observed, bool(passed), request.node.name))
         return bool(passed)
+
+    def save_rows(self, path: str) -> None:
+        """This process's rows, for merge() (one report from the processes that shared a run)."""
+        with open(path, "w") as f:
+            json.dump({"started": self.started, "rows": [dataclasses.asdict(r) for r in self.rows],
+                       "unrecorded": self.unrecorded}, f)
+
+    @classmethod
+    def merge(cls, paths: list[str]) -> "Matrix":
+        """One matrix from the rows several processes saved (a file that is missing: that process recorded none)."""
+        m = cls()
+        for path in paths:
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                saved = json.load(f)
+            m.started = min(m.started, saved["started"])
+            m.rows += [Row(**r) for r in saved["rows"]]
+            m.unrecorded += [tuple(u) for u in saved["unrecorded"]]
+        return m
 
     def table(self) -> list[str]:
         lines = ["| Area | Fault | Injected | Expected | Observed | Result |", "|---|---|---:|---|---|---|"]
@@ -168,3 +193,12 @@ NOTES = """\
 - Load levels are whole cameras at 30 fps, so "150 %" is the nearest multiple (the row shows the
   offered share of the capacity measured in the same run).
 """
+
+
+if __name__ == "__main__":  # python tests/reliability_matrix.py OUT ROWS...: the report from the saved rows
+    out, *saved = sys.argv[1:]
+    merged = Matrix.merge(saved)
+    with open(out, "w") as f:
+        f.write(merged.markdown())
+    print(f"reliability matrix: {sum(r.passed for r in merged.rows)} of {len(merged.rows)} rows passed, "
+          f"written to {out}")

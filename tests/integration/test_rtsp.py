@@ -41,15 +41,17 @@ FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"  # Debian's f
 class RtspServer:
     """GStreamer's RTSP server on a fixed port, which can be killed and started again on that port.
     clock_offset_s: the server's wall clock (CLOCK_REALTIME, which its RTCP sender reports carry) set that far off
-    ours by libfaketime; its monotonic clock, and so its pacing, is left alone."""
+    ours by libfaketime; its monotonic clock, and so its pacing, is left alone. netns: a network namespace
+    (`ip netns`) to serve in instead of this one (the system tests' container has one of its own)."""
 
-    def __init__(self, clock_offset_s: float | None = None):
+    def __init__(self, clock_offset_s: float | None = None, netns: str | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"rtsp://127.0.0.1:{self.port}/cam"
         self.proc = None
         self.env = None
+        self.prefix = ["ip", "netns", "exec", netns] if netns else []
         if clock_offset_s is not None:
             if not os.path.exists(FAKETIME):
                 pytest.skip(f"{FAKETIME} is missing (Debian's faketime: make test installs it)")
@@ -58,7 +60,7 @@ class RtspServer:
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(self.port)], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*self.prefix, SYSTEM_PYTHON, str(SERVER), str(self.port)], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=self.env)
         line = self.proc.stdout.readline().strip()
         assert line == f"READY {self.port}", (line, self.proc.stderr.read() if self.proc.poll() is not None else "")

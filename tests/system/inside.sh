@@ -305,7 +305,7 @@ camera_stalled_source() {
 }
 check camera_stalled_source camera_stalled_source
 kill $silent 2>/dev/null; wait $silent 2>/dev/null
-# An RTSP camera (GStreamer's server, run by the test outside the container: nspawn shares the host's network),
+# An RTSP camera (GStreamer's server, run by the test outside the container, in its network namespace),
 # decoded by PyAV under the unit's hardening: READY, results, and its frames stamped by the sender's clock.
 camera_rtsp_sender_clock() {
     systemctl start edgeinfer-camera@lobby || return 1
@@ -814,9 +814,13 @@ check frigate_socket_group frigate_socket_group
 refused_start_file() {  # UNIT PATTERN-IN-THE-JOURNAL FIX-COMMAND
     local unit=$1 pattern=$2 fix=$3 rc said
     systemctl reset-failed "$unit" 2>/dev/null
+    local since; since=$(date '+%Y-%m-%d %H:%M:%S')
     systemctl restart "$unit"; rc=$?
-    sleep 7
-    said=$(journalctl -u "$unit" --since "-30s" --no-pager -o cat | grep -m1 -- "$pattern")
+    # Until it settles as failed (30 s at most): a client reaching the daemon's socket meanwhile starts it again
+    # (socket activation), and on a slow machine that start may still be in its checks a few seconds later.
+    # A unit that would restart in a loop is "activating" (auto-restart) all along instead, and fails the check.
+    for _ in $(seq 1 60); do [ "$(systemctl is-active "$unit")" = failed ] && break; sleep 0.5; done
+    said=$(journalctl -u "$unit" --since "$since" --no-pager -o cat | grep -m1 -- "$pattern")
     local st="start rc $rc, $(systemctl is-active "$unit"), ExecMainStatus $(systemctl show -P ExecMainStatus "$unit"), NRestarts $(systemctl show -P NRestarts "$unit")"
     sh -c "$fix"; systemctl reset-failed "$unit"; systemctl restart "$unit"
     local after; after=$(systemctl is-active "$unit")

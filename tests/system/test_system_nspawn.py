@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import tarfile
+import uuid
 
 import pytest
 
@@ -54,7 +55,8 @@ CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disable
 
 
 def free_ports(n: int) -> list[int]:
-    """n TCP ports free on the loopback now (the container shares this network namespace): its broker's listeners."""
+    """n TCP ports free on this host's loopback now: its broker's listeners (free in the container's own network
+    namespace too, which starts empty)."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -187,8 +189,7 @@ def system_run(tmp_path_factory, signing_key):
 
 def run_at_boot(root, name: str, script: str, timeout_s: int) -> None:
     """The container's oneshot unit NAME that runs /test/SCRIPT once it has booted (its checks), and Debian's
-    Mosquitto kept from starting at boot: it would listen on 1883 in this host's network namespace (the container
-    shares it); the scripts start it on free ports."""
+    Mosquitto kept from starting at boot (the scripts start it on the ports they were given)."""
     for link in (root / "etc/systemd/system").glob("*.wants/mosquitto.service"):
         link.unlink()
     unit = root / f"etc/systemd/system/{name}.service"
@@ -200,11 +201,33 @@ def run_at_boot(root, name: str, script: str, timeout_s: int) -> None:
     os.symlink(f"/etc/systemd/system/{name}.service", wants / f"{name}.service")
 
 
-def boot_container(nspawn: str, root, test, out, timeout_s: int) -> subprocess.CompletedProcess:
-    """Boots the container (systemd as its PID 1) with /test (read-only) and /out bound; returns when it powered
-    off."""
+class NetworkNamespace:
+    """A network namespace of the container's own (`ip netns`: its loopback only), so that what the container
+    serves on the package's fixed ports (9464, 8001, ...) never meets what this host's tests serve meanwhile
+    (`make test` runs the system tests beside the others), and the container reaches no archive: the package's
+    dependencies come from the rootfs, as on a host without a mirror. Deleted by close()."""
+
+    def __init__(self):
+        self.name = f"eit-{uuid.uuid4().hex[:8]}"
+        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True, timeout=30)
+        try:
+            subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True, capture_output=True,
+                           timeout=30)
+        except BaseException:
+            self.close()
+            raise
+        self.path = f"/run/netns/{self.name}"
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, timeout=30)
+
+
+def boot_container(nspawn: str, root, test, out, timeout_s: int, netns: str) -> subprocess.CompletedProcess:
+    """Boots the container (systemd as its PID 1) with /test (read-only) and /out bound, in the network namespace
+    netns (a path: NetworkNamespace.path); returns when it powered off."""
     return subprocess.run([nspawn, "-q", "--boot", "-D", str(root), "--register=no", "--keep-unit",
-                           "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test"],
+                           "--console=pipe", f"--bind={out}:/out", f"--bind-ro={test}:/test",
+                           f"--network-namespace-path={netns}"],
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                           env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
 
@@ -249,18 +272,22 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
         "  handovers: 1000\n"
         "metrics:\n  ready_requires_stream: false\n")
     run_at_boot(root, "edgeinfer-systemtest", "inside.sh", 1500)  # inside.sh starts Mosquitto on /test/mqtt-ports
-    # The RTSP camera's server runs here (the container shares this network namespace): GStreamer is not in the
+    # The RTSP camera's server runs here, in the container's network namespace: GStreamer is not in the
     # container, and the camera unit needs nothing but a server to reach.
     missing = _gst_rtsp_missing()
     if missing:
         pytest.fail(missing)
-    rtsp = RtspServer()
+    netns = NetworkNamespace()
     try:
-        (test / "rtsp-port").write_text(str(rtsp.port))
-        (test / "mqtt-ports").write_text(" ".join(map(str, free_ports(2))))
-        boot = boot_container(nspawn, root, test, out, 1800)
+        rtsp = RtspServer(netns=netns.name)  # in the container's namespace: its camera unit reaches it there
+        try:
+            (test / "rtsp-port").write_text(str(rtsp.port))
+            (test / "mqtt-ports").write_text(" ".join(map(str, free_ports(2))))
+            boot = boot_container(nspawn, root, test, out, 1800, netns.path)
+        finally:
+            rtsp.close()
     finally:
-        rtsp.close()
+        netns.close()
     results = (out / "results.txt").read_text() if (out / "results.txt").exists() else ""
     # Every check's line (its figures: gaps, codes, counts) kept after the run, beside the .deb (build/ is ignored).
     (ROOT / "build").mkdir(exist_ok=True)

@@ -17,7 +17,7 @@ from conftest import ROOT, built_deb, require_tool
 from daemon_helpers import sign_copy
 from edgeinfer import __version__
 from test_repo import make_repo
-from test_system_nspawn import boot_container, free_ports, mount_root, prepared, run_at_boot
+from test_system_nspawn import NetworkNamespace, boot_container, free_ports, mount_root, prepared, run_at_boot
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -64,7 +64,11 @@ def upgrade_run(tmp_path_factory, signing_key):
     root, mounted = mount_root(built["rootfs"], work)
     try:
         run_at_boot(root, "edgeinfer-upgradetest", "upgrade.sh", 1200)  # it starts Mosquitto on a free port
-        boot = boot_container(nspawn, root, test, out, 1500)
+        netns = NetworkNamespace()  # its own loopback: the repository is served inside, on it
+        try:
+            boot = boot_container(nspawn, root, test, out, 1500, netns.path)
+        finally:
+            netns.close()
     finally:
         for m in mounted:
             subprocess.run(["umount", str(m)], timeout=120)
