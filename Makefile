@@ -101,7 +101,7 @@ check: native models
 # table of both goes to build/reliability.md.
 test: DEB_COMPRESSION = -Zgzip -z1
 test: .test-packages.stamp native models
-	PY=$(PY) MAKE="$(MAKE)" DEB_COMPRESSION="$(DEB_COMPRESSION)" scripts/run-tests
+	PY=$(PY) DEB_COMPRESSION="$(DEB_COMPRESSION)" scripts/run-tests
 
 # The reliability campaign alone, rewriting docs/reliability.md: the fault matrix
 # in tests/reliability plus the container's fault checks (so the .deb first).
