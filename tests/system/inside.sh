@@ -810,22 +810,29 @@ frigate_socket_group() {
 check frigate_socket_group frigate_socket_group
 
 # Start files a service cannot read: exit 2, one line naming the file, its owner now and the owner it needs, no
-# restart (NRestarts 0 after three RestartSec); then done as the line says, the service starts.
+# restart by systemd (none scheduled, NRestarts 0, three RestartSec later); then done as the line says, it starts.
+# Judged by the journal, not by the unit's state at one moment: the daemon's clients (camera units reconnecting)
+# start it again through its socket meanwhile, each start refused the same way, so the unit may be "activating"
+# whenever it is looked at; those starts are socket activation, not Restart=.
 refused_start_file() {  # UNIT PATTERN-IN-THE-JOURNAL FIX-COMMAND
-    local unit=$1 pattern=$2 fix=$3 rc said
+    local unit=$1 pattern=$2 fix=$3 rc said exited=0
     systemctl reset-failed "$unit" 2>/dev/null
     local since; since=$(date '+%Y-%m-%d %H:%M:%S')
     systemctl restart "$unit"; rc=$?
-    # Until it settles as failed (30 s at most): a client reaching the daemon's socket meanwhile starts it again
-    # (socket activation), and on a slow machine that start may still be in its checks a few seconds later.
-    # A unit that would restart in a loop is "activating" (auto-restart) all along instead, and fails the check.
-    for _ in $(seq 1 60); do [ "$(systemctl is-active "$unit")" = failed ] && break; sleep 0.5; done
-    said=$(journalctl -u "$unit" --since "$since" --no-pager -o cat | grep -m1 -- "$pattern")
-    local st="start rc $rc, $(systemctl is-active "$unit"), ExecMainStatus $(systemctl show -P ExecMainStatus "$unit"), NRestarts $(systemctl show -P NRestarts "$unit")"
+    local j="journalctl -u $unit --since '$since' --no-pager -o cat"
+    for _ in $(seq 1 60); do  # its main process's exit 2 (30 s at most)
+        exited=$(eval "$j" | grep -c "Main process exited, code=exited, status=2/") && break
+        sleep 0.5
+    done
+    sleep 7  # RestartSec=2: a restart systemd would make is scheduled by now
+    said=$(eval "$j" | grep -m1 -- "$pattern")
+    local scheduled; scheduled=$(eval "$j" | grep -c "Scheduled restart job")
+    local st="start rc $rc; main process exited with 2: $exited time(s); restarts scheduled $scheduled, NRestarts $(systemctl show -P NRestarts "$unit")"
     sh -c "$fix"; systemctl reset-failed "$unit"; systemctl restart "$unit"
     local after; after=$(systemctl is-active "$unit")
     echo "$st; journal: $said; after the fix ($fix): $after"
-    echo "$st" | grep -q "failed, ExecMainStatus 2, NRestarts 0" && [ -n "$said" ] && [ "$after" = active ]
+    [ "$exited" -ge 1 ] && [ "$scheduled" = 0 ] && echo "$st" | grep -q "NRestarts 0$" \
+        && [ -n "$said" ] && [ "$after" = active ]
 }
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
     -keyout /etc/edgeinfer/gateway.key -out /etc/edgeinfer/gateway.crt 2>/dev/null

@@ -39,6 +39,10 @@ apt_keeping_mine() { local log=$1; shift; yes N | apt "$@" > "$log" 2>&1; }
 asked() { grep -c "^Configuration file '$1'" "$2"; }
 
 # ------------------------------------------------------------------ the repository, served as static files
+# The container has its loopback only (decision record 0037): Debian's archive, which debootstrap left in
+# sources.list, is out of reach, so it goes; apt sees the project's repository alone, and the packages' dependencies
+# are the rootfs's.
+rm -f /etc/apt/sources.list
 ln -sfn /test/repo-0.2.0 /srv/edgeinfer-repo
 systemd-run -q --unit=edgeinfer-repo-http python3 -m http.server "$REPO_PORT" --bind 127.0.0.1 --directory /srv/edgeinfer-repo
 for _ in $(seq 1 40); do (exec 3<>/dev/tcp/127.0.0.1/"$REPO_PORT") 2>/dev/null && break; sleep 0.25; done
