@@ -39,7 +39,7 @@ help:
 	@echo "make demo         edgeinferd on the orientation model with two synthetic cameras (DEMO_SECONDS=N)"
 	@echo "make check        the unit tests (tests/unit): no root, no .deb, the build packages only (time: README.md)"
 	@echo "make test         the whole suite, what CI runs: unit, integration, reliability (short), system;"
-	@echo "                  installs the test packages and builds the .deb first; needs root; ~35 min"
+	@echo "                  installs the test packages, builds the .deb; needs root (time: README.md)"
 	@echo "make deb          the Debian package, into DEB_BUILD (default build/deb)"
 	@echo "make repo         the package published into a signed apt repository, REPO (default build/repo), for"
 	@echo "                  REPO_URL (where you will serve it); the signing key is made on first use, outside the clone"
