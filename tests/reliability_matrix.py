@@ -11,14 +11,13 @@ writes the one report from them (build/reliability.md).
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 PROFILE = os.environ.get("EDGEINFER_RELIABILITY_PROFILE", "short")
 
@@ -76,7 +75,7 @@ class Matrix:
     def save_rows(self, path: str) -> None:
         """This process's rows, for merge() (one report from the processes that shared a run)."""
         with open(path, "w") as f:
-            json.dump({"started": self.started, "rows": [dataclasses.asdict(r) for r in self.rows],
+            json.dump({"started": self.started, "rows": [asdict(r) for r in self.rows],
                        "unrecorded": self.unrecorded}, f)
 
     @classmethod
