@@ -110,7 +110,10 @@ static const unsigned int ei_lane_ioctls[] = {TCGETS, TIOCGWINSZ, FIONREAD, FION
  *  - openat only to read; nothing that creates, writes, renames or removes a file;
  *  - no socket of its own (it answers on the one it was forked with), no exec, no ptrace, no other process's
  *    memory, no signal to another process, no namespaces, no mounts, no keyrings, no BPF, no io_uring;
- *  - write-and-execute memory refused as systemd's MemoryDenyWriteExecute= refuses it;
+ *  - write-and-execute memory refused as systemd's MemoryDenyWriteExecute= refuses it; except with `jit`, a lane
+ *    whose model runs on a provider that compiles its kernels at run time (OpenVINO: its CPU plugin's Xbyak code
+ *    buffers are mprotect()ed read+write+execute, 256 KiB each, traced): mprotect then takes any protection
+ *    (docs/decisions/0038-jit-providers-lanes.md says what that gives up and where);
  *  - ioctl only for the commands a lane makes (ei_lane_ioctls), compared as the kernel reads them, by their low
  *    32 bits: TIOCSTI (typing into a terminal), TIOCLINUX and every other command fail, whatever the upper bits;
  *  - prctl only to name a thread or a mapping, to read, or to give up (capabilities, new privileges);
@@ -118,7 +121,7 @@ static const unsigned int ei_lane_ioctls[] = {TCGETS, TIOCGWINSZ, FIONREAD, FION
  *    thread. ONNX Runtime's pool threads, which would pin themselves by their tid, are pinned by inheritance
  *    instead (models/runtime.py: created while the creating thread has their CPUs).
  * 0 or -errno. */
-static int ei_install_lane_filter(pid_t self)
+static int ei_install_lane_filter(pid_t self, int jit)
 {
     static const int plain[] = {
         SCMP_SYS(read), SCMP_SYS(write), SCMP_SYS(readv), SCMP_SYS(writev), SCMP_SYS(pread64), SCMP_SYS(pwrite64),
@@ -172,6 +175,8 @@ static int ei_install_lane_filter(pid_t self)
         goto out;
     if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(mprotect), 1,
                                SCMP_A2(SCMP_CMP_MASKED_EQ, PROT_EXEC, 0))) != 0)
+        goto out;
+    if (jit && (rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(mprotect), 0)) != 0)
         goto out;
     /* The kernel takes an ioctl's command as 32 bits: compared by those alone, so that no upper bit sneaks one by. */
     for (size_t i = 0; i < sizeof ei_lane_ioctls / sizeof ei_lane_ioctls[0]; i++)

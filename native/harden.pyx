@@ -6,7 +6,7 @@ cdef extern from "harden.h" nogil:
     int ei_allow_rtprio(int priority)
     int ei_become(unsigned int uid, unsigned int gid, int keep_nice)
     int ei_limit_capabilities(int keep_nice)
-    int ei_install_lane_filter(int self_pid)
+    int ei_install_lane_filter(int self_pid, int jit)
 
 
 cdef _check(int rc, str what):
@@ -30,9 +30,10 @@ def limit_capabilities(bint keep_nice) -> None:
     _check(ei_limit_capabilities(keep_nice), "dropping capabilities")
 
 
-def install_lane_filter() -> None:
-    """The lane's seccomp filter, for this thread and every thread it starts."""
-    _check(ei_install_lane_filter(os.getpid()), "seccomp filter")
+def install_lane_filter(bint jit=False) -> None:
+    """The lane's seccomp filter, for this thread and every thread it starts; jit: mprotect may make memory
+    executable, writable too (a provider that compiles kernels at run time: OpenVINO's, native/harden.h)."""
+    _check(ei_install_lane_filter(os.getpid(), jit), "seccomp filter")
 
 
 cdef extern from "sys/prctl.h" nogil:

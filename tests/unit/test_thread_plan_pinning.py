@@ -26,7 +26,7 @@ def test_the_extra_threads_are_born_on_their_cpus_and_the_caller_keeps_its_own()
     model.ir_version = 8
     own = os.sched_getaffinity(0)
     before = set(os.listdir("/proc/self/task"))
-    sess = ThreadPlan(2, (cpus[-1],)).session(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ThreadPlan(2, (cpus[-1],)).session(model.SerializeToString())
     sess.run(None, {"x": np.ones(1 << 16, np.float32)})
     born = sorted(set(os.listdir("/proc/self/task")) - before)
     assert born, "ORT started no pool thread"

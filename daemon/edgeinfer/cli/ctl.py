@@ -200,8 +200,13 @@ def edgeinferctl_main(argv=None) -> int:
     b.add_argument("--no-reduce-range", action="store_true",
                    help="8-bit weights (default 7-bit: no saturation on CPUs without VNNI)")
     b.set_defaults(func=cmd_model_quantize)
-    b = msub.add_parser("bench", help="p50/p95/p99 of a bundle's fused session on this host (FP32 vs INT8)")
-    b.add_argument("bundle")
+    b = msub.add_parser("bench", help="p50/p95/p99 of a bundle's fused session on this host (FP32 vs INT8, or "
+                        "an execution provider); --providers: the providers this host has")
+    b.add_argument("bundle", nargs="?")
+    b.add_argument("--providers", action="store_true", help="list the execution providers and devices this host "
+                   "has (models.NAME.provider), and exit")
+    b.add_argument("--provider", default="cpu", help="run on this provider, as models.NAME.provider names it "
+                   "(cpu, openvino:CPU, openvino:GPU, cuda:0, ...; default %(default)s)")
     b.add_argument("--compare", "--bundle2", metavar="OTHER", help="a second bundle, measured the same way")
     b.add_argument("--threads", type=_positive, default=1, help="intra-op threads (models.NAME.ort_threads)")
     b.add_argument("--cpus", help="a lane's CPUs, comma-separated (extra threads are pinned to the 2nd, ...)")
@@ -282,7 +287,8 @@ def edgeinferctl_main(argv=None) -> int:
     except Exception as e:  # operator tool: one clear line, not a traceback
         from edgeinfer.abi.ring import RingError
         from edgeinfer.models.bundle import BundleError
-        if isinstance(e, (RingError, BundleError, OSError, ValueError)):  # URLError is an OSError
+        from edgeinfer.models.providers import ProviderError
+        if isinstance(e, (RingError, BundleError, ProviderError, OSError, ValueError)):  # URLError: an OSError
             print(f"edgeinferctl: {e}", file=sys.stderr)
             return 1
         raise

@@ -56,6 +56,21 @@ def _bundles_missing(cfg) -> str | None:
     return ", ".join(missing)
 
 
+def _providers_missing(cfg) -> list[str]:
+    """A line for each model whose execution provider cannot serve on this host (`--check-config`); a start serves
+    such a model on the CPU provider, degraded (docs/operations/providers.md)."""
+    from edgeinfer.models import providers
+    lines = []
+    for name, entry in cfg.model_entries().items():
+        spec = entry.provider.spec()
+        why = providers.check(spec)
+        if why:
+            lines.append(f"models.{name}.provider: {spec.label} cannot serve on this host: {why}; a start would "
+                         f"serve {name} on the CPU provider (edgeinferctl model bench --providers lists what this "
+                         f"host has)")
+    return lines
+
+
 def edgeinferd_main(argv=None) -> int:
     # From the first moment, before the slow imports (numpy, ONNX Runtime): a stop during start-up is orderly.
     signals = Signals(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -103,6 +118,11 @@ def edgeinferd_main(argv=None) -> int:
     if args.check_config:
         for w in cfg.warnings:
             print(f"edgeinferd: warning: {w}", file=sys.stderr)
+        missing = _providers_missing(cfg)
+        if missing:
+            for line in missing:
+                print(f"edgeinferd: {line}", file=sys.stderr)
+            return 2
         print(f"{args.config}: OK" + (f" ({len(cfg.warnings)} warnings)" if cfg.warnings else ""))
         return 0
     try:  # the trust store: a start (and --verify-only) reads it, --check-config does not

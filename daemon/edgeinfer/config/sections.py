@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from edgeinfer.abi import constants
+from edgeinfer.models import providers
 from edgeinfer.models.bundle import SizeLimits
 from edgeinfer.config.identity import group_id, user_id
 from edgeinfer.support.strictmodel import StrictModel
@@ -94,11 +95,46 @@ class Rollout(StrictModel):
     gates: RolloutGates = RolloutGates()
 
 
+class Provider(StrictModel):
+    """The execution provider a model's sessions run on (models/providers.py; docs/operations/providers.md).
+    Written `cpu`, `openvino:GPU`, `cuda:0`, or as this mapping (with the provider's options)."""
+    name: Literal["cpu", "openvino", "cuda", "tensorrt"] = "cpu"
+    device: str = ""   # openvino: CPU, GPU, NPU or AUTO (required); cuda, tensorrt: the device id (default 0)
+    options: dict[str, str] = Field(default_factory=dict)  # openvino: the device's properties; else EP options
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short(cls, v):
+        if isinstance(v, str):
+            name, _, device = v.partition(":")
+            return {"name": name, "device": device}
+        return v
+
+    @model_validator(mode="after")
+    def _device(self):
+        if self.name == "cpu" and (self.device or self.options):
+            raise ValueError("the cpu provider takes no device and no options")
+        if self.name == "openvino" and self.device not in providers.OPENVINO_DEVICES:
+            raise ValueError(f"openvino needs its device: one of {', '.join(providers.OPENVINO_DEVICES)} (e.g. "
+                             f"provider: openvino:GPU), not {self.device!r}")
+        if self.name in ("cuda", "tensorrt") and self.device and not self.device.isdigit():
+            raise ValueError(f"{self.name}'s device is a device id (0, 1, ...), not {self.device!r}")
+        for k, v in self.options.items():
+            if not k or any(ord(c) < 32 for c in k + v):
+                raise ValueError("a provider option's name and value are non-empty text without control characters")
+        return self
+
+    def spec(self) -> providers.ProviderSpec:
+        device = self.device or ("0" if self.name in ("cuda", "tensorrt") else "")
+        return providers.ProviderSpec(self.name, device, tuple(sorted(self.options.items())))
+
+
 class ModelEntry(StrictModel):
     """One model the daemon serves: its bundle and how each lane runs it."""
     bundle: str = Field(description="directory of the model bundle (model.onnx + model.yaml + model.sig)")
     ort_threads: int = Field(1, ge=1, le=256)  # intra-op threads per lane for this model, the lane's loop included
     batch: int = Field(1, ge=1, le=64)         # ready frames of one geometry a lane runs as one batch (1: none)
+    provider: Provider = Provider()            # cpu: ONNX Runtime's CPU provider; openvino:DEVICE, cuda, tensorrt
     rollout: Rollout = Rollout()               # immediate: a verified new version serves every stream at once
 
     @field_validator("bundle")

@@ -25,7 +25,8 @@ def take_snapshot(streams, lanes, models, ingress, loop, rollouts, *, started_ns
         models=tuple(ModelView(name, m.entry.bundle, m.entry.ort_threads,
                                (m.runtime.name, m.runtime.version, m.runtime.bundle.sha256) if m.runtime else None,
                                m.reloads, dict(m.failures), m.last_error, m.fallback,
-                               rollouts.view(name) if rollouts is not None and m.runtime else None)
+                               rollouts.view(name) if rollouts is not None and m.runtime else None,
+                               m.entry.provider.spec().label, lanes.providers(name) if lanes is not None else {})
                      for name, m in list(models.served.items())),
         lanes=lanes.status(now) if lanes is not None else {},
         registry=RegistryView(models.reloads, models.reload_failures, models.last_reload_error,
@@ -59,6 +60,9 @@ def status(snap: Snapshot) -> dict:
                             "last_reload_error": m.last_error,
                             # serving the last known-good bundle: the configured one was refused at start
                             "known_good_fallback": m.fallback,
+                            # the configured execution provider; serving on the CPU one instead where it failed
+                            "provider": m.provider,
+                            "provider_fallback": m.provider_fallback(),
                             "streams": [s.name for s in snap.streams if s.model == m.name],
                             "e2e_ms": _model_quantiles([s for s in snap.streams if s.model == m.name]),
                             "rollout": _rollout(m.rollout)}
@@ -122,7 +126,9 @@ def status_line(st: dict) -> str:
     """One line for systemd's STATUS=: models, lanes, then per stream fps, p99, drops."""
     parts = [", ".join(f"{n}: {m['name']} {m['version']}" + (
         f" (LAST KNOWN-GOOD: the configured {m['known_good_fallback']['configured']} was refused)"
-        if m.get("known_good_fallback") else "") + _rollout_said(m.get("rollout"))
+        if m.get("known_good_fallback") else "") + (
+        f" (ON THE CPU: {m['provider_fallback']['configured']} failed)" if m.get("provider_fallback") else "")
+        + _rollout_said(m.get("rollout"))
         for n, m in st["models"].items()) or "no model"]
     lanes = st["lanes"]
     if lanes:

@@ -24,6 +24,10 @@ class LaneHandle:
         self.seen = (-1, self.progress_at)  # /healthz's own (progress, when first seen): never the control plane's
         self.last_error: str | None = None
         self.gc_frozen = 0                # objects its collector never walks (frozen by the zygote), as it said
+        # model → (the provider its sessions run on, why that is the CPU one and not the configured one): as its
+        # Staged reply said, for the version staged, then (on commit or promotion) for the one it serves
+        self.staged_providers: dict[str, tuple[str, str | None]] = {}
+        self.providers: dict[str, tuple[str, str | None]] = {}
 
     @property
     def name(self) -> str:

@@ -32,6 +32,7 @@ from edgeinfer.support import sandbox
 from edgeinfer.lanes.loop import Loop
 from edgeinfer.lanes.stream import LaneStream
 from edgeinfer.support.memtrim import DeferredTrim
+from edgeinfer.models import providers
 from edgeinfer.models.runtime import SessionSet, ThreadPlan
 
 MUTE_LOG_S = 60.0         # a muted camera is logged at most this often per stream
@@ -121,6 +122,7 @@ class Lane:
             payload = from_memfd(fds[0])
             model = payload["sessions"]
             model.threads = self.thread_plan(name)
+            model.use(self.entries[name].provider.spec())  # loaded (or refused) before the sandbox: lane_main
             model.warmup_runs = self.cfg.model.warmup_runs
             model.warmup_deadline_s = max(5.0, 10 * rt.run_deadline_ms / 1e3)
             for g, fused in payload["fused"].items():
@@ -129,7 +131,7 @@ class Lane:
             send(self.sock, Staged(name, None, str(e) or type(e).__name__), wait_s=REPLY_WAIT_S)
             return
         self.staged[name] = model
-        send(self.sock, Staged(name, model.version, None), wait_s=REPLY_WAIT_S)
+        send(self.sock, Staged(name, model.version, None, model.serving.label, model.fallback), wait_s=REPLY_WAIT_S)
 
     def on_commit(self, msg: Commit, fds) -> None:
         name = msg.name
@@ -372,8 +374,17 @@ def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket,
         pass
     started = time.monotonic()
     try:
+        # Its models' providers first: a plugin reads its own files as it loads, which the filter refuses; one
+        # that cannot load is said by each model's Staged reply (its sessions on the CPU provider)
+        specs = {cfg.model_entries()[m].provider.spec() for m in plan.models}
+        for spec in specs:
+            try:
+                providers.load(spec)
+            except providers.ProviderError:
+                pass  # kept by providers.load, said when the model is staged
         # Before the first camera byte and the first thread: its uid, capabilities, no_new_privs, seccomp filter.
-        keeps_nice = sandbox.harden_lane(identity, cfg.runtime.scheduling, cfg.runtime.priority)
+        keeps_nice = sandbox.harden_lane(identity, cfg.runtime.scheduling, cfg.runtime.priority,
+                                         jit=any(s.jit for s in specs))
         gcwatch.watch(table.lane_counters(lane))
         return Lane(lane, plans, cfg, streams, table, sock, keeps_nice).run()
     except Exception as e:

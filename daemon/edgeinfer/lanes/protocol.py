@@ -110,6 +110,8 @@ class Staged(NamedTuple):
     name: str
     version: str | None
     error: str | None
+    serving: str = "cpu"         # the provider its sessions run on (models/providers.py's label)
+    fallback: str | None = None  # why that is the CPU provider and not the configured one
 
 
 class Attached(NamedTuple):

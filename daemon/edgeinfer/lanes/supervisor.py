@@ -149,10 +149,16 @@ class Supervisor:
                     errors[ln.name] = ln.last_error or "it exited while loading the model"
                 elif msg.error:
                     errors[ln.name] = msg.error
+                else:
+                    ln.staged_providers[name] = (msg.serving, msg.fallback)
+                    if msg.fallback:
+                        log.error("model %s on %s: %s %s: serving on the CPU provider instead (edgeinfer_model_"
+                                  "provider_fallback, /healthz)", name, ln.name, model.version, msg.fallback)
         finally:
             os.close(fd)
         if errors:
             for ln in self.holding(name):
+                ln.staged_providers.pop(name, None)
                 if ln.sock is not None:
                     send(ln.sock, Discard(name), wait_s=REPLY_WAIT_S)
         return errors
@@ -162,6 +168,7 @@ class Supervisor:
         if model is not None:
             self.runtimes[name] = model
         for ln in self.holding(name):
+            self._serves_staged(ln, name)
             if ln.sock is not None and not send(ln.sock, Commit(name), wait_s=REPLY_WAIT_S):
                 self._lost(ln, "did not take the model's commit: restarted to serve one version")
 
@@ -183,6 +190,10 @@ class Supervisor:
         if promote_to is not None:
             self.runtimes[name] = promote_to
         for ln in self.holding(name):
+            if promote_to is not None:
+                self._serves_staged(ln, name)
+            else:
+                ln.staged_providers.pop(name, None)
             msg = Promote(name) if promote_to is not None else Abort(name)
             if ln.sock is not None and not send(ln.sock, msg, wait_s=REPLY_WAIT_S):
                 self._lost(ln, f"did not take the rollout's {type(msg).__name__.lower()}: restarted to serve one "
@@ -361,6 +372,7 @@ class Supervisor:
                     else {"": "gone"}
                 if errors:
                     raise BundleError("; ".join(errors.values()))
+                self._serves_staged(ln, name)
                 send(ln.sock, Commit(name))
                 if name in self.trials.trials:
                     self._restart_trial(ln, name)
@@ -403,6 +415,15 @@ class Supervisor:
     def watchdog_ok(self, since: float) -> bool:
         """Every lane made progress after `since`, or is being restarted within its budget (LaneHandle)."""
         return all(ln.watchdog_ok(since, self.cfg.runtime.lane_restarts) for ln in self.lanes)
+
+    @staticmethod
+    def _serves_staged(ln: LaneHandle, name: str) -> None:
+        if name in ln.staged_providers:
+            ln.providers[name] = ln.staged_providers.pop(name)
+
+    def providers(self, name: str) -> dict[str, tuple[str, str | None]]:
+        """{lane: (the provider model `name` runs on there, why it is the CPU one and not the configured one)}."""
+        return {ln.name: ln.providers[name] for ln in self.holding(name) if name in ln.providers}
 
     def status(self, now_ns: int) -> dict[str, dict]:
         return {ln.name: ln.status(self.table.lane_counters(ln.index)) for ln in self.lanes}

@@ -22,10 +22,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from edgeinfer.models import providers
 from edgeinfer.models.bundle import Bundle, BundleError
 from edgeinfer.models.decoders import Decoder, DecoderError, make_decoder
 from edgeinfer.models.fusion import FRAME_INPUT, check_sampling, fuse
 from edgeinfer.models.outputprobe import dims_of, output_infos
+from edgeinfer.models.providers import CPU_SPEC, ProviderSpec
 from edgeinfer.abi.vocabulary import Geometry, channels, frame_shape
 from edgeinfer.support.yamlconf import clip
 
@@ -69,10 +71,23 @@ class ThreadPlan:
         finally:
             os.sched_setaffinity(0, own)
 
-    def session(self, model, **kw) -> ort.InferenceSession:
-        """An InferenceSession of `model` (bytes or path) with these threads, its extra ones pinned."""
+    def session(self, model, provider: ProviderSpec = CPU_SPEC) -> ort.InferenceSession:
+        """An InferenceSession of `model` (bytes or path) on `provider` with these threads, its extra ones pinned
+        (a provider's own threads too: born on them). ProviderError: the provider cannot take it (not here, or
+        it left the graph to the CPU provider)."""
+        so = self.session_options()
+        kw = providers.session_options(provider, so, self.threads)
         with self.building():
-            return ort.InferenceSession(model, sess_options=self.session_options(), **kw)
+            try:
+                sess = ort.InferenceSession(model, sess_options=so, **kw)
+            except Exception as e:
+                if provider.is_cpu:
+                    raise
+                raise providers.ProviderError(f"{provider.label} could not compile the model: {e}") from None
+        if not providers.serves_on(sess, provider):
+            raise providers.ProviderError(f"{provider.label} took no part of the model (ONNX Runtime put it all on "
+                                          f"the CPU provider: {sess.get_providers()})")
+        return sess
 
 
 class FusedSession:
@@ -152,6 +167,13 @@ class SessionSet:
         self.max_sessions = max_sessions
         self._sessions: collections.OrderedDict[tuple[str, int, int], FusedSession] = collections.OrderedDict()
         self.evictions = 0  # sessions dropped to stay within max_sessions
+        self.provider = self.serving = CPU_SPEC  # the configured provider, and the one the sessions run on
+        self.fallback: str | None = None  # why `serving` is the CPU provider and not `provider`
+
+    def use(self, provider: ProviderSpec) -> None:
+        """The provider the next sessions are built on (models.NAME.provider), before the first."""
+        self.provider = self.serving = provider
+        self.fallback = None
 
     def __getstate__(self):
         return {**self.__dict__, "_sessions": collections.OrderedDict(), "evictions": 0}
@@ -183,15 +205,30 @@ class SessionSet:
                                         f" serve other frame geometries in use; cannot add {key[2]}x{key[1]} {key[0]}")
             del self._sessions[victim]
             self.evictions += 1
+        if not self.serving.is_cpu:
+            # A provider that cannot load, compile or warm up the model leaves it to the CPU provider, said by
+            # `fallback` (the lane reports it: journal, STATUS=, /healthz, edgeinfer_model_provider_fallback)
+            try:
+                s = self._warmed(self.threads.session(fused, self.serving), key)
+            except (providers.ProviderError, BundleError) as e:
+                self.fallback = clip(f"{self.serving.label}: {e}", 2000)
+                self.serving = CPU_SPEC
+            else:
+                self._sessions[key] = s
+                return s
         try:
-            sess = self.threads.session(fused, providers=["CPUExecutionProvider"])
+            sess = self.threads.session(fused)
         except Exception as e:
             raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
+        s = self._warmed(sess, key)
+        self._sessions[key] = s
+        return s
+
+    def _warmed(self, sess: ort.InferenceSession, key: tuple) -> FusedSession:
         s = FusedSession(sess, *key, batch=self.batch)
         # Its own copy of the decoder: this runs on a lane's control thread, and the loop's payload is a view of
         # the shared decoder's buffer until it is written (a warm-up result must never reach a record).
         s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where, copy.deepcopy(self.decoder))
-        self._sessions[key] = s
         return s
 
 
@@ -200,7 +237,8 @@ class ModelRuntime:
     session_for() builds runnable sessions in this process too (tools, tests, benches)."""
 
     def __init__(self, bundle: Bundle, threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3,
-                 warmup_deadline_s: float = 30.0, max_sessions: int = 8, batch: int = 1):
+                 warmup_deadline_s: float = 30.0, max_sessions: int = 8, batch: int = 1,
+                 provider: ProviderSpec = CPU_SPEC):
         self.bundle = bundle
         self.max_sessions = max_sessions
         self.batch = batch
@@ -233,6 +271,7 @@ class ModelRuntime:
             raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
         self._fused: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()  # serialised, LRU
         self.sessions = self.session_set(threads, warmup_runs, warmup_deadline_s)
+        self.sessions.use(provider)  # session_for()'s: a lane's set is given its own (SessionSet.use)
         self.signer = None  # who signed the bundle (set by the verified loader's caller)
         self.target = None  # the bundle directory the configured path resolved to
 

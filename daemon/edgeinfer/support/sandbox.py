@@ -130,9 +130,11 @@ def dynamic_uid(uids: range = DYNAMIC_UIDS, locks: str = DYNAMIC_UID_LOCKS) -> i
                   f"{DEFAULT_LANE_USER} or name one in runtime.lane_user")
 
 
-def harden_lane(identity: LaneIdentity | None, scheduling: str, priority: int) -> bool:
-    """The lane's uid, capabilities, no_new_privs and seccomp filter, in that order. Returns whether the calling
-    thread kept CAP_SYS_NICE (the loop thread, started next, inherits it: both call `release_nice`)."""
+def harden_lane(identity: LaneIdentity | None, scheduling: str, priority: int, jit: bool = False) -> bool:
+    """The lane's uid, capabilities, no_new_privs and seccomp filter, in that order; jit: its filter lets memory
+    be made writable and executable (a provider that compiles kernels at run time: native/harden.h). Returns
+    whether the calling thread kept CAP_SYS_NICE (the loop thread, started next, inherits it: both call
+    `release_nice`)."""
     keep_nice = False
     if scheduling != "other":
         try:
@@ -143,7 +145,7 @@ def harden_lane(identity: LaneIdentity | None, scheduling: str, priority: int) -
         _harden.become(identity.uid, identity.gid, keep_nice)
     else:
         _harden.limit_capabilities(keep_nice)
-    _harden.install_lane_filter()
+    _harden.install_lane_filter(jit)
     return keep_nice
 
 

@@ -19,7 +19,7 @@ from edgeinfer.support.version import VERSION
 from edgeinfer.abi import ring
 from edgeinfer.abi.hist import STAGES, cumulative_at
 from edgeinfer.telemetry.httplistener import HttpListener, Response, SharedRender
-from edgeinfer.telemetry.snapshot import DriftView, Snapshot
+from edgeinfer.telemetry.snapshot import DriftView, Snapshot, provider_fallback
 
 # Histogram buckets for 100 µs - 1 s (seconds).
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
@@ -215,8 +215,20 @@ class DaemonCollector:
         fallback = GaugeMetricFamily("edgeinfer_model_known_good_fallback", "1 while the model serves its last "
                                      "known-good bundle because the configured one was refused at start (the log "
                                      "and /healthz say why).", labels=["model"])
+        provider = GaugeMetricFamily("edgeinfer_model_provider", "Lanes serving the model on each execution "
+                                     "provider, by the one configured.", labels=["model", "configured", "serving"])
+        provider_fallback = GaugeMetricFamily("edgeinfer_model_provider_fallback", "Lanes serving the model on the CPU "
+                                              "provider because its configured one failed to load, compile or warm "
+                                              "up (the log and /healthz say why).", labels=["model", "configured"])
         for m in d.models:
             name = m.name
+            serving: dict[str, int] = {}
+            for label, _why in m.lane_providers.values():
+                serving[label] = serving.get(label, 0) + 1
+            for label, n in serving.items():
+                provider.add_metric([name, m.provider, label], float(n))
+            provider_fallback.add_metric([name, m.provider], float(sum(1 for _, why in m.lane_providers.values()
+                                                                        if why)))
             if m.served is not None:
                 info.add_metric([name, *m.served], 1.0)
             for reason, n in m.failures.items():
@@ -224,7 +236,7 @@ class DaemonCollector:
             reloads.add_metric([name], m.reloads)
             threads.add_metric([name], float(m.ort_threads))
             fallback.add_metric([name], 1.0 if m.fallback else 0.0)
-        yield from (info, failures, reloads, threads, fallback)
+        yield from (info, failures, reloads, threads, fallback, provider, provider_fallback)
         yield from DaemonCollector._rollouts(d)
 
     @staticmethod
@@ -348,6 +360,15 @@ class Health:
                              "serving": fb["bundle"], "version": f"{rt.name} {rt.version}"}
         return out
 
+    def provider_fallbacks(self) -> dict[str, dict]:
+        """The models that serve on the CPU provider in some lane because their configured provider failed there."""
+        out = {}
+        for name, m in list(self.models.served.items()):
+            fb = provider_fallback(m.entry.provider.spec().label, self.lanes.providers(name))
+            if fb:
+                out[name] = fb
+        return out
+
     def ready(self) -> bool:
         if not (self.model_ready and self.healthy()):
             return False
@@ -378,8 +399,9 @@ class MetricsServer:
             def answer() -> Response:  # on the listener's loop, never cached: liveness is now
                 ok = check()
                 # ok: a model on its last known-good bundle serves; the body says which, and why
+                # ok too: a model on the CPU provider because its own failed (degraded: it serves, said here)
                 body = {"ok": ok, "version": VERSION, "stuck_lanes": health.stuck(),
-                        "known_good_fallback": health.fallbacks()}
+                        "known_good_fallback": health.fallbacks(), "provider_fallback": health.provider_fallbacks()}
                 return (200 if ok else 503), "application/json", json.dumps(body).encode() + b"\n"
             return answer
 

@@ -90,6 +90,19 @@ class ModelView:
     last_error: str | None
     fallback: dict | None         # serving its last known-good bundle: what was refused and why
     rollout: RolloutView | None = None  # its rollout policy, the candidate under way and the decisions taken
+    provider: str = "cpu"         # the configured execution provider (models/providers.py's label)
+    lane_providers: dict = dataclasses.field(default_factory=dict)  # lane → (provider it serves on, why not the configured)
+
+    def provider_fallback(self) -> dict | None:
+        return provider_fallback(self.provider, self.lane_providers)
+
+
+def provider_fallback(configured: str, lane_providers: dict) -> dict | None:
+    """The lanes where a model serves on the CPU provider instead of the configured one, and why (None: none)."""
+    fallen = {lane: why for lane, (_serving, why) in lane_providers.items() if why}
+    if not fallen:
+        return None
+    return {"configured": configured, "serving": "cpu", "lanes": sorted(fallen), "reason": next(iter(fallen.values()))}
 
 
 @dataclasses.dataclass(frozen=True)

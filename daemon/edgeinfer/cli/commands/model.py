@@ -83,10 +83,24 @@ def cmd_model_quantize(args) -> int:
 
 
 def cmd_model_bench(args) -> int:
-    from edgeinfer.models.tools.bench import bench
+    from pydantic import ValidationError
+
+    from edgeinfer.config.sections import Provider
+    from edgeinfer.models.tools.bench import bench, provider_table
+    if args.providers:
+        print(provider_table())
+        return 0
+    if not args.bundle:
+        print("edgeinferctl model bench: a bundle to measure (or --providers)", file=sys.stderr)
+        return 2
+    try:
+        provider = Provider.model_validate(args.provider).spec()
+    except ValidationError as e:
+        print(f"edgeinferctl model bench: --provider {args.provider}: {e.errors()[0]['msg']}", file=sys.stderr)
+        return 2
     cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
     bench([args.bundle, *([args.compare] if args.compare else [])], args.threads, cpus, args.frames,
-          args.geometry, args.pixel_format)
+          args.geometry, args.pixel_format, provider=provider)
     return 0
 
 

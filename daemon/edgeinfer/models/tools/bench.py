@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from edgeinfer.models.bundle import load_unverified_bundle
+from edgeinfer.models.providers import CPU_SPEC, ProviderError, ProviderSpec, host_listing
 from edgeinfer.models.runtime import ModelRuntime, ThreadPlan
 from edgeinfer.abi.vocabulary import frame_shape
 
@@ -50,10 +51,13 @@ def frame_for(pixel_format: str, width: int, height: int, seed: int = 1) -> np.n
 
 
 def bench_bundle(path: str, plan: ThreadPlan, geometry: tuple[str, int, int], frames: int,
-                 warmup: int = 5) -> Latency:
-    """p50/p95/p99 of `frames` runs of the fused session for geometry (pixel format, height, width)."""
-    model = ModelRuntime(load_unverified_bundle(path), threads=plan, warmup_runs=warmup)
+                 warmup: int = 5, provider: ProviderSpec = CPU_SPEC) -> Latency:
+    """p50/p95/p99 of `frames` runs of the fused session for geometry (pixel format, height, width) on
+    `provider`; ProviderError where it cannot run there (a bench never measures the CPU in its place)."""
+    model = ModelRuntime(load_unverified_bundle(path), threads=plan, warmup_runs=warmup, provider=provider)
     sess = model.session_for(*geometry)
+    if model.sessions.fallback:
+        raise ProviderError(model.sessions.fallback)
     pixel_format, height, width = geometry
     frame = frame_for(pixel_format, width, height)
     took = np.empty(frames)
@@ -67,8 +71,16 @@ def bench_bundle(path: str, plan: ThreadPlan, geometry: tuple[str, int, int], fr
                    float(p50), float(p95), float(p99), float(ms.mean()))
 
 
+def provider_table() -> str:
+    """What `model bench --providers` prints: each provider and device, available or why not."""
+    rows = host_listing()
+    width = max(len(label) for label, _ in rows) + 2
+    return "\n".join(f"{label:<{width}}{said}" for label, said in rows)
+
+
 def bench(paths: list[str], threads: int = 1, cpus: list[int] | None = None, frames: int = 200,
-          geometry: str | None = None, pixel_format: str = "bgr24", say=print) -> list[Latency]:
+          geometry: str | None = None, pixel_format: str = "bgr24", say=print,
+          provider: ProviderSpec = CPU_SPEC) -> list[Latency]:
     """Each bundle in turn (never two at once: they would share the CPUs), the same frames and thread plan."""
     from edgeinfer.support.cpuflags import cpu_int8
     plan = thread_plan(threads, cpus)
@@ -83,9 +95,9 @@ def bench(paths: list[str], threads: int = 1, cpus: list[int] | None = None, fra
                 raise ValueError(f"--geometry {geometry!r}: WxH, e.g. 640x480") from None
         else:
             w, h = meta.input.width, meta.input.height  # the model's own size: no resize in front
-        rows.append(bench_bundle(path, plan, (pixel_format, h, w), frames))
+        rows.append(bench_bundle(path, plan, (pixel_format, h, w), frames, provider=provider))
     pinned = f", extra threads on CPUs {list(plan.extra_thread_cpus)}" if plan.extra_thread_cpus else ""
-    say(f"fused session ({pixel_format} {w}x{h} frame → model), {threads} intra-op thread(s){pinned}, "
+    say(f"fused session ({pixel_format} {w}x{h} frame → model) on {provider.label}, {threads} intra-op thread(s){pinned}, "
         f"{frames} frames, one at a time")
     say(table(rows))
     return rows

@@ -1,0 +1,139 @@
+"""models.NAME.provider: how it is written and refused, what this host is said to have, the write+execute probe
+and the lanes' filter with and without `jit` (real seccomp filters, each in a child of its own), and the fallback
+of a model's sessions to the CPU provider when its own cannot take it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from pydantic import ValidationError
+
+from edgeinfer.config.sections import ModelEntry, Provider
+from edgeinfer.models import providers
+from edgeinfer.models.providers import ProviderSpec
+
+
+@pytest.mark.parametrize("written, spec", [
+    ("cpu", ProviderSpec()),
+    ("openvino:CPU", ProviderSpec("openvino", "CPU")),
+    ("openvino:AUTO", ProviderSpec("openvino", "AUTO")),
+    ("cuda", ProviderSpec("cuda", "0")),
+    ("tensorrt:1", ProviderSpec("tensorrt", "1")),
+    ({"name": "openvino", "device": "GPU", "options": {"PERFORMANCE_HINT": "LATENCY"}},
+     ProviderSpec("openvino", "GPU", (("PERFORMANCE_HINT", "LATENCY"),))),
+])
+def test_a_provider_is_written_short_or_as_a_mapping(written, spec):
+    assert Provider.model_validate(written).spec() == spec
+    assert ModelEntry(bundle="/b", provider=written).provider.spec() == spec
+
+
+def test_the_default_is_the_cpu_provider():
+    e = ModelEntry(bundle="/b")
+    assert e.provider.spec() == providers.CPU_SPEC and e.provider.spec().label == "cpu"
+    assert not e.provider.spec().jit
+
+
+@pytest.mark.parametrize("written, said", [
+    ("openvino", "openvino needs its device: one of CPU, GPU, NPU, AUTO"),
+    ("openvino:VPU", "openvino needs its device"),
+    ("cpu:0", "the cpu provider takes no device"),
+    ("cuda:first", "cuda's device is a device id"),
+    ("rocm", "Input should be 'cpu', 'openvino', 'cuda' or 'tensorrt'"),
+    ({"name": "openvino", "device": "CPU", "options": {"A": "x\ny"}}, "without control characters"),
+    ({"name": "openvino", "device": "CPU", "extra": 1}, "Extra inputs are not permitted"),
+])
+def test_a_provider_that_cannot_be_is_refused_with_what_would_be(written, said):
+    with pytest.raises(ValidationError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        ModelEntry(bundle="/b", provider=written)
+
+
+def test_labels_and_jit():
+    assert ProviderSpec("openvino", "GPU").label == "openvino:GPU" and ProviderSpec("openvino", "GPU").jit
+    assert ProviderSpec("cuda", "0").label == "cuda:0" and not ProviderSpec("cuda", "0").jit
+
+
+def test_a_gpu_build_of_onnx_runtime_is_named_where_it_is_missing():
+    import onnxruntime as ort
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this ONNX Runtime has CUDA: the row is about a build without it")
+    why = providers.check(ProviderSpec("cuda", "0"))
+    assert why and "CUDAExecutionProvider is not in this ONNX Runtime build" in why and "onnxruntime-gpu" in why
+    with pytest.raises(providers.ProviderError, match="CUDAExecutionProvider"):
+        import onnxruntime as ort
+        providers.session_options(ProviderSpec("cuda", "0"), ort.SessionOptions(), 1)
+
+
+def _openvino_here() -> str | None:
+    return providers.check(ProviderSpec("openvino", "CPU"))
+
+
+def test_the_host_listing_says_every_provider_and_why():
+    rows = dict(providers.host_listing())
+    assert rows["cpu"].startswith("available")
+    assert {"cuda", "tensorrt"} <= set(rows)
+    if _openvino_here() is None:
+        assert rows["openvino:CPU"].startswith("available (onnxruntime-ep-openvino ")
+        assert set(rows) >= {"openvino:GPU", "openvino:NPU", "openvino:AUTO"}
+        if "NPU" not in providers.openvino_devices():
+            assert "OpenVINO finds no NPU device on this host" in rows["openvino:NPU"]
+
+
+def _child(code: str) -> str:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_write_execute_memory_is_what_the_lane_filter_refuses_unless_jit():
+    """The probe `check` uses for a JIT provider, under the lanes' real seccomp filter: refused without jit (as
+    systemd's MemoryDenyWriteExecute=yes refuses it), allowed with it."""
+    code = """
+        from edgeinfer.models import providers
+        from edgeinfer.support import sandbox
+        before = providers.write_execute_allowed()
+        sandbox._harden.install_lane_filter({jit})
+        print(before, providers.write_execute_allowed())
+    """
+    assert _child(code.format(jit="False")) == "True False"
+    assert _child(code.format(jit="True")) == "True True"
+
+
+@pytest.mark.skipif(_openvino_here() is not None, reason=f"OpenVINO's EP cannot run here: {_openvino_here()}")
+def test_openvino_under_a_filter_without_jit_is_said_not_run():
+    """A JIT provider in a process that may not map write+execute memory: `check` names the unit setting, and no
+    session is tried (OpenVINO's CPU plugin would abort the process)."""
+    out = _child("""
+        from edgeinfer.models import providers
+        from edgeinfer.support import sandbox
+        providers.load(providers.ProviderSpec("openvino", "CPU"))
+        sandbox._harden.install_lane_filter(False)
+        print(providers.check(providers.ProviderSpec("openvino", "CPU")))
+    """)
+    assert "MemoryDenyWriteExecute=yes" in out
+
+
+@pytest.mark.skipif(_openvino_here() is not None, reason=f"OpenVINO's EP cannot run here: {_openvino_here()}")
+def test_a_session_set_falls_back_to_the_cpu_provider_and_says_why(tmp_path):
+    """The orientation model's sessions asked of an absent NPU: built on the CPU provider, `fallback` says why,
+    and every later geometry follows (one model never runs on two providers by accident)."""
+    from edgeinfer.models.bundle import load_unverified_bundle
+    from edgeinfer.models.runtime import ModelRuntime
+    from daemon_helpers import bundle
+    model = ModelRuntime(load_unverified_bundle(bundle("orientation")), warmup_runs=1,
+                         provider=ProviderSpec("openvino", "NPU"))
+    if "NPU" in providers.openvino_devices():
+        pytest.skip("this host has an NPU")
+    s = model.session_for("bgr24", 224, 224)
+    assert model.sessions.serving == providers.CPU_SPEC
+    assert model.sessions.fallback.startswith("openvino:NPU: OpenVINO finds no NPU device")
+    assert s.session.get_providers() == ["CPUExecutionProvider"]
+    model.session_for("bgr24", 240, 320)
+    assert model.sessions.serving == providers.CPU_SPEC
+
+    on_cpu_device = ModelRuntime(load_unverified_bundle(bundle("orientation")), warmup_runs=1,
+                                 provider=ProviderSpec("openvino", "CPU"))
+    s = on_cpu_device.session_for("bgr24", 224, 224)
+    assert on_cpu_device.sessions.fallback is None
+    assert s.session.get_providers()[0] == "OpenVINOExecutionProvider"
