@@ -113,7 +113,7 @@ static const unsigned int ei_lane_ioctls[] = {TCGETS, TIOCGWINSZ, FIONREAD, FION
  *  - write-and-execute memory refused as systemd's MemoryDenyWriteExecute= refuses it; except with `jit`, a lane
  *    whose model runs on a provider that compiles its kernels at run time (OpenVINO: its CPU plugin's Xbyak code
  *    buffers are mprotect()ed read+write+execute, 256 KiB each, traced): mprotect then takes any protection
- *    (docs/decisions/0038-jit-providers-lanes.md says what that gives up and where);
+ *    (docs/decisions/0038-execution-providers.md says what that gives up and where);
  *  - ioctl only for the commands a lane makes (ei_lane_ioctls), compared as the kernel reads them, by their low
  *    32 bits: TIOCSTI (typing into a terminal), TIOCLINUX and every other command fail, whatever the upper bits;
  *  - prctl only to name a thread or a mapping, to read, or to give up (capabilities, new privileges);

@@ -772,6 +772,30 @@ condition_follows_config() {
         [ "$(systemctl is-active edgeinferd)" = active ]
 }
 check condition_follows_config condition_follows_config
+# An execution provider as docs/operations/providers.md says (issue 38): edgeinfer-openvino installed, det on
+# openvino:CPU. Under the shipped unit (MemoryDenyWriteExecute=yes) det serves on the CPU provider, said in the
+# journal and the metric; with the documented drop-in its lanes serve it on OpenVINO. Undone after.
+provider_openvino() {
+    apt-get install -y -q /test/edgeinfer-openvino.deb > /tmp/apt-ov.log 2>&1 || { tail -3 /tmp/apt-ov.log; return 1; }
+    sed -i 's|det: {bundle: /var/lib/edgeinfer/models/det/current}|det: {bundle: /var/lib/edgeinfer/models/det/current, provider: "openvino:CPU"}|' /etc/edgeinfer/edgeinferd.yaml
+    local checked fb said served fb2 rc=0
+    checked=$(edgeinferd --check-config --config /etc/edgeinfer/edgeinferd.yaml 2>&1) || rc=1
+    systemctl restart edgeinferd; wait_active
+    fb=$(metric 'edgeinfer_model_provider_fallback{model="det",configured="openvino:CPU"}')
+    said=$(journalctl -u edgeinferd --no-pager -o cat | grep -m1 -o 'model det on lane[0-9].*serving on the CPU provider instead' | cut -c1-300)
+    mkdir -p /etc/systemd/system/edgeinferd.service.d
+    printf '[Service]\nMemoryDenyWriteExecute=no\n' > /etc/systemd/system/edgeinferd.service.d/openvino.conf
+    systemctl daemon-reload && systemctl restart edgeinferd; wait_active
+    served=$(metric 'edgeinfer_model_provider{model="det",configured="openvino:CPU",serving="openvino:CPU"}')
+    fb2=$(metric 'edgeinfer_model_provider_fallback{model="det",configured="openvino:CPU"}')
+    echo "check-config: $checked | shipped unit: det on the CPU in $fb lane(s), journal: $said | with the drop-in: det on openvino:CPU in $served lane(s), fallback $fb2"
+    rm -f /etc/systemd/system/edgeinferd.service.d/openvino.conf
+    sed -i 's|, provider: "openvino:CPU"}|}|' /etc/edgeinfer/edgeinferd.yaml
+    apt-get remove -y -q edgeinfer-openvino > /tmp/apt-ov.log 2>&1 || rc=1
+    systemctl daemon-reload && systemctl restart edgeinferd; wait_active || rc=1
+    [ $rc = 0 ] && [ "$fb" = 2.0 ] && echo "$said" | grep -q "MemoryDenyWriteExecute=yes" && [ "$served" = 2.0 ] && [ "$fb2" = 0.0 ]
+}
+check provider_openvino provider_openvino
 
 # Frigate's non-root set-up, as the docs say it: a group frigate, the drop-in, frigate.socket_group.
 groupadd -f frigate

@@ -158,6 +158,22 @@ def test_the_daemon_installs_300_mb_or_less_and_pyav_is_a_package_of_its_own(deb
     assert not [p for p in theirs if p.startswith(("usr/bin", "usr/lib", "etc/"))]
 
 
+def test_the_openvino_provider_is_a_package_of_its_own_that_edgeinfer_suggests(deb):
+    """Issue 38, item 6 (decision record 0038): ONNX Runtime's OpenVINO plugin EP (165 MB) is not in edgeinfer, which
+    suggests it; edgeinfer-openvino holds exactly its files, in the same virtualenv, and upgrades with it."""
+    ov = built_deb("edgeinfer-openvino")
+    assert "edgeinfer-openvino" in _field(deb, "Suggests").split(", ")
+    assert _field(ov, "Depends").split(", ")[-1] == f"edgeinfer (= {__version__})"
+    site = "opt/venvs/edgeinfer/lib/python3.11/site-packages/"
+    assert not [p for p in _paths(deb) if p.startswith(f"{site}onnxruntime_ep_openvino")]
+    theirs = [p for p in _paths(ov) if p.startswith(("opt/", "usr/bin", "usr/lib", "etc/"))]
+    assert f"{site}onnxruntime_ep_openvino/__init__.py" in theirs
+    assert any(p.endswith("libonnxruntime_providers_openvino_plugin.so") for p in theirs)
+    assert {p[len(site):].split("/")[0] for p in theirs if p.startswith(site)} == \
+        {"onnxruntime_ep_openvino", "onnxruntime_ep_openvino-1.8.1.dist-info"}, sorted(theirs)[:20]
+    assert not [p for p in theirs if p.startswith(("usr/bin", "usr/lib", "etc/"))]
+
+
 def _maintainer_script(deb: str, name: str, check: bool = True) -> str:
     return subprocess.run(["dpkg-deb", "-I", deb, name], capture_output=True, text=True, check=check,
                           timeout=60).stdout

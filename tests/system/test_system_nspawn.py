@@ -48,7 +48,7 @@ CHECKS = ["install", "user_and_group", "units_enabled", "gateway_shipped_disable
           "mqtt_publishes", "upgrade_keeps_cameras", "gateway_after_upgrade", "stop", "purge", "purge_cameras",
           "purge_gateway", "purge_mqtt",
           # issue 35: a fresh install again, as an operator follows docs/operations.md
-          "several_models_start", "condition_follows_config", "frigate_socket_group", "start_file_gateway_tls_key",
+          "several_models_start", "condition_follows_config", "provider_openvino", "frigate_socket_group", "start_file_gateway_tls_key",
           "start_file_mqtt_password", "start_file_camera", "start_file_daemon_config", "remove_no_dangling_links",
           "purge_reowns_operator_files",
           "upgrade_from_0_1"]
@@ -240,6 +240,7 @@ def _boot(nspawn, deb, built, root, test, out, signing_key):
     rtsp_deb = built_deb("edgeinfer-rtsp")  # PyAV, for the RTSP camera (decision record 0036)
     shutil.copy(rtsp_deb, test / "edgeinfer-rtsp.deb")
     next_version(rtsp_deb, test / "edgeinfer-rtsp-next.deb")
+    shutil.copy(built_deb("edgeinfer-openvino"), test / "edgeinfer-openvino.deb")  # decision record 0038
     old = built.get("release_0_1")
     if old:
         shutil.copy(old, test / "edgeinfer-0.1.0.deb")
