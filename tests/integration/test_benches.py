@@ -131,3 +131,14 @@ def test_shedding_bench_runs_its_windows_and_a_refusal_burst_to_its_summary():
     burst = rnd["refusal"]
     assert burst["refused"] > 0 and burst["cpu"]["gateway"]["ms_per_refused"] is not None, burst
     assert set(s["targets"]) == {"150%", "300%", "150% fixed", "300% fixed"}, s["targets"]
+
+
+def test_providers_bench_serves_each_row_on_its_provider():
+    """bench/providers.py on the tiny model: a row per provider this host has (the others skipped, said), each
+    daemon row served on the provider it names (/metrics), its bare and end-to-end windows full."""
+    s = _summary(["bench/providers.py", "--quick", "--frames", "10", "--models", "cls-tiny"], timeout=300)
+    assert "cls-tiny/cpu" in s["rows"], s
+    assert {k.split("/", 1)[1] for k in s["rows"]} | set(s["skipped"]) == {"cpu", "openvino:CPU"}, s
+    for key, row in s["rows"].items():
+        assert row["serving"] == key.split("/", 1)[1], (key, row)
+        assert row["bare"]["n"] == row["e2e"]["n"] == 10, (key, row)
