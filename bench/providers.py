@@ -5,9 +5,9 @@
                 (ModelRuntime on that provider), run back to back pinned to the loop's CPU, one frame at a time
   edgeinferd    the real daemon serving that model on that provider (its lane's loop on the same CPU), a
                 producer pinned to the other CPU offering a frame every 1.5 × the bare mean (the lane idles
-                between frames, as the bare runs do not):
+                between frames; so do the paced bare runs, its like-for-like floor):
                 its end-to-end latency (capture → result published)
-  overhead      edgeinferd's end-to-end p50 less the bare p50: what the lane adds on that provider
+  overhead      edgeinferd's end-to-end p50 less the bare p50 at the same pace: what the lane adds on that provider
   ready         the daemon's start → "edgeinferd: ready" (config, signature, fusion, every lane's sessions
                 built and warmed): with OpenVINO, the model is compiled at each start (no cache yet)
   vs cpu        each provider's bare p50/p99 and saturated throughput (1 / bare mean) ÷ the CPU provider's
@@ -44,6 +44,7 @@ from edgeinfer.models.verify import throwaway_signed_copy  # noqa: E402
 
 PRODUCER_CPU, LOOP_CPU = 0, 1
 MODELS = ("cls-tiny", "orientation", "detector")
+PACE = 1.5  # the daemon rows (and the paced bare runs) get a frame every PACE × the bare mean: the lane idles between
 
 
 def pin(cpu: int) -> None:
@@ -61,8 +62,9 @@ def q(us) -> dict:
             "mean": float(us.mean())}
 
 
-def bare(path: str, spec, frames: int) -> tuple[dict, tuple]:
-    """The fused session on `spec`, back to back on the loop's CPU: µs per run, and the geometry."""
+def bare(path: str, spec, frames: int) -> tuple[dict, dict, tuple]:
+    """The fused session on `spec` on the loop's CPU: µs per run back to back, then µs per run at one run every
+    PACE × the back-to-back mean (the daemon rows' rate: like with like), and the geometry."""
     meta = load_unverified_bundle(path).meta
     geometry = ("bgr24", meta.input.height, meta.input.width)
     pin(LOOP_CPU)
@@ -72,14 +74,22 @@ def bare(path: str, spec, frames: int) -> tuple[dict, tuple]:
         if model.sessions.fallback:
             raise providers.ProviderError(model.sessions.fallback)
         frame = frame_for("bgr24", meta.input.width, meta.input.height)
-        took = []
+        took, paced = [], []
         for _ in range(frames):
             t = time.perf_counter_ns()
             sess.run(frame)
             took.append((time.perf_counter_ns() - t) / 1e3)
+        period_s = PACE * float(np.mean(took)) / 1e6
+        next_t = time.monotonic()
+        for _ in range(frames):
+            t = time.perf_counter_ns()
+            sess.run(frame)
+            paced.append((time.perf_counter_ns() - t) / 1e3)
+            next_t += period_s
+            time.sleep(max(0.0, next_t - time.monotonic()))
     finally:
         unpin()
-    return q(took), geometry
+    return q(took), q(paced), geometry
 
 
 class Daemon:
@@ -183,22 +193,23 @@ def main() -> int:
             print(f"{label}: skipped: {why}")
         else:
             specs.append(spec)
-    print(f"{'model':<12}{'provider':<14}{'bare p50/p99 µs':>18}{'daemon e2e p50/p99 µs':>24}"
+    print(f"{'model':<12}{'provider':<14}{'bare p50/p99 µs':>18}{'paced p50 µs':>14}{'daemon e2e p50/p99 µs':>24}"
           f"{'overhead p50 µs':>17}{'ready s':>9}{'serving':>14}")
     for name in args.models.split(","):
         path = os.path.join(ROOT, "models", "bundles", name)
         for spec in specs:
-            b, geometry = bare(path, spec, n)
+            b, paced, geometry = bare(path, spec, n)
             d = Daemon(path, spec.label, geometry)
             try:
                 serving = d.serving()
-                e2e = d.drive(n, 1.5 * b["mean"] / 1e6)
+                e2e = d.drive(n, PACE * b["mean"] / 1e6)
             finally:
                 d.close()
-            row = {"bare": b, "e2e": e2e, "overhead_p50_us": e2e["p50"] - b["p50"], "ready_s": d.ready_s,
-                   "serving": serving}
+            row = {"bare": b, "bare_paced": paced, "e2e": e2e, "overhead_p50_us": e2e["p50"] - paced["p50"],
+                   "ready_s": d.ready_s, "serving": serving}
             summary["rows"][f"{name}/{spec.label}"] = row
-            print(f"{name:<12}{spec.label:<14}{b['p50']:>10.0f}/{b['p99']:<7.0f}{e2e['p50']:>14.0f}/{e2e['p99']:<9.0f}"
+            print(f"{name:<12}{spec.label:<14}{b['p50']:>10.0f}/{b['p99']:<7.0f}{paced['p50']:>14.0f}"
+                  f"{e2e['p50']:>14.0f}/{e2e['p99']:<9.0f}"
                   f"{row['overhead_p50_us']:>+17.0f}{d.ready_s:>9.2f}{serving:>14}", flush=True)
     print("\neach provider ÷ the CPU provider (bare, same model):")
     for key, row in summary["rows"].items():
