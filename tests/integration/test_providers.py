@@ -143,6 +143,31 @@ def test_a_device_that_is_not_here_leaves_its_model_on_the_cpu_loudly(bundles, c
     assert final["models"]["detector"]["provider_fallback"] is None
 
 
+def test_a_model_its_provider_cannot_compile_moves_to_the_cpu_when_its_camera_comes(bundles, children, tmp_path,
+                                                                                     stream):
+    """A stream whose geometry comes with its camera (no width/height configured): its session is built when the
+    camera attaches, and OpenVINO refuses to compile it (an option value it does not take: the injected failure).
+    That lane says so then (ProviderFallback), the model serves on the CPU provider, results exact, and the
+    metric, /healthz and the log say it."""
+    cfg = write_config(tmp_path, None, [{"name": stream, "model": "orientation", "max_age_ms": 60000}],
+                       models={"orientation": {"bundle": bundles("orientation"), "provider": {
+                           "name": "openvino", "device": "CPU", "options": {"INFERENCE_PRECISION_HINT": "bogus"}}}})
+    proc = start_daemon(children, cfg)
+    key = ("edgeinfer_model_provider_fallback", (("configured", "openvino:CPU"), ("model", "orientation")))
+    assert _metrics(proc)[key] == 0  # nothing compiled yet: no session before a camera
+    _, run = reference(bundles("orientation"))
+    pool = [f for f, _ in make_frames(224, 224, pages=3)]
+    refs = [run(f)[0].reshape(-1) for f in pool]
+    for idx, rec in feed_and_collect(proc, stream, pool, 6):
+        np.testing.assert_allclose(class_scores(rec), refs[idx], atol=1e-5)
+    assert _metrics(proc)[key] == 1
+    status, body = _healthz(proc)
+    assert status == 200 and "could not compile the model" in body["provider_fallback"]["orientation"]["reason"]
+    assert stop_daemon(proc) == 0
+    log = daemon_log(proc)
+    assert "model orientation on lane0: openvino:CPU: openvino:CPU could not compile the model" in log, log[-3000:]
+
+
 def test_check_config_names_a_provider_package_that_is_not_installed(bundles, tmp_path, stream):
     """The OpenVINO package missing (its import fails, as on a host without it: a module of that name that
     raises ImportError shadows the installed one; the only stand-in here, said so): --check-config says which

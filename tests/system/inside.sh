@@ -781,13 +781,13 @@ provider_openvino() {
     local checked fb said served fb2 rc=0
     checked=$(edgeinferd --check-config --config /etc/edgeinfer/edgeinferd.yaml 2>&1) || rc=1
     systemctl restart edgeinferd; wait_active
-    fb=$(metric 'edgeinfer_model_provider_fallback{model="det",configured="openvino:CPU"}')
+    fb=$(metric 'edgeinfer_model_provider_fallback{configured="openvino:CPU",model="det"}')
     said=$(journalctl -u edgeinferd --no-pager -o cat | grep -m1 -o 'model det on lane[0-9].*serving on the CPU provider instead' | cut -c1-300)
     mkdir -p /etc/systemd/system/edgeinferd.service.d
     printf '[Service]\nMemoryDenyWriteExecute=no\n' > /etc/systemd/system/edgeinferd.service.d/openvino.conf
     systemctl daemon-reload && systemctl restart edgeinferd; wait_active
-    served=$(metric 'edgeinfer_model_provider{model="det",configured="openvino:CPU",serving="openvino:CPU"}')
-    fb2=$(metric 'edgeinfer_model_provider_fallback{model="det",configured="openvino:CPU"}')
+    served=$(metric 'edgeinfer_model_provider{configured="openvino:CPU",model="det",serving="openvino:CPU"}')
+    fb2=$(metric 'edgeinfer_model_provider_fallback{configured="openvino:CPU",model="det"}')
     echo "check-config: $checked | shipped unit: det on the CPU in $fb lane(s), journal: $said | with the drop-in: det on openvino:CPU in $served lane(s), fallback $fb2"
     rm -f /etc/systemd/system/edgeinferd.service.d/openvino.conf
     sed -i 's|, provider: "openvino:CPU"}|}|' /etc/edgeinfer/edgeinferd.yaml

@@ -25,8 +25,8 @@ from edgeinfer.lanes import dispatch, gcwatch
 from edgeinfer.abi import ring
 from edgeinfer.abi.vocabulary import OUTCOMES
 from edgeinfer.lanes.protocol import (TO_LANE, Abort, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
-                                      ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
-                                      TrialReport, from_memfd, receive, send)
+                                      ProtocolError, Promote, ProviderFallback, Ready, Short, Stage, Staged, Stall,
+                                      StartTrial, Stop, TrialReport, from_memfd, receive, send)
 from edgeinfer.lanes.trial import Trial
 from edgeinfer.support import sandbox
 from edgeinfer.lanes.loop import Loop
@@ -240,12 +240,16 @@ class Lane:
         reader.geometry_key = geometry
         reader.native.share(self.table.memory, self.table.cursor_offset(index), epoch, self.table.stats_offset(index),
                             len(OUTCOMES))
+        serving = self.models[s.model]
+        fell_back = serving.fallback
         try:
-            session = self.models[s.model].add(geometry, fused, pinned=self.pinned())
+            session = serving.add(geometry, fused, pinned=self.pinned())
         except Exception as e:
             reader.close()
             send(self.sock, Attached(index, epoch, str(e)), wait_s=REPLY_WAIT_S)
             return
+        if serving.fallback and not fell_back:  # this geometry was the first its provider could not take
+            send(self.sock, ProviderFallback(s.model, serving.serving.label, serving.fallback), wait_s=REPLY_WAIT_S)
         trial = self.trials.get(s.model)
         if trial is not None and index in trial.canary:  # a canary stream is served by the candidate
             session = trial.candidate.get(geometry) or session

@@ -114,6 +114,14 @@ class Staged(NamedTuple):
     fallback: str | None = None  # why that is the CPU provider and not the configured one
 
 
+class ProviderFallback(NamedTuple):
+    """The serving version of model `name` moved to the CPU provider after it was staged: a geometry attached later
+    was one its provider could not compile or warm up (`fallback` says why)."""
+    name: str
+    serving: str
+    fallback: str
+
+
 class Attached(NamedTuple):
     index: int  # type: ignore[assignment]  # shadows tuple.index(): read as .index only
     epoch: int
@@ -150,7 +158,7 @@ class Short(NamedTuple):
 
 
 TO_LANE = {c.__name__: c for c in (Stage, Commit, Discard, StartTrial, Promote, Abort, Attach, Detach, Stall, Stop)}
-FROM_LANE = {c.__name__: c for c in (Ready, Log, Staged, Attached, Dropped, Short, TrialReport)}
+FROM_LANE = {c.__name__: c for c in (Ready, Log, Staged, Attached, Dropped, Short, TrialReport, ProviderFallback)}
 _FIELDS = {name: tuple(typing.get_type_hints(c).items()) for name, c in {**TO_LANE, **FROM_LANE}.items()}
 
 

@@ -26,8 +26,8 @@ from edgeinfer.lanes.handle import LaneHandle
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
 from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Attached, Commit, Detach, Discard, Dropped,
-                                      Log, ProtocolError, Promote, Ready, Short, Stage, Staged, Stall, StartTrial, Stop,
-                                      TrialReport, receive, send, to_memfd)
+                                      Log, ProtocolError, Promote, ProviderFallback, Ready, Short, Stage, Staged, Stall,
+                                      StartTrial, Stop, TrialReport, receive, send, to_memfd)
 from edgeinfer.lanes.trialbook import TrialBook
 
 if TYPE_CHECKING:
@@ -152,8 +152,7 @@ class Supervisor:
                 else:
                     ln.staged_providers[name] = (msg.serving, msg.fallback)
                     if msg.fallback:
-                        log.error("model %s on %s: %s %s: serving on the CPU provider instead (edgeinfer_model_"
-                                  "provider_fallback, /healthz)", name, ln.name, model.version, msg.fallback)
+                        self._say_fallback(name, ln, f"{model.version} {msg.fallback}")
         finally:
             os.close(fd)
         if errors:
@@ -245,6 +244,11 @@ class Supervisor:
             self.report_short(msg.stream, msg.seq, msg.received, msg.expected, msg.geometry)
         elif isinstance(msg, TrialReport):
             self.trials.keep(ln.index, ln.pid, ln.plan.models, msg)
+        elif isinstance(msg, ProviderFallback):
+            if msg.name not in ln.plan.models:
+                raise ProtocolError(f"ProviderFallback.name {msg.name[:40]!r}: not one of {ln.name}'s models")
+            ln.providers[msg.name] = (msg.serving, msg.fallback)
+            self._say_fallback(msg.name, ln, msg.fallback)
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
@@ -415,6 +419,11 @@ class Supervisor:
     def watchdog_ok(self, since: float) -> bool:
         """Every lane made progress after `since`, or is being restarted within its budget (LaneHandle)."""
         return all(ln.watchdog_ok(since, self.cfg.runtime.lane_restarts) for ln in self.lanes)
+
+    @staticmethod
+    def _say_fallback(name: str, ln: LaneHandle, why: str) -> None:
+        log.error("model %s on %s: %s: serving on the CPU provider instead (edgeinfer_model_provider_fallback, "
+                  "/healthz)", name, ln.name, why)
 
     @staticmethod
     def _serves_staged(ln: LaneHandle, name: str) -> None:

@@ -171,9 +171,15 @@ class SessionSet:
         self.fallback: str | None = None  # why `serving` is the CPU provider and not `provider`
 
     def use(self, provider: ProviderSpec) -> None:
-        """The provider the next sessions are built on (models.NAME.provider), before the first."""
+        """The provider the next sessions are built on (models.NAME.provider), before the first; one this process
+        cannot run (its package, its device, write+execute memory: providers.check) is left for the CPU provider
+        at once, with `fallback` saying why, before any session is asked of it."""
         self.provider = self.serving = provider
         self.fallback = None
+        why = providers.check(provider)
+        if why:
+            self.fallback = clip(f"{provider.label}: {why}", 2000)
+            self.serving = CPU_SPEC
 
     def __getstate__(self):
         return {**self.__dict__, "_sessions": collections.OrderedDict(), "evictions": 0}
@@ -211,7 +217,7 @@ class SessionSet:
             try:
                 s = self._warmed(self.threads.session(fused, self.serving), key)
             except (providers.ProviderError, BundleError) as e:
-                self.fallback = clip(f"{self.serving.label}: {e}", 2000)
+                self.fallback = clip(" ".join(f"{self.serving.label}: {e}".split()), 2000)  # one journal line
                 self.serving = CPU_SPEC
             else:
                 self._sessions[key] = s

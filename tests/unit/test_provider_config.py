@@ -125,6 +125,7 @@ def test_a_session_set_falls_back_to_the_cpu_provider_and_says_why(tmp_path):
                          provider=ProviderSpec("openvino", "NPU"))
     if "NPU" in providers.openvino_devices():
         pytest.skip("this host has an NPU")
+    assert model.sessions.fallback.startswith("openvino:NPU: OpenVINO finds no NPU device")  # said before a session
     s = model.session_for("bgr24", 224, 224)
     assert model.sessions.serving == providers.CPU_SPEC
     assert model.sessions.fallback.startswith("openvino:NPU: OpenVINO finds no NPU device")
