@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -19,9 +20,10 @@ from edgeinfer.cameras.synthetic import make_frames
 from edgeinfer.models import providers
 from test_daemon import class_scores, detector_floor, feed_and_collect, reference
 
-pytestmark = pytest.mark.skipif(providers.check(providers.ProviderSpec("openvino", "CPU")) is not None,
-                                reason=f"OpenVINO's EP cannot run here: "
-                                       f"{providers.check(providers.ProviderSpec('openvino', 'CPU'))}")
+OPENVINO_MISSING = providers.check(providers.ProviderSpec("openvino", "CPU"))
+CUDA_MISSING = providers.check(providers.ProviderSpec("cuda", "0"))
+needs_openvino = pytest.mark.skipif(OPENVINO_MISSING is not None,
+                                    reason=f"OpenVINO's EP cannot run here: {OPENVINO_MISSING}")
 
 # OpenVINO's CPU plugin at FP32 (the default edgeinfer sets) against ONNX Runtime's CPU provider on the unfused
 # model: other kernels, other summation orders. Measured here: |Δ| ≤ 3e-6 on the detector's raw outputs, 2e-7 on
@@ -64,6 +66,7 @@ def _two_models(bundles, tmp_path, stream, orientation: str, detector: str):
     return cfg, (ori, det), names, check
 
 
+@needs_openvino
 def test_openvino_serves_the_classifier_and_the_detector_as_the_cpu_does(bundles, children, tmp_path, stream):
     """Both models on `provider: openvino:CPU` in one daemon: every result equals plain ONNX Runtime's CPU
     provider on the unfused model within the stated tolerance, and /metrics says the lanes serve on OpenVINO
@@ -101,6 +104,7 @@ def test_openvino_serves_the_classifier_and_the_detector_as_the_cpu_does(bundles
     assert stop_daemon(proc) == 0
 
 
+@needs_openvino
 def test_a_device_that_is_not_here_leaves_its_model_on_the_cpu_loudly(bundles, children, tmp_path, stream):
     """`provider: openvino:NPU` on a host without an NPU: --check-config refuses it (exit 2, naming the model,
     the device and what the host has); a start serves that model on the CPU provider, results exact, and says
@@ -143,6 +147,7 @@ def test_a_device_that_is_not_here_leaves_its_model_on_the_cpu_loudly(bundles, c
     assert final["models"]["detector"]["provider_fallback"] is None
 
 
+@needs_openvino
 def test_a_model_its_provider_cannot_compile_moves_to_the_cpu_when_its_camera_comes(bundles, children, tmp_path,
                                                                                      stream):
     """A stream whose geometry comes with its camera (no width/height configured): its session is built when the
@@ -160,14 +165,17 @@ def test_a_model_its_provider_cannot_compile_moves_to_the_cpu_when_its_camera_co
     refs = [run(f)[0].reshape(-1) for f in pool]
     for idx, rec in feed_and_collect(proc, stream, pool, 6):
         np.testing.assert_allclose(class_scores(rec), refs[idx], atol=1e-5)
-    assert _metrics(proc)[key] == 1
+    assert _metrics(proc)[key] >= 1  # the lanes that built a session for its geometry
     status, body = _healthz(proc)
     assert status == 200 and "could not compile the model" in body["provider_fallback"]["orientation"]["reason"]
     assert stop_daemon(proc) == 0
     log = daemon_log(proc)
-    assert "model orientation on lane0: openvino:CPU: openvino:CPU could not compile the model" in log, log[-3000:]
+    # whichever lane took the camera's ring first built its session there (both lanes hold the model)
+    assert re.search(r"model orientation on lane[01]: openvino:CPU: openvino:CPU could not compile the model", log), \
+        log[-3000:]
 
 
+@needs_openvino
 def test_check_config_names_a_provider_package_that_is_not_installed(bundles, tmp_path, stream):
     """The OpenVINO package missing (its import fails, as on a host without it: a module of that name that
     raises ImportError shadows the installed one; the only stand-in here, said so): --check-config says which
@@ -183,3 +191,22 @@ def test_check_config_names_a_provider_package_that_is_not_installed(bundles, tm
     assert check.returncode == 2, (check.stdout, check.stderr)
     assert "the OpenVINO execution provider is not installed" in check.stderr
     assert "onnxruntime-ep-openvino" in check.stderr
+
+
+@pytest.mark.skipif(CUDA_MISSING is not None, reason=f"no CUDA here: {CUDA_MISSING}")
+def test_cuda_serves_the_classifier_as_the_cpu_does():
+    """Where onnxruntime-gpu and an NVIDIA GPU are (this project's machines have neither: it skips, saying so):
+    the classifier's fused session on `cuda:0` answers as the CPU provider's does on the same frames, without
+    falling back (operator mismatches on the accelerator are what it catches)."""
+    from daemon_helpers import bundle
+    from edgeinfer.models.bundle import load_unverified_bundle
+    from edgeinfer.models.runtime import ModelRuntime
+    frames = [f[None] for f, _ in make_frames(224, 224, pages=4)]
+    on = {}
+    for spec in (providers.CPU_SPEC, providers.ProviderSpec("cuda", "0")):
+        model = ModelRuntime(load_unverified_bundle(bundle("orientation")), warmup_runs=1, provider=spec)
+        sess = model.session_for("bgr24", 224, 224)
+        assert model.sessions.fallback is None, model.sessions.fallback
+        on[spec.label] = [sess.run(f)[0] for f in frames]
+    for a, b in zip(on["cpu"], on["cuda:0"]):
+        np.testing.assert_allclose(b, a, atol=SCORE_ATOL * 10)  # TF32/cuDNN kernels: a looser bound, stated
