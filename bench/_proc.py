@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 
 
@@ -59,3 +61,26 @@ def finish(summary: dict, t_start: float, json_path: str | None) -> int:
             f.write(text + "\n")
     print(text)
     return 0
+
+
+def await_ready(proc: subprocess.Popen) -> str | None:
+    """Reads a starting edgeinferd's stdout to its "edgeinferd: ready" line; returns its metrics URL (None if it
+    printed none). RuntimeError with the line it printed instead."""
+    url = None
+    line = proc.stdout.readline().strip()
+    while line.startswith("edgeinferd: metrics "):
+        url = line.split()[-1]
+        line = proc.stdout.readline().strip()
+    if line != "edgeinferd: ready":
+        raise RuntimeError(f"edgeinferd did not start: {line!r}")
+    return url
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within timeout_s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout_s)

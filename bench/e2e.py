@@ -27,7 +27,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abi1 as abi1_mod  # noqa: E402
+from _proc import await_ready, stop  # noqa: E402
 from edgeinfer import ring  # noqa: E402  (in the --abi1-child run: 0.1's, see bench/abi1.py)
 try:
     from edgeinfer.models.bundle import load_unverified_bundle as load_bundle  # noqa: E402  (reference runs)
@@ -224,13 +224,7 @@ class Daemon:
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from edgeinfer.cli import edgeinferd_main "
                                       "as m; sys.exit(m())", "--config", self.cfg, "--stats-file", self.stats,
                                       "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().strip()
-        self.metrics_url = None
-        while line.startswith("edgeinferd: metrics "):
-            self.metrics_url = line.split()[-1]
-            line = self.proc.stdout.readline().strip()
-        if line != "edgeinferd: ready":
-            raise RuntimeError(f"edgeinferd did not start: {line!r}")
+        self.metrics_url = await_ready(self.proc)
         self.results = (ring.ResultReader.attach(ring.result_segment_name(self.stream)) if abi1 else
                         ring.ResultReader.connect(self.stream, socket=self.results_socket))
 
@@ -272,11 +266,7 @@ class Daemon:
 
     def close(self) -> None:
         self.results.close()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _proc import finish  # noqa: E402
+from _proc import await_ready, finish, stop  # noqa: E402
 from edgeinfer.abi import ring  # noqa: E402
 from edgeinfer.config.sections import Provider  # noqa: E402
 from edgeinfer.models import providers  # noqa: E402
@@ -116,14 +115,12 @@ class Daemon:
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from edgeinfer.cli import edgeinferd_main "
                                       "as m; sys.exit(m())", "--config", cfg, "--log-level", "warning"],
                                      stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().strip()
-        self.metrics_url = None
-        while line.startswith("edgeinferd: metrics "):
-            self.metrics_url = line.split()[-1]
-            line = self.proc.stdout.readline().strip()
-        if line != "edgeinferd: ready":
+        self.results = None
+        try:
+            self.metrics_url = await_ready(self.proc)
+        except RuntimeError:
             self.close()
-            raise RuntimeError(f"edgeinferd did not start: {line!r}")
+            raise
         self.ready_s = time.monotonic() - t
         self.results = ring.ResultReader.connect(self.stream, socket=self.results_socket)
 
@@ -161,13 +158,9 @@ class Daemon:
         return q(e2e)
 
     def close(self) -> None:
-        if getattr(self, "results", None) is not None:
+        if self.results is not None:
             self.results.close()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc, 15.0)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
