@@ -141,7 +141,10 @@ class Watch:
         self.offered, self.processed = s["offered"], s["processed"]
         self.rss0 = process_sample(arena.daemon.pid)["rss_kib"]
 
-    def verdict(self) -> tuple[bool, str]:
+    def verdict(self, min_share: float | None = 0.9) -> tuple[bool, str]:
+        """min_share: the victim's share of its frames served, asserted where its lane runs real-time (the
+        attacker's processes cannot take its CPU); None: reported only (scheduling other: the lane shares the
+        CPUs with everything else on the machine, so the share is the machine's load, not the attack's)."""
         a = self.arena
         s = a.fresh_stats()["streams"]["victim"]
         offered, processed = s["offered"] - self.offered, s["processed"] - self.processed
@@ -153,7 +156,8 @@ class Watch:
         text = (f"victim served {processed}/{offered} ({share:.0%}), {len(recs)} results read, {forged} forged or "
                 f"torn; daemon alive {alive}")
         enough = offered >= VICTIM_FPS // 2  # a window of about a second: 28-30 frames at 30 fps
-        return alive and victim_up and enough and share >= 0.9 and forged == 0 and len(recs) > 0, text
+        served = share >= min_share if min_share is not None else processed > 0
+        return alive and victim_up and enough and served and forged == 0 and len(recs) > 0, text
 
 
 def row(matrix, request, fault: str, injected: int, expected: str, observed: str, passed: bool) -> None:
@@ -401,7 +405,7 @@ def rehand_row(request, matrix, a: Arena, users, scheduling: str) -> None:
     name = ATTACKER_STREAMS["rehand"]
     r = a.attack(users.cam_b, "evil_producer", "--socket", a.ingress, "--stream", name, "--attack", "rehand",
                  "--fps", "30", "--seconds", "4")
-    ok, text = w.verdict()
+    ok, text = w.verdict(0.9 if scheduling == "fifo" else None)
     accepted, refused = int(r.get("ACCEPTED", 99)), int(r.get("REFUSED", 0))
     first = r.get("FIRST_REFUSAL", "")
     counted = a.fresh_stats()["refusals"].get(f"{name}/producer/handover_churn", 0)
@@ -409,7 +413,9 @@ def rehand_row(request, matrix, a: Arena, users, scheduling: str) -> None:
                 f"({first[:110]!r}), counted as handover_churn {counted}; {text}")
     row(matrix, request, f"a camera hands the same ring over again, ~40 times a second (4 s; scheduling "
         f"{scheduling})", accepted + refused,
-        "refused beyond 30 hand-overs a minute, with the reason, counted; the neighbour keeps >= 90 %", observed,
+        "refused beyond 30 hand-overs a minute, with the reason, counted; the neighbour keeps >= 90 %" if
+        scheduling == "fifo" else "refused beyond 30 hand-overs a minute, with the reason, counted; the neighbour "
+        "served throughout (its share shown: without real time it is the machine's load)", observed,
         accepted == 30 and refused >= 50 and "handed a ring more than 30 times" in first
         and first.startswith(str(ring.STATUS["again"])) and counted == refused and ok)
 
