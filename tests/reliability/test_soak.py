@@ -109,25 +109,29 @@ def test_soak(request, matrix, tmp_path, stream, children, c_producer, bundles, 
     rings_end = (samples[-1]["ring_fds"], samples[-1]["ring_maps"])
     transients = [x["transient_rings"] for x in samples if x["transient_rings"]]
     fd_end, th_end = samples[-1]["fds"], samples[-1]["threads"]
+    # A leak lifts the floor: the last minute's fewest fds against the whole run's; a sample taken while a reload
+    # reads its bundle and a killed camera's successor hands its ring over is a transient peak (44 against 41 once,
+    # in make test's fresh clone of 332251a, back to 41 at the end), not a leak.
+    fd_floor_end = min(x["fds"] for x in last)
     observed = (f"{len(samples)} samples over {seconds / 60:.0f} min, {restarts} camera kills, {reloads} reloads "
                 f"({st.get('reloads')} done), {scrapes_ok}/{scrapes} scrapes OK within 5 s, {processed:,} frames served "
                 f"(inference p50 {infer_p50:.1f} ms), {errors} errors ({cancelled} runs cancelled at the deadline); RSS {statistics.median(x['rss_kib'] for x in base) / 1024:.0f} → "
                 f"{statistics.median(x['rss_kib'] for x in last) / 1024:.0f} MiB ({rss_growth / 1024:+.1f}); fds "
-                f"{fd_base}–{fd_max} (end {fd_end}); threads {th_base}–{th_max} (end {th_end}) over "
+                f"{fd_base}–{fd_max} (end {fd_end}, the last minute's floor {fd_floor_end}); threads {th_base}–{th_max} (end {th_end}) over "
                 f"{samples[-1]['processes']} processes; rings held by the daemon's processes ≤ {rings_max} "
                 f"(reference {rings_ref}) while running, {len(transients)} samples inside a handover (up to "
                 f"{max(transients, default=RINGS)}, back to ≤ {RINGS} within {SETTLE_S:.0f} s) (end: {rings_end[0]} fds, "
                 f"{rings_end[1]} mappings); sockets left "
                 f"after stop: {len(left)}"
                 + (f"; logged errors: {problems[:2]}" if problems else ""))
-    passed = (rss_growth <= RSS_BOUND_KIB and fd_max <= fd_base + FD_SLACK and fd_end <= fd_base + FD_SLACK
+    passed = (rss_growth <= RSS_BOUND_KIB and fd_floor_end <= fd_base + FD_SLACK and fd_end <= fd_base + FD_SLACK
               and th_max <= th_base + THREAD_SLACK and rings_max <= RINGS and rings_end == rings_ref
               and not left and code == 0
               and final_scrape and scrapes_ok > 0 and errors == cancelled and not problems
               and st.get("reloads") == reloads and processed > 0)
     assert matrix.record(request, "soak", f"{seconds / 60:.0f} min: 2 × 30 fps, scrape 1/s, camera kill 1/30 s, "
                          "reload 1/60 s (a newer signed version)", len(samples), f"after the first minute, the whole process tree: "
-                         f"RSS +≤ {RSS_BOUND_KIB // 1024} MiB, fds +≤ {FD_SLACK}, threads +≤ {THREAD_SLACK}, rings held "
+                         f"RSS +≤ {RSS_BOUND_KIB // 1024} MiB, fds (the last minute's floor and the end) +≤ {FD_SLACK}, threads +≤ {THREAD_SLACK}, rings held "
                          f"≤ those at 5 s (no ring leaked; a "
                          f"handover in flight settles within {SETTLE_S:.0f} s), sockets "
                          "removed at stop; no error but "
