@@ -105,23 +105,26 @@ def load(spec: ProviderSpec) -> None:
     _registered[OPENVINO] = name
 
 
-def _openvino_devices(spec: ProviderSpec) -> list:
-    """The EP devices that are `spec.device` (AUTO: OpenVINO's meta-device over what it finds)."""
+def _ep_devices(meta: bool = False) -> list:
+    """The OpenVINO EP's devices as ONNX Runtime enumerates them: its real devices, or (meta) its meta-devices
+    (AUTO). The EP must be loaded."""
     import onnxruntime as ort
     name = _registered[OPENVINO]
-    devs = [d for d in ort.get_ep_devices() if d.ep_name.split(".")[0] == name]
+    return [d for d in ort.get_ep_devices()
+            if d.ep_name.split(".")[0] == name and ("ov_meta_device" in d.ep_metadata) == meta]
+
+
+def _openvino_devices(spec: ProviderSpec) -> list:
+    """The EP devices that are `spec.device` (AUTO: OpenVINO's meta-device over what it finds)."""
     if spec.device == "AUTO":
-        return [d for d in devs if d.ep_metadata.get("ov_meta_device") == "AUTO"][:1]
-    return [d for d in devs if "ov_meta_device" not in d.ep_metadata and d.ep_metadata.get("ov_device") == spec.device]
+        return [d for d in _ep_devices(meta=True) if d.ep_metadata.get("ov_meta_device") == "AUTO"][:1]
+    return [d for d in _ep_devices() if d.ep_metadata.get("ov_device") == spec.device]
 
 
 def openvino_devices() -> list[str]:
     """The devices the OpenVINO EP enumerates on this host (CPU, GPU, GPU.1, NPU, ...); loads it."""
-    import onnxruntime as ort
     load(ProviderSpec(OPENVINO, "CPU"))
-    name = _registered[OPENVINO]
-    return sorted({d.ep_metadata.get("ov_device", "") for d in ort.get_ep_devices()
-                   if d.ep_name == name and "ov_meta_device" not in d.ep_metadata} - {""})
+    return sorted({d.ep_metadata.get("ov_device", "") for d in _ep_devices()} - {""})
 
 
 def write_execute_allowed() -> bool:

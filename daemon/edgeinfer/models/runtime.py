@@ -211,6 +211,7 @@ class SessionSet:
                                         f" serve other frame geometries in use; cannot add {key[2]}x{key[1]} {key[0]}")
             del self._sessions[victim]
             self.evictions += 1
+        s = None
         if not self.serving.is_cpu:
             # A provider that cannot load, compile or warm up the model leaves it to the CPU provider, said by
             # `fallback` (the lane reports it: journal, STATUS=, /healthz, edgeinfer_model_provider_fallback)
@@ -219,14 +220,12 @@ class SessionSet:
             except (providers.ProviderError, BundleError) as e:
                 self.fallback = clip(" ".join(f"{self.serving.label}: {e}".split()), 2000)  # one journal line
                 self.serving = CPU_SPEC
-            else:
-                self._sessions[key] = s
-                return s
-        try:
-            sess = self.threads.session(fused)
-        except Exception as e:
-            raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
-        s = self._warmed(sess, key)
+        if s is None:
+            try:
+                sess = self.threads.session(fused)
+            except Exception as e:
+                raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
+            s = self._warmed(sess, key)
         self._sessions[key] = s
         return s
 
