@@ -111,7 +111,7 @@ def test_soak(request, matrix, tmp_path, stream, children, c_producer, bundles, 
     fd_end, th_end = samples[-1]["fds"], samples[-1]["threads"]
     # A leak lifts the floor: the last minute's fewest fds against the whole run's; a sample taken while a reload
     # reads its bundle and a killed camera's successor hands its ring over is a transient peak (44 against 41 once,
-    # in make test's fresh clone of 332251a, back to 41 at the end), not a leak.
+    # in make test's fresh clone of 6bc4310, back to 41 at the end), not a leak.
     fd_floor_end = min(x["fds"] for x in last)
     observed = (f"{len(samples)} samples over {seconds / 60:.0f} min, {restarts} camera kills, {reloads} reloads "
                 f"({st.get('reloads')} done), {scrapes_ok}/{scrapes} scrapes OK within 5 s, {processed:,} frames served "
