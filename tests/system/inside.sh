@@ -783,6 +783,14 @@ provider_openvino() {
     systemctl restart edgeinferd; wait_active
     fb=$(metric 'edgeinfer_model_provider_fallback{configured="openvino:CPU",model="det"}')
     said=$(journalctl -u edgeinferd --no-pager -o cat | grep -m1 -o 'model det on lane[0-9].*serving on the CPU provider instead' | cut -c1-300)
+    if echo "$checked" | grep -q "Intel hardware only"; then  # an AMD host: the plugin offers no device at all
+        sed -i 's|, provider: "openvino:CPU"}|}|' /etc/edgeinfer/edgeinferd.yaml
+        apt-get remove -y -q edgeinfer-openvino > /tmp/apt-ov.log 2>&1
+        systemctl restart edgeinferd; wait_active
+        [ "$fb" = 2.0 ] && echo "$said" | grep -q "Intel hardware only" || { echo "no device, and the fallback not said: $fb lane(s), journal: $said"; return 1; }
+        echo "OpenVINO's plugin offers no device on this host's CPU ($(echo "$checked" | grep -o 'this CPU is [A-Za-z]*')): det on the CPU in $fb lane(s), said in the journal"
+        return 77
+    fi
     mkdir -p /etc/systemd/system/edgeinferd.service.d
     printf '[Service]\nMemoryDenyWriteExecute=no\n' > /etc/systemd/system/edgeinferd.service.d/openvino.conf
     systemctl daemon-reload && systemctl restart edgeinferd; wait_active

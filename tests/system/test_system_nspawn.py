@@ -313,6 +313,8 @@ def test_system_check(system_run, check):
     results, extra, _ = system_run
     line = next((x for x in results.splitlines() if x.split(" ", 2)[1:2] == [check]), None)
     assert line is not None, f"{check} did not run:\n{results}"
+    if line.startswith("SKIP"):  # the container's host lacks what the check needs (checks.sh: exit 77)
+        pytest.skip(line)
     journal = extra["gateway-journal.txt" if check.startswith("gateway_") else
                     "mqtt-journal.txt" if check.startswith("mqtt_") else "journal.txt"]
     assert line.startswith("PASS"), f"{line}\n--- journal ---\n{journal[-4000:]}"

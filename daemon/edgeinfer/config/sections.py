@@ -175,6 +175,8 @@ class RuntimeConfig(StrictModel):
     run_deadline_ms: float = Field(1000.0, gt=0)  # a single inference running longer is cancelled
     status_interval_s: float = Field(5.0, gt=0)   # how often STATUS= is sent to systemd
     fault_injection: bool = False  # test-only hooks (SIGUSR1 stalls the loop); never enable in production
+    # test only, with fault_injection: {model: raise|hang|stuck}: how its provider's runs fail once warmed up
+    fault_provider: dict[str, Literal["raise", "hang", "stuck"]] = Field(default_factory=dict)
     idle_timeout_ms: int = Field(100, ge=1, le=10000)
     max_sessions: int = Field(8, ge=1, le=256)        # model sessions (one per frame geometry) kept, LRU
     geometry_changes: int = Field(4, ge=1, le=1000)   # geometry changes a stream may make per window...
@@ -202,6 +204,8 @@ class RuntimeConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cpus(self):
+        if self.fault_provider and not self.fault_injection:
+            raise ValueError("fault_provider is a test hook: it needs fault_injection: true")
         if self.ort_cpus and len(self.ort_cpus) < self.ort_threads - 1:
             raise ValueError(f"ort_cpus lists {len(self.ort_cpus)} CPUs for {self.ort_threads - 1} extra ORT threads")
         return self

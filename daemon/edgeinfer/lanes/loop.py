@@ -52,6 +52,7 @@ from edgeinfer.lanes.stream import LaneStream
 from edgeinfer.lanes.trial import Trial
 
 _POLICIES = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "other": os.SCHED_OTHER}
+PROVIDER_FAILED_MAX = 8  # failed provider runs waiting for the control thread (more are errors, counted)
 SHORTS_PENDING_MAX = 64  # short frames waiting for the control thread to say why (more are counted, not said)
 
 
@@ -146,6 +147,11 @@ class Loop:
         self._fault_stall = 0.0   # seconds; set by the fault hook only
         self._run_options = ort.RunOptions()  # one object, reused: terminate cancels the current run
         self.runs_cancelled = 0
+        self.running: FusedSession | None = None  # the session of the run in progress (the control thread's watch)
+        # Sessions on a provider other than the CPU one whose run failed (raised, or was cancelled), with why: the
+        # control thread moves their model to the CPU provider (process.py). Bounded: a few frames fail at most
+        # before it does.
+        self.provider_failed: list[tuple[FusedSession, str]] = []
 
     @property
     def progress(self) -> int:
@@ -498,6 +504,7 @@ class Loop:
         # The run's own start, not the frames' `start`: waiting for the GIL in between must not count
         # against run_deadline_ms, or a slow pick gets a healthy run cancelled.
         counters[dispatch.LANE_RUN_STARTED] = ring.monotonic_ns()
+        self.running = session
         try:
             return session.run(frames, self._run_options)
         except Exception as e:
@@ -508,12 +515,16 @@ class Loop:
             if self._run_options.terminate:
                 self.runs_cancelled += 1
                 counters[dispatch.LANE_CANCELLED] += 1
-                self.events.append(Log("error", f"stream {names}: inference passed its deadline and was cancelled"))
+                why = "inference passed its deadline and was cancelled"
             else:
-                self.events.append(Log("error", f"stream {names}: inference failed: {e}"))
+                why = f"inference failed: {e}"
+            self.events.append(Log("error", f"stream {names}: {why}"))
+            if not session.provider.is_cpu and len(self.provider_failed) < PROVIDER_FAILED_MAX:
+                self.provider_failed.append((session, why))
             return None
         finally:
             counters[dispatch.LANE_RUN_STARTED] = 0
+            self.running = None
 
     def _publish(self, s: LaneStream, model, frame, outputs, start: int, age: int, inferred: int,
                  trial=None) -> None:

@@ -40,6 +40,8 @@ EVENT_LOG_S = 60.0        # the loop's same event (its numbers aside) is logged 
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIAL_REPORT_S = 1.0     # how often a trial's figures go to the control plane
+HUNG_GRACE_S = 0.25      # a provider's run cancelled at run_deadline_ms must have ended this much later
+EXIT_PROVIDER_HUNG = 3   # the lane's exit status when a provider's run would not end (restarted by the control plane)
 
 
 class Held(NamedTuple):
@@ -122,7 +124,8 @@ class Lane:
             payload = from_memfd(fds[0])
             model = payload["sessions"]
             model.threads = self.thread_plan(name)
-            model.use(self.entries[name].provider.spec())  # loaded (or refused) before the sandbox: lane_main
+            model.use(self.entries[name].provider.spec(), msg.on_cpu)  # loaded before the sandbox: lane_main
+            model.fault = self.cfg.runtime.fault_provider.get(name, "") if self.cfg.runtime.fault_injection else ""
             model.warmup_runs = self.cfg.model.warmup_runs
             model.warmup_deadline_s = max(5.0, 10 * rt.run_deadline_ms / 1e3)
             for g, fused in payload["fused"].items():
@@ -296,6 +299,7 @@ class Lane:
         counters[dispatch.LANE_SESSIONS] = sum(len(m.geometries) for m in sets)
         counters[dispatch.LANE_EVICTIONS] = sum(m.evictions for m in sets)
         e.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)  # counted by the loop when the run returns
+        self.watch_provider_runs()
         for t in self.trials.values():  # a trial thread's run: counted an error by the thread when it returns
             t.cancel_overdue_run(self.cfg.runtime.run_deadline_ms / 1e3)
         while e.events:
@@ -315,6 +319,51 @@ class Lane:
                 del self.rings[s.index]
                 send(self.sock, Dropped(s.index, held.epoch, gone.why), wait_s=REPLY_WAIT_S)
             gone.reader.close()
+
+    def watch_provider_runs(self) -> None:
+        """A model whose provider failed a run (raised, or passed run_deadline_ms and was cancelled) serves on the
+        CPU provider from its next frame (said: ProviderFallback). A provider's run that does not end even when
+        cancelled holds the loop: the lane says so and exits, and is restarted with that model on the CPU
+        provider (lanes/supervisor.py)."""
+        e = self.engine
+        while e.provider_failed:
+            session, why = e.provider_failed.pop(0)
+            name = self._serving_with(session)
+            if name is not None:  # (not yet moved: frames that failed before the move are said by the loop's events)
+                self.fall_back(name, why)
+        running = e.running
+        started = int(self.table.lane_counters(self.id)[dispatch.LANE_RUN_STARTED])
+        if running is not None and not running.provider.is_cpu and started and \
+                ring.monotonic_ns() - started > self.cfg.runtime.run_deadline_ms * 1e6 + HUNG_GRACE_S * 1e9:
+            name = self._serving_with(running)
+            if name is None:
+                return
+            why = (f"a run passed run_deadline_ms ({self.cfg.runtime.run_deadline_ms:g} ms) and did not end when "
+                   f"cancelled: the lane restarts with the model on the CPU provider")
+            send(self.sock, ProviderFallback(name, "cpu", f"{running.provider.label}: {why}", True),
+                 wait_s=REPLY_WAIT_S)
+            os._exit(EXIT_PROVIDER_HUNG)  # its loop thread cannot be stopped: the control plane restarts the lane
+
+    def _serving_with(self, session) -> str | None:
+        """The name of the model whose serving version holds `session` (None: none does any more)."""
+        return next((name for name, model in self.models.items() if model.holds(session)), None)
+
+    def fall_back(self, name: str, why: str) -> None:
+        """Model `name` (serving on a provider) serves on the CPU provider from the next frame on: its sessions
+        rebuilt there for every geometry it holds, swapped in between two frames as a reload's are."""
+        model = self.models[name]
+        try:
+            twin = model.on_cpu(why)
+        except Exception as e:  # the CPU provider refusing what it served at the start: said; the errors go on
+            self.log("error", f"model {name}: its provider failed a run ({why}) and its sessions could not be "
+                              f"rebuilt on the CPU provider: {type(e).__name__}: {e}")
+            return
+        self.models[name] = twin
+        trial = self.trials.get(name)  # a rollout's canary streams stay on its candidate
+        only = None if trial is None else set(self.streams) - set(trial.canary)
+        self.engine.swap_model(name, twin, self._sessions_of(name, twin, only))
+        self.trim.schedule()
+        send(self.sock, ProviderFallback(name, twin.serving.label, twin.fallback), wait_s=REPLY_WAIT_S)
 
     def report_muted(self, stream: str) -> None:
         """A camera rang its doorbell without frames: said once per MUTE_LOG_S per stream (the loop may

@@ -50,6 +50,7 @@ class ProtocolError(ValueError):
 
 class Stage(NamedTuple):
     name: str
+    on_cpu: str = ""  # why the model's provider is not to be tried: its run would not end in a lane before
 
 
 class Commit(NamedTuple):
@@ -115,11 +116,13 @@ class Staged(NamedTuple):
 
 
 class ProviderFallback(NamedTuple):
-    """The serving version of model `name` moved to the CPU provider after it was staged: a geometry attached later
-    was one its provider could not compile or warm up (`fallback` says why)."""
+    """The serving version of model `name` moved to the CPU provider after it was staged (`fallback` says why): a
+    geometry attached later was one its provider could not compile or warm up, or its provider failed a run.
+    restart: a provider's run would not end; the lane exits after this, to be restarted with `name` on the CPU."""
     name: str
     serving: str
     fallback: str
+    restart: bool = False
 
 
 class Attached(NamedTuple):
@@ -175,6 +178,8 @@ def _field(value, kind, where: str):
             return value
         if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if t is bool and isinstance(value, bool):
+            return value
         if t is str and isinstance(value, str):
             return value
         if t is tuple and isinstance(value, list) and all(isinstance(v, (str, int)) and not isinstance(v, bool)

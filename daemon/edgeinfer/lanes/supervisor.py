@@ -69,6 +69,9 @@ class Supervisor:
         self.shorts_logged = LogLimiter(EVENT_LOG_S)  # short frames, by stream (whichever lane took them)
         self.trials = TrialBook()         # the rollouts' trials: what each is, the lanes' reports, problems
         self.fused = FusedFds(cfg.runtime.max_sessions)  # the fused graphs handed over with rings, kept sealed
+        # Models whose provider's run would not end in a lane (the lane restarted): staged on the CPU provider from
+        # then on, in every lane, with why (until the daemon restarts)
+        self.hung_providers: dict[str, str] = {}
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -139,7 +142,7 @@ class Supervisor:
         try:
             targets = [ln for ln in (lanes or self.holding(name)) if ln.sock is not None]
             for ln in targets:
-                if not send(ln.sock, Stage(name), [fd], wait_s=REPLY_WAIT_S):
+                if not send(ln.sock, Stage(name, self.hung_providers.get(name, "")), [fd], wait_s=REPLY_WAIT_S):
                     errors[ln.name] = "its control socket is full or closed"
             for ln in targets:
                 if ln.name in errors:
@@ -249,6 +252,8 @@ class Supervisor:
                 raise ProtocolError(f"ProviderFallback.name {msg.name[:40]!r}: not one of {ln.name}'s models")
             ln.providers[msg.name] = (msg.serving, msg.fallback)
             self._say_fallback(msg.name, ln, msg.fallback)
+            if msg.restart:  # the lane exits now (its loop is held by the run); restarted with the model on the CPU
+                self.hung_providers[msg.name] = msg.fallback
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import mmap
@@ -88,6 +89,7 @@ def load(spec: ProviderSpec) -> None:
     import onnxruntime as ort
     if spec.name != OPENVINO or OPENVINO in _registered:
         return
+    cpu_vendor()  # for check's message, read while files may be read
     if OPENVINO in _failed:  # never tried twice: in a lane, a second try would run under its seccomp filter
         raise ProviderError(_failed[OPENVINO])
     try:
@@ -127,6 +129,20 @@ def openvino_devices() -> list[str]:
     return sorted({d.ep_metadata.get("ov_device", "") for d in _ep_devices()} - {""})
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor as the kernel says it (GenuineIntel, AuthenticAMD, ...); "" if it does not. Read once,
+    by `load` (a lane reads no file under its seccomp filter)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def write_execute_allowed() -> bool:
     """Whether this process may map memory written and then executed: not under systemd's
     MemoryDenyWriteExecute=yes (a seccomp filter: the mapping fails with EPERM), nor a lane's filter without jit."""
@@ -161,6 +177,11 @@ def check(spec: ProviderSpec) -> str | None:
     except ProviderError as e:
         return str(e)
     if not _openvino_devices(spec):
+        vendor = cpu_vendor()
+        if spec.device in ("CPU", "AUTO") and vendor != "GenuineIntel":
+            return (f"OpenVINO finds no {spec.device} device on this host: its ONNX Runtime plugin offers devices on "
+                    f"Intel hardware only, and this CPU is {vendor or 'of an unknown vendor'} "
+                    f"(docs/operations/providers.md)")
         return (f"OpenVINO finds no {spec.device} device on this host (it has: "
                 f"{', '.join(openvino_devices()) or 'none'}; a GPU or NPU needs its driver and the service's access "
                 f"to /dev/dri or /dev/accel: docs/operations/providers.md)")

@@ -93,8 +93,10 @@ class ThreadPlan:
 class FusedSession:
     """The model with one geometry's preprocessing in front; input: the frame view."""
 
-    def __init__(self, session: ort.InferenceSession, pixel_format: str, height: int, width: int, batch: int = 1):
+    def __init__(self, session: ort.InferenceSession, pixel_format: str, height: int, width: int, batch: int = 1,
+                 model: str = "", provider: ProviderSpec = CPU_SPEC):
         self.session = session
+        self.model, self.provider = model, provider  # whose session (the bundle's name), on which provider
         self.pixel_format, self.height, self.width = pixel_format, height, width
         self.output_names = [o.name for o in session.get_outputs()]
         self.frame_shape = frame_shape(pixel_format, height, width)  # a slot's view: YUV has its own
@@ -169,25 +171,43 @@ class SessionSet:
         self.evictions = 0  # sessions dropped to stay within max_sessions
         self.provider = self.serving = CPU_SPEC  # the configured provider, and the one the sessions run on
         self.fallback: str | None = None  # why `serving` is the CPU provider and not `provider`
+        self.fault = ""  # test only (runtime.fault_provider): how its provider's sessions fail once warmed
+        # The fused graph of each geometry served on a provider other than the CPU one: what a run-time failure
+        # rebuilds on the CPU provider from (on_cpu)
+        self._fused: dict[tuple, bytes] = {}
 
-    def use(self, provider: ProviderSpec) -> None:
+    def use(self, provider: ProviderSpec, on_cpu: str = "") -> None:
         """The provider the next sessions are built on (models.NAME.provider), before the first; one this process
-        cannot run (its package, its device, write+execute memory: providers.check) is left for the CPU provider
-        at once, with `fallback` saying why, before any session is asked of it."""
+        cannot run (its package, its device, write+execute memory: providers.check), or one not to be tried
+        (`on_cpu` says why), is left for the CPU provider at once, with `fallback` saying why, before any session is
+        asked of it."""
         self.provider = self.serving = provider
         self.fallback = None
-        why = providers.check(provider)
+        why = (on_cpu if not provider.is_cpu else "") or providers.check(provider)
         if why:
             self.fallback = clip(f"{provider.label}: {why}", 2000)
             self.serving = CPU_SPEC
 
     def __getstate__(self):
-        return {**self.__dict__, "_sessions": collections.OrderedDict(), "evictions": 0}
+        return {**self.__dict__, "_sessions": collections.OrderedDict(), "evictions": 0, "_fused": {}}
+
+    def on_cpu(self, why: str) -> SessionSet:
+        """A copy of this set serving on the CPU provider, its sessions rebuilt and warmed there for every geometry
+        held (its provider failed a run: `why`); this set is left as it is (the loop may still be running it)."""
+        twin = copy.copy(self)
+        twin._sessions, twin._fused, twin.evictions = collections.OrderedDict(), {}, 0
+        twin.serving, twin.fallback = CPU_SPEC, clip(" ".join(f"{self.serving.label}: {why}".split()), 2000)
+        for key in self._sessions:
+            twin.add(key, self._fused[key])
+        return twin
 
     @property
     def geometries(self) -> list[Geometry]:
         """(pixel format, height, width) of the sessions held, least recently used first."""
         return list(self._sessions)
+
+    def holds(self, session: FusedSession) -> bool:
+        return any(s is session for s in self._sessions.values())
 
     def get(self, key: tuple) -> FusedSession | None:
         s = self._sessions.get(key)
@@ -210,13 +230,17 @@ class SessionSet:
                 raise SessionCapReached(f"{self.where}: all {self.max_sessions} model sessions (runtime.max_sessions)"
                                         f" serve other frame geometries in use; cannot add {key[2]}x{key[1]} {key[0]}")
             del self._sessions[victim]
+            self._fused.pop(victim, None)
             self.evictions += 1
         s = None
         if not self.serving.is_cpu:
             # A provider that cannot load, compile or warm up the model leaves it to the CPU provider, said by
             # `fallback` (the lane reports it: journal, STATUS=, /healthz, edgeinfer_model_provider_fallback)
             try:
-                s = self._warmed(self.threads.session(fused, self.serving), key)
+                s = self._warmed(self.threads.session(fused, self.serving), key, self.serving)
+                if self.fault:
+                    s.session = InjectedFault(s.session, self.fault)
+                self._fused[key] = fused
             except (providers.ProviderError, BundleError) as e:
                 self.fallback = clip(" ".join(f"{self.serving.label}: {e}".split()), 2000)  # one journal line
                 self.serving = CPU_SPEC
@@ -225,16 +249,38 @@ class SessionSet:
                 sess = self.threads.session(fused)
             except Exception as e:
                 raise BundleError(f"{self.where}: ONNX Runtime refused the model: {e}") from None
-            s = self._warmed(sess, key)
+            s = self._warmed(sess, key, CPU_SPEC)
         self._sessions[key] = s
         return s
 
-    def _warmed(self, sess: ort.InferenceSession, key: tuple) -> FusedSession:
-        s = FusedSession(sess, *key, batch=self.batch)
+    def _warmed(self, sess: ort.InferenceSession, key: tuple, provider: ProviderSpec) -> FusedSession:
+        s = FusedSession(sess, *key, batch=self.batch, model=self.name, provider=provider)
         # Its own copy of the decoder: this runs on a lane's control thread, and the loop's payload is a view of
         # the shared decoder's buffer until it is written (a warm-up result must never reach a record).
         s.warm_up(self.warmup_runs, self.warmup_deadline_s, self.where, copy.deepcopy(self.decoder))
         return s
+
+
+FAULTS = ("raise", "hang", "stuck")
+
+
+class InjectedFault:
+    """Test only (runtime.fault_provider, with runtime.fault_injection): a provider's warmed session whose runs
+    fail as a broken accelerator's do. raise: every run raises; hang: a run returns only when cancelled
+    (RunOptions.terminate, as ONNX Runtime's own runs do); stuck: a run never returns (a driver that hangs)."""
+
+    def __init__(self, session: ort.InferenceSession, kind: str):
+        self.session, self.kind = session, kind
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def run(self, names, feeds, run_options=None):
+        if self.kind == "raise":
+            raise RuntimeError("the execution provider failed the run (injected: runtime.fault_provider)")
+        while self.kind == "stuck" or run_options is None or not run_options.terminate:
+            time.sleep(0.001)
+        raise RuntimeError("Exiting due to terminate flag being set to true (injected: runtime.fault_provider)")
 
 
 class ModelRuntime:
