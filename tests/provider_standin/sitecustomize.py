@@ -14,7 +14,14 @@ def _standin(spec) -> bool:
     return spec.name == _p.OPENVINO and spec.device == "CPU"
 
 
-_p.load = lambda spec: None if _standin(spec) else _load(spec)
+def _load_standin(spec) -> None:
+    if spec.name == _p.OPENVINO:  # "registered" in this process, as the real load would (providers.ready: lanes load first)
+        _p._registered[_p.OPENVINO] = "OpenVINOExecutionProvider"
+    else:
+        _load(spec)
+
+
+_p.load = _load_standin
 _p.check = lambda spec: None if _standin(spec) else _check(spec)
 _p.session_options = lambda spec, so, threads: ({"providers": ["CPUExecutionProvider"]} if _standin(spec)
                                                  else _session_options(spec, so, threads))

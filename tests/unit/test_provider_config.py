@@ -3,6 +3,7 @@ and the lanes' filter with and without `jit` (real seccomp filters, each in a ch
 of a model's sessions to the CPU provider when its own cannot take it."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -138,3 +139,41 @@ def test_a_session_set_falls_back_to_the_cpu_provider_and_says_why(tmp_path):
     s = on_cpu_device.session_for("bgr24", 224, 224)
     assert on_cpu_device.sessions.fallback is None
     assert s.session.get_providers()[0] == "OpenVINOExecutionProvider"
+
+
+def test_the_provider_fault_hook_needs_fault_injection():
+    """runtime.fault_provider is a test hook: refused without runtime.fault_injection, and only its four kinds."""
+    from edgeinfer.config.sections import RuntimeConfig
+    with pytest.raises(ValidationError, match="needs fault_injection: true"):
+        RuntimeConfig(fault_provider={"det": "raise"})
+    with pytest.raises(ValidationError):
+        RuntimeConfig(fault_injection=True, fault_provider={"det": "explode"})
+    assert RuntimeConfig(fault_injection=True, fault_provider={"det": "stuck"}).fault_provider == {"det": "stuck"}
+
+
+def test_a_lane_says_a_hung_provider_with_a_checked_flag():
+    """ProviderFallback.restart is a real bool on the wire: a lane's 1 or "yes" is a protocol error (a lane is not
+    trusted further than the protocol), and a Stage names why a model is to be staged on the CPU provider."""
+    from edgeinfer.lanes.protocol import FROM_LANE, TO_LANE, ProtocolError, ProviderFallback, Stage, decode, encode
+    msg = ProviderFallback("det", "cpu", "openvino:GPU: a run did not end", True)
+    assert decode(encode(msg), FROM_LANE) == msg
+    assert decode(encode(ProviderFallback("det", "cpu", "why")), FROM_LANE).restart is False
+    for bad in (1, "yes", None):
+        with pytest.raises(ProtocolError):
+            decode(b'["ProviderFallback","det","cpu","why",' + json.dumps(bad).encode() + b"]", FROM_LANE)
+    assert decode(encode(Stage("det", "hung")), TO_LANE) == Stage("det", "hung")
+
+
+def test_a_plugin_provider_is_ready_in_a_process_only_once_loaded():
+    """A lane may build sessions on a plugin provider only if it loaded it before its sandbox (providers.ready):
+    the CPU and in-box providers need nothing loaded."""
+    out = _child("""
+        from edgeinfer.models import providers as p
+        print(p.ready(p.CPU_SPEC), p.ready(p.ProviderSpec("cuda", "0")), p.ready(p.ProviderSpec("openvino", "CPU")))
+        try:
+            p.load(p.ProviderSpec("openvino", "CPU"))
+        except p.ProviderError:
+            pass
+        print(p.ready(p.ProviderSpec("openvino", "GPU")))
+    """)
+    assert out.split() == ["True", "True", "False", "True"], out

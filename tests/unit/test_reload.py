@@ -15,6 +15,7 @@ from edgeinfer.config.schema import load_config
 from edgeinfer.control import registry
 from edgeinfer.control.reload import Reloader
 from edgeinfer.models.bundle import BundleError
+from edgeinfer.models.providers import CPU_SPEC
 from edgeinfer.models.rollback import STATE_FILE
 
 NAME = "default"  # config.sections.LEGACY_MODEL_NAME: the model of `model.bundle`
@@ -22,7 +23,7 @@ NAME = "default"  # config.sections.LEGACY_MODEL_NAME: the model of `model.bundl
 
 def fake_model(version: str, sha: str, capacity: int = 100):
     return types.SimpleNamespace(
-        name="det", version=version, target=f"/bundles/{version}",
+        name="det", version=version, target=f"/bundles/{version}", provider=CPU_SPEC,
         bundle=types.SimpleNamespace(sha256=sha, meta={"version": version}, path=f"/bundles/{version}"),
         meta=types.SimpleNamespace(floor_family="det"), decoder=types.SimpleNamespace(payload_capacity=capacity))
 
@@ -34,7 +35,7 @@ class Lanes:
     def geometries_attached(self, name):
         return [("bgr24", 8, 16)]
 
-    def stage(self, name, model, geometries):
+    def stage(self, name, model, geometries, on_its_provider=False):
         self.staged.append((name, model.version, list(geometries)))
         return dict(self.refuse)
 
@@ -63,7 +64,7 @@ streams:
 """)
     cfg = load_config(str(tmp_path / "c.yaml"))
     loads = {"next": fake_model("1.0", "a" * 64)}
-    monkeypatch.setattr(registry.ModelRegistry, "load", lambda self, name, path=None: loads["next"])
+    monkeypatch.setattr(registry.ModelRegistry, "load", lambda self, name, path=None, provider=None: loads["next"])
     models = registry.ModelRegistry(cfg)
     models.start(NAME)
     lanes, notifier = Lanes(), Notifier()
@@ -123,7 +124,7 @@ def test_results_larger_than_the_result_rings_are_refused_before_any_lane_is_ask
 
 
 def test_a_bundle_the_loader_refuses_is_counted_by_its_reason(setup, monkeypatch):
-    def refuse(self, name, path=None):
+    def refuse(self, name, path=None, provider=None):
         raise BundleError("/bundles/3.0: model.onnx: not a model")
     monkeypatch.setattr(registry.ModelRegistry, "load", refuse)
     assert setup.reloader.reload() == {NAME: False}

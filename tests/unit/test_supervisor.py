@@ -18,6 +18,7 @@ import pytest
 
 from edgeinfer.config.sections import RuntimeConfig
 from edgeinfer.lanes import dispatch, supervisor
+from edgeinfer.models.providers import CPU_SPEC
 from edgeinfer.lanes.protocol import TO_LANE, Ready, Staged, receive, send
 
 
@@ -59,7 +60,7 @@ class FakeZygote:
         self.sock, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.lanes: list[FakeLane] = []
 
-    def spawn(self, lane: int):
+    def spawn(self, lane: int, extra_providers=()):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fake = FakeLane(theirs, 1000 + len(self.lanes))
         self.lanes.append(fake)
@@ -79,6 +80,7 @@ class FakeZygote:
 class FakeRuntime:
     """A verified model as the supervisor hands it on: what goes into the Stage memfd (pickled)."""
     version = "1"
+    provider = CPU_SPEC
 
     def session_set(self):
         return {"model": "fake"}

@@ -175,8 +175,8 @@ class RuntimeConfig(StrictModel):
     run_deadline_ms: float = Field(1000.0, gt=0)  # a single inference running longer is cancelled
     status_interval_s: float = Field(5.0, gt=0)   # how often STATUS= is sent to systemd
     fault_injection: bool = False  # test-only hooks (SIGUSR1 stalls the loop); never enable in production
-    # test only, with fault_injection: {model: raise|hang|stuck}: how its provider's runs fail once warmed up
-    fault_provider: dict[str, Literal["raise", "hang", "stuck"]] = Field(default_factory=dict)
+    # test only, with fault_injection: {model: raise|hang|stuck|drift}: how its provider's runs fail once warmed up
+    fault_provider: dict[str, Literal["raise", "hang", "stuck", "drift"]] = Field(default_factory=dict)
     idle_timeout_ms: int = Field(100, ge=1, le=10000)
     max_sessions: int = Field(8, ge=1, le=256)        # model sessions (one per frame geometry) kept, LRU
     geometry_changes: int = Field(4, ge=1, le=1000)   # geometry changes a stream may make per window...

@@ -40,6 +40,7 @@ class RegisteredModel:
     def __init__(self, name: str, entry):
         self.name = name
         self.entry = entry
+        self.provider = entry.provider.spec()  # the provider it serves on: as configured, or a promoted change
         self.runtime: ModelRuntime | None = None  # the verified, parsed version being served (no sessions here)
         self.target: str | None = None            # the bundle directory its path resolved to
         self.reloads = 0
@@ -71,11 +72,14 @@ class ModelRegistry:
         self.last_state_error: str | None = None
         self._next_state_retry = 0.0
 
-    def load(self, name: str, path: str | None = None) -> ModelRuntime:
-        """Verify → anti-rollback → parse the bundle of model `name` (or the one at `path`). Raises BundleError."""
-        return check_bundle(path or self.served[name].entry.bundle, self.cfg.model.trust_dir,
-                            self.cfg.model.size_limits(), self.rollback, log.error, self.cfg.runtime.max_sessions,
-                            self.served[name].entry.batch)
+    def load(self, name: str, path: str | None = None, provider=None) -> ModelRuntime:
+        """Verify → anti-rollback → parse the bundle of model `name` (or the one at `path`), to be served on
+        `provider` (a ProviderSpec; default: the one it serves on). Raises BundleError."""
+        model = check_bundle(path or self.served[name].entry.bundle, self.cfg.model.trust_dir,
+                             self.cfg.model.size_limits(), self.rollback, log.error, self.cfg.runtime.max_sessions,
+                             self.served[name].entry.batch)
+        model.provider = provider or self.served[name].provider
+        return model
 
     def choose(self, name: str) -> ModelRuntime:
         """The start's checks of model `name`: its configured bundle; if that is refused and the model served
@@ -175,6 +179,7 @@ class ModelRegistry:
     def accept(self, name: str, model: ModelRuntime) -> None:
         m = self.served[name]
         m.runtime, m.target, m.last_error, m.fallback = model, model.target, None, None
+        m.provider = model.provider
         self.unrecorded[name] = (model.meta.floor_family, model.version)
         self.unrecorded_good[name] = {"bundle": model.target, "sha256": model.bundle.sha256, "name": model.name,
                                       "version": model.version}

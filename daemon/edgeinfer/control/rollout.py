@@ -94,9 +94,11 @@ class Rollouts:
             log.error("%s: cannot write the rollouts' record (%s): a restart would not know what was rolled back",
                       self.path, e.strerror or e)
 
-    def rolled_back(self, name: str, bundle) -> dict | None:
-        """The record of `bundle` (a Bundle) if it was rolled back: the same files, signature aside."""
-        return next((r for r in self.refused.get(name, ()) if r.get("digest") == bundle.digest), None)
+    def rolled_back(self, name: str, model) -> dict | None:
+        """The record of `model` (a ModelRuntime) if it was rolled back: the same files, signature aside, on the
+        same provider (a record from before providers were rolled out names none: the CPU one)."""
+        return next((r for r in self.refused.get(name, ()) if r.get("digest") == model.bundle.digest
+                     and r.get("provider", "cpu") == model.provider.label), None)
 
     # ---------------------------------------------------------------- starting one
 
@@ -109,10 +111,11 @@ class Rollouts:
     def check(self, name: str, new, serving, geometries: list) -> None:
         """Refuses (BundleError) a candidate that cannot be rolled out, with the reason."""
         rollout = self.policy(name)
-        before = self.rolled_back(name, new.bundle)
+        before = self.rolled_back(name, new)
         if before is not None:
-            raise BundleError(f"{new.bundle.path}: {new.name} {new.version} was rolled back ({before.get('why')}); "
-                              "it is not tried again until the bundle changes")
+            raise BundleError(f"{new.bundle.path}: {new.name} {new.version} on {new.provider.label} was rolled back "
+                              f"({before.get('why')}); it is not tried again until the bundle or its provider "
+                              "changes")
         try:
             AgreementMeter(serving.decoder, new.decoder)
         except NotComparable as e:
@@ -151,9 +154,10 @@ class Rollouts:
         again = resumed is not None and resumed.get("digest") == new.bundle.digest
         self._write()
         w = rollout.window
-        log.warning("model %s: rollout %s: candidate %s %s beside the serving %s %s%s; %s; decided after %d frames "
-                    "and %g s", name, "started again (the daemon restarted mid-rollout; the window starts empty)"
-                    if again else "started", new.name, new.version, serving.name, serving.version,
+        log.warning("model %s: rollout %s: candidate %s %s on %s beside the serving %s %s on %s%s; %s; decided after "
+                    "%d frames and %g s", name, "started again (the daemon restarted mid-rollout; the window starts "
+                    "empty)" if again else "started", new.name, new.version, new.provider.label, serving.name,
+                    serving.version, serving.provider.label,
                     f" (sha256 {new.bundle.sha256[:16]}…)", f"shadow on {rollout.sample:.0%} of the frames"
                     if rollout.policy == "shadow" else f"canary on {', '.join(s.name for s in canary)}",
                     w.min_frames, w.min_seconds)
@@ -256,19 +260,19 @@ class Rollouts:
             served = self.models.served[name]
             self.models.accept(name, c.model)  # the anti-rollback floor and the known-good record move now
             served.reloads += 1
-            log.warning("model %s: rollout PROMOTED %s %s (was %s %s): %s; %s", name, c.model.name, c.model.version,
-                        *serving, why, f.said() if f else "no figures")
+            log.warning("model %s: rollout PROMOTED %s %s on %s (was %s %s): %s; %s", name, c.model.name,
+                        c.model.version, c.model.provider.label, *serving, why, f.said() if f else "no figures")
             if c.canary and self.discard_references is not None:
                 self.discard_references(name, c.model.version, pooled_only=True)
         else:
             self.lanes.end_trial(name)
             self.refused.setdefault(name, []).append({
                 "digest": c.model.bundle.digest, "sha256": c.model.bundle.sha256, "version": c.model.version,
-                "bundle": c.model.target, "why": why, "at": time.time()})
+                "provider": c.model.provider.label, "bundle": c.model.target, "why": why, "at": time.time()})
             self.refused[name] = self.refused[name][-REFUSED_KEEP:]
-            log.error("model %s: rollout ROLLED BACK %s %s, still serving %s %s: %s; %s; this bundle is not tried "
-                      "again until it changes", name, c.model.name, c.model.version, *serving, why,
-                      f.said() if f else "no figures")
+            log.error("model %s: rollout ROLLED BACK %s %s on %s, still serving %s %s: %s; %s; this bundle is not "
+                      "tried again on this provider until one of them changes", name, c.model.name, c.model.version,
+                      c.model.provider.label, *serving, why, f.said() if f else "no figures")
             if self.discard_references is not None:
                 self.discard_references(name, c.model.version)
         self._write()

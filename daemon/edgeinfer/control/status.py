@@ -26,7 +26,7 @@ def take_snapshot(streams, lanes, models, ingress, loop, rollouts, *, started_ns
                                (m.runtime.name, m.runtime.version, m.runtime.bundle.sha256) if m.runtime else None,
                                m.reloads, dict(m.failures), m.last_error, m.fallback,
                                rollouts.view(name) if rollouts is not None and m.runtime else None,
-                               m.entry.provider.spec().label, lanes.providers(name) if lanes is not None else {})
+                               m.provider.label, lanes.providers(name) if lanes is not None else {})
                      for name, m in list(models.served.items())),
         lanes=lanes.status(now) if lanes is not None else {},
         registry=RegistryView(models.reloads, models.reload_failures, models.last_reload_error,

@@ -28,6 +28,7 @@ class LaneHandle:
         # Staged reply said, for the version staged, then (on commit or promotion) for the one it serves
         self.staged_providers: dict[str, tuple[str, str | None]] = {}
         self.providers: dict[str, tuple[str, str | None]] = {}
+        self.extra_providers: set[str] = set()  # providers it loads beyond its models' configured ones (rollouts)
 
     @property
     def name(self) -> str:

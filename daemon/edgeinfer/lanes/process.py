@@ -124,7 +124,9 @@ class Lane:
             payload = from_memfd(fds[0])
             model = payload["sessions"]
             model.threads = self.thread_plan(name)
-            model.use(self.entries[name].provider.spec(), msg.on_cpu)  # loaded before the sandbox: lane_main
+            if not providers.ready(model.provider):  # its library can be loaded only before the sandbox
+                raise providers.ProviderError(f"{model.provider.label} was not loaded when this lane started")
+            model.use(model.provider, msg.on_cpu)  # as the control plane names it (a rollout's may be new)
             model.fault = self.cfg.runtime.fault_provider.get(name, "") if self.cfg.runtime.fault_injection else ""
             model.warmup_runs = self.cfg.model.warmup_runs
             model.warmup_deadline_s = max(5.0, 10 * rt.run_deadline_ms / 1e3)
@@ -411,9 +413,10 @@ def _sparse(hist: list[int]) -> tuple:
 
 
 def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket,
-              identity: sandbox.LaneIdentity | None = None) -> int:
+              identity: sandbox.LaneIdentity | None = None, extra_providers: tuple = ()) -> int:
     """The forked lane's whole life (the zygote's child); plans: every lane's (CPUs and models); identity: the
-    uid and gid it takes when the daemon runs as root (support/sandbox.py)."""
+    uid and gid it takes when the daemon runs as root (support/sandbox.py); extra_providers: names of providers
+    to load beyond its models' configured ones (a rollout's candidate provider: lanes/supervisor.py)."""
     plan = plans[lane]
     # The control thread (and what it starts, unless pinned: ORT's extra threads are, to the lane's CPUs) stays
     # off the lane's CPUs where others exist: at normal priority next to the real-time loop it would not run
@@ -430,6 +433,7 @@ def lane_main(lane: int, plans, cfg, streams, table, sock: socket.socket,
         # Its models' providers first: a plugin reads its own files as it loads, which the filter refuses; one
         # that cannot load is said by each model's Staged reply (its sessions on the CPU provider)
         specs = {cfg.model_entries()[m].provider.spec() for m in plan.models}
+        specs |= {providers.ProviderSpec(n) for n in extra_providers if n in providers.NAMES}
         for spec in specs:
             try:
                 providers.load(spec)

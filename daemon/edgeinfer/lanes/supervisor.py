@@ -23,6 +23,7 @@ from edgeinfer.abi import ring
 from edgeinfer.lanes import dispatch
 from edgeinfer.lanes.fusedfds import FusedFds
 from edgeinfer.lanes.handle import LaneHandle
+from edgeinfer.models import providers
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
 from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Attached, Commit, Detach, Discard, Dropped,
@@ -70,8 +71,8 @@ class Supervisor:
         self.trials = TrialBook()         # the rollouts' trials: what each is, the lanes' reports, problems
         self.fused = FusedFds(cfg.runtime.max_sessions)  # the fused graphs handed over with rings, kept sealed
         # Models whose provider's run would not end in a lane (the lane restarted): staged on the CPU provider from
-        # then on, in every lane, with why (until the daemon restarts)
-        self.hung_providers: dict[str, str] = {}
+        # then on, in every lane, while that provider is theirs (until the daemon restarts): model → (provider, why)
+        self.hung_providers: dict[str, tuple[str, str]] = {}
 
     def holding(self, model: str) -> list[LaneHandle]:
         return [ln for ln in self.lanes if model in ln.plan.models]
@@ -92,7 +93,7 @@ class Supervisor:
             ln.state = "ready"
 
     def _spawn(self, ln: LaneHandle) -> None:
-        ln.pid, ln.pidfd, ln.sock = self.zygote.spawn(ln.index)
+        ln.pid, ln.pidfd, ln.sock = self.zygote.spawn(ln.index, extra_providers=tuple(sorted(ln.extra_providers)))
         ln.state = "starting"
         ln.last_progress, ln.progress_at = -1, time.monotonic()
         msg = self._expect(ln, Ready)
@@ -130,9 +131,10 @@ class Supervisor:
     # ---------------------------------------------------------------- models
 
     def stage(self, name: str, model: ModelRuntime, geometries: Iterable[tuple],
-              lanes: list[LaneHandle] | None = None) -> dict[str, str]:
+              lanes: list[LaneHandle] | None = None, on_its_provider: bool = False) -> dict[str, str]:
         """Every lane holding `name` (or those of `lanes`) builds and warms `model` (a verified ModelRuntime)
-        next to what it serves, from the fused graphs made here. {lane: error} of refusals."""
+        next to what it serves, from the fused graphs made here. {lane: error} of refusals. on_its_provider: a
+        lane that could build it only on the CPU provider refuses it (a candidate provider that cannot serve)."""
         errors = {}
         try:
             fd = to_memfd({"sessions": model.session_set(), "fused": {g: model.fused_model(*g) for g in geometries}},
@@ -142,7 +144,9 @@ class Supervisor:
         try:
             targets = [ln for ln in (lanes or self.holding(name)) if ln.sock is not None]
             for ln in targets:
-                if not send(ln.sock, Stage(name, self.hung_providers.get(name, "")), [fd], wait_s=REPLY_WAIT_S):
+                hung, why = self.hung_providers.get(name, ("", ""))
+                if not send(ln.sock, Stage(name, why if hung == model.provider.label else ""), [fd],
+                            wait_s=REPLY_WAIT_S):
                     errors[ln.name] = "its control socket is full or closed"
             for ln in targets:
                 if ln.name in errors:
@@ -152,6 +156,8 @@ class Supervisor:
                     errors[ln.name] = ln.last_error or "it exited while loading the model"
                 elif msg.error:
                     errors[ln.name] = msg.error
+                elif on_its_provider and msg.fallback:
+                    errors[ln.name] = f"its provider cannot serve there: {msg.fallback}"
                 else:
                     ln.staged_providers[name] = (msg.serving, msg.fallback)
                     if msg.fallback:
@@ -253,7 +259,7 @@ class Supervisor:
             ln.providers[msg.name] = (msg.serving, msg.fallback)
             self._say_fallback(msg.name, ln, msg.fallback)
             if msg.restart:  # the lane exits now (its loop is held by the run); restarted with the model on the CPU
-                self.hung_providers[msg.name] = msg.fallback
+                self.hung_providers[msg.name] = (self.runtimes[msg.name].provider.label, msg.fallback)
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
@@ -337,6 +343,11 @@ class Supervisor:
         log.error("%s (pid %d) %s; its streams are served by the other lanes holding their models meanwhile",
                   ln.name, ln.pid, why)
         self._kill(ln)  # a closed socket with a live process (it should not happen) is not a lane either
+        self._settle(ln, why)
+        self._maybe_restart(ln, time.monotonic())
+
+    def _settle(self, ln: LaneHandle, why: str) -> None:
+        """Lane `ln` is gone (killed, or exited): closed, down, and what it held mid-frame accounted for."""
         self._close(ln)
         ln.state = "down"
         ln.last_error = why
@@ -351,7 +362,6 @@ class Supervisor:
                       ln.name, why, s.outcome, f", and the {s.skipped} frames skipped before it as overload"
                       if s.skipped else "")
         self.table.free_cursors_of(ln.index)
-        self._maybe_restart(ln, time.monotonic())
 
     def _close(self, ln: LaneHandle) -> None:
         if ln.sock is not None:
@@ -373,6 +383,11 @@ class Supervisor:
             return  # backoff between attempts
         ln.recent.append(now)
         ln.restarts += 1
+        self._respawn(ln, "restarted")
+
+    def _respawn(self, ln: LaneHandle, what: str) -> bool:
+        """A new process for lane `ln` (down), given what it serves: each model's serving version, a rollout's
+        candidate, its streams' rings. False (said, the lane down): it could not be."""
         try:
             self._spawn(ln)
             for name in ln.plan.models:
@@ -389,13 +404,40 @@ class Supervisor:
                 if self.streams[index].model in ln.plan.models:
                     self._send_attach(ln, self.streams[index], held.reader, held.epoch, held.geometry)
             ln.state = "ready"
-            log.info("%s restarted (pid %d, restart %d)", ln.name, ln.pid, ln.restarts)
+            log.info("%s %s (pid %d, restart %d)", ln.name, what, ln.pid, ln.restarts)
+            return True
         except (BundleError, OSError, RuntimeError) as e:
             log.error("%s could not be restarted: %s", ln.name, e)
             self._kill(ln)
             self._close(ln)
             ln.state = "down"
             ln.last_error = str(e)
+            return False
+
+    def load_provider(self, name: str, spec) -> None:
+        """Every lane holding model `name` can build sessions on `spec` (a ProviderSpec): one that did not load
+        its library at its start (a lane loads only before its sandbox) is started again with it, one lane at a
+        time (its streams served by the other lanes holding their models meanwhile, or waiting ~1 s).
+        BundleError: a lane could not be."""
+        for ln in self.holding(name):
+            loaded = {self.cfg.model_entries()[m].provider.spec().name for m in ln.plan.models} | ln.extra_providers
+            if spec.name in loaded or spec.name not in providers.PLUGINS:  # (in-box ones need no loading)
+                continue
+            ln.extra_providers.add(spec.name)
+            log.info("%s: starting it again to load the %s provider for model %s's candidate", ln.name, spec.label,
+                     name)
+            self._lost_quietly(ln)
+            if not self._respawn(ln, f"started again with the {spec.name} provider loaded"):
+                raise BundleError(f"{ln.name} could not be started again with the {spec.label} provider: "
+                                  f"{ln.last_error}")
+
+    def _lost_quietly(self, ln: LaneHandle) -> None:
+        """A planned stop of a lane to be started again at once: asked to stop after its frame (killed after 5 s)."""
+        if ln.sock is not None:
+            send(ln.sock, Stop())
+        if ln.pidfd is not None and not select.select([ln.pidfd], [], [], 5.0)[0]:
+            self._kill(ln)
+        self._settle(ln, "stopped to be started again")
 
     def _restart_trial(self, ln: LaneHandle, name: str) -> None:
         """A lane restarted during a rollout of `name` gets its candidate again (what its predecessor measured

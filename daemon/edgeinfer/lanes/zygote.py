@@ -86,11 +86,13 @@ class Zygote:
         self.sock = ours
         self.pid = pid
 
-    def spawn(self, lane: int, timeout_s: float = 10.0) -> tuple[int, int | None, socket.socket]:
-        """Forks lane `lane`; returns (pid, pidfd or None, the control plane's end of its socket)."""
+    def spawn(self, lane: int, timeout_s: float = 10.0, extra_providers: tuple = ()) -> tuple[int, int | None,
+                                                                                               socket.socket]:
+        """Forks lane `lane` (loading `extra_providers` too: provider names); returns (pid, pidfd or None, the
+        control plane's end of its socket)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            socket.send_fds(self.sock, [repr(("spawn", lane)).encode()], [theirs.fileno()])
+            socket.send_fds(self.sock, [repr(("spawn", lane, tuple(extra_providers))).encode()], [theirs.fileno()])
         finally:
             theirs.close()
         self.sock.settimeout(timeout_s)
@@ -115,7 +117,7 @@ def _serve(sock: socket.socket, cfg: Config, plans: list[LaneConfig], streams: l
         data, fds, _f, _a = socket.recv_fds(sock, 256, 1)
         if not data:
             return 0
-        kind, lane = ast.literal_eval(data.decode())
+        kind, lane, extra = ast.literal_eval(data.decode())
         if kind != "spawn" or not fds:
             for fd in fds:
                 os.close(fd)
@@ -127,7 +129,7 @@ def _serve(sock: socket.socket, cfg: Config, plans: list[LaneConfig], streams: l
                 sock.close()
                 _die_with_parent(zygote)
                 code = lanes_proc.lane_main(lane, plans, cfg, streams, table, socket.socket(fileno=fds[0]),
-                                            lane_identity)
+                                            lane_identity, extra)
             finally:
                 os._exit(code)
         os.close(fds[0])

@@ -30,6 +30,8 @@ import json
 import mmap
 from typing import TYPE_CHECKING
 
+from edgeinfer.support.cpuflags import cpuinfo_field
+
 if TYPE_CHECKING:
     import onnxruntime as ort
 
@@ -39,6 +41,7 @@ NAMES = (CPU, OPENVINO, "cuda", "tensorrt")
 OPENVINO_DEVICES = ("CPU", "GPU", "NPU", "AUTO")
 OPENVINO_PACKAGE = "onnxruntime-ep-openvino"
 INBOX = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}  # onnxruntime-gpu's
+PLUGINS = {OPENVINO}  # providers loaded as plugin libraries (load: before a lane's sandbox)
 JIT = {OPENVINO}  # providers whose kernels are compiled into write+execute memory at run time
 EXACT = {"INFERENCE_PRECISION_HINT": "f32"}  # OpenVINO's CPU and GPU devices compute as the model says
 
@@ -107,6 +110,11 @@ def load(spec: ProviderSpec) -> None:
     _registered[OPENVINO] = name
 
 
+def ready(spec: ProviderSpec) -> bool:
+    """Whether `spec` needs nothing loaded into this process any more (a lane loads only before its sandbox)."""
+    return spec.name != OPENVINO or OPENVINO in _registered or OPENVINO in _failed
+
+
 def _ep_devices(meta: bool = False) -> list:
     """The OpenVINO EP's devices as ONNX Runtime enumerates them: its real devices, or (meta) its meta-devices
     (AUTO). The EP must be loaded."""
@@ -133,14 +141,7 @@ def openvino_devices() -> list[str]:
 def cpu_vendor() -> str:
     """The CPU's vendor as the kernel says it (GenuineIntel, AuthenticAMD, ...); "" if it does not. Read once,
     by `load` (a lane reads no file under its seccomp filter)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo_field("vendor_id")
 
 
 def write_execute_allowed() -> bool:

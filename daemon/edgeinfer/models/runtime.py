@@ -157,7 +157,7 @@ class SessionSet:
 
     def __init__(self, name: str, version: str, sha256: str, decoder: Decoder, where: str,
                  threads: ThreadPlan = ThreadPlan(), warmup_runs: int = 3, warmup_deadline_s: float = 30.0,
-                 max_sessions: int = 8, batch: int = 1):
+                 max_sessions: int = 8, batch: int = 1, provider: ProviderSpec = CPU_SPEC):
         self.name, self.version, self.sha256 = name, version, sha256
         self.name_b, self.version_b = name.encode(), version.encode()  # as every result record carries them
         self.batch = batch  # frames of one geometry run together at most (models.NAME.batch)
@@ -169,7 +169,7 @@ class SessionSet:
         self.max_sessions = max_sessions
         self._sessions: collections.OrderedDict[tuple[str, int, int], FusedSession] = collections.OrderedDict()
         self.evictions = 0  # sessions dropped to stay within max_sessions
-        self.provider = self.serving = CPU_SPEC  # the configured provider, and the one the sessions run on
+        self.provider = self.serving = provider  # the configured provider, and the one the sessions run on
         self.fallback: str | None = None  # why `serving` is the CPU provider and not `provider`
         self.fault = ""  # test only (runtime.fault_provider): how its provider's sessions fail once warmed
         # The fused graph of each geometry served on a provider other than the CPU one: what a run-time failure
@@ -261,13 +261,12 @@ class SessionSet:
         return s
 
 
-FAULTS = ("raise", "hang", "stuck")
-
-
 class InjectedFault:
     """Test only (runtime.fault_provider, with runtime.fault_injection): a provider's warmed session whose runs
     fail as a broken accelerator's do. raise: every run raises; hang: a run returns only when cancelled
-    (RunOptions.terminate, as ONNX Runtime's own runs do); stuck: a run never returns (a driver that hangs)."""
+    (RunOptions.terminate, as ONNX Runtime's own runs do); stuck: a run never returns (a driver that hangs);
+    drift: it answers, wrongly (an operator the accelerator computes otherwise: its outputs reversed along their
+    last axis)."""
 
     def __init__(self, session: ort.InferenceSession, kind: str):
         self.session, self.kind = session, kind
@@ -276,6 +275,8 @@ class InjectedFault:
         return getattr(self.session, name)
 
     def run(self, names, feeds, run_options=None):
+        if self.kind == "drift":
+            return [np.ascontiguousarray(o[..., ::-1]) for o in self.session.run(names, feeds, run_options)]
         if self.kind == "raise":
             raise RuntimeError("the execution provider failed the run (injected: runtime.fault_provider)")
         while self.kind == "stuck" or run_options is None or not run_options.terminate:
@@ -321,8 +322,11 @@ class ModelRuntime:
         except DecoderError as e:
             raise BundleError(f"{bundle.path}/model.yaml: decoder: {e}") from None
         self._fused: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()  # serialised, LRU
+        # The provider its lanes' sessions are built on (models.NAME.provider, or a rollout's candidate provider):
+        # named here, loaded by the lanes only (SessionSet.use there)
+        self.provider = provider
         self.sessions = self.session_set(threads, warmup_runs, warmup_deadline_s)
-        self.sessions.use(provider)  # session_for()'s: a lane's set is given its own (SessionSet.use)
+        self.sessions.use(provider)  # session_for()'s, in this process (tools, tests, benches)
         self.signer = None  # who signed the bundle (set by the verified loader's caller)
         self.target = None  # the bundle directory the configured path resolved to
 
@@ -338,7 +342,7 @@ class ModelRuntime:
                     warmup_deadline_s: float = 30.0) -> SessionSet:
         """An empty set of sessions of this model, for a lane (picklable)."""
         return SessionSet(self.name, self.version, self.bundle.sha256, self.decoder, f"{self.bundle.path}/model.onnx",
-                          threads, warmup_runs, warmup_deadline_s, self.max_sessions, self.batch)
+                          threads, warmup_runs, warmup_deadline_s, self.max_sessions, self.batch, self.provider)
 
     def fused_model(self, pixel_format: str, height: int, width: int) -> bytes:
         """The model with this geometry's preprocessing in front, serialised (kept for the last max_sessions

