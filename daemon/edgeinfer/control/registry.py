@@ -21,6 +21,7 @@ import os
 import time
 
 from edgeinfer.control.rollout import interrupted
+from edgeinfer.models import providers
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.models.knowngood import KnownGood
 from edgeinfer.models.runtime import ModelRuntime
@@ -141,7 +142,7 @@ class ModelRegistry:
                 return configured
             if good is not None and (good["sha256"], good["version"]) == (configured.bundle.sha256,
                                                                           configured.version):
-                return configured
+                return self._proven_provider(name, configured, good)
             if self.rollback.load().get(configured.meta.floor_family, {}).get("highest") == configured.version:
                 return configured
         if good is None:
@@ -159,12 +160,28 @@ class ModelRegistry:
             raise BundleError(f"model {name}: the configured bundle {configured.name} {configured.version} has not "
                               f"passed its rollout, and the proven version {said} is not what served: its "
                               "model.onnx changed")
+        model.provider = providers.from_record(good.get("provider")) or model.provider
         m.pending_rollout = True
         log.warning("model %s: the configured bundle %s (%s %s) has not passed its rollout (policy %s): serving the "
                     "proven version %s %s from %s; the rollout starts again once the lanes serve", name,
                     m.entry.bundle, configured.name, configured.version, m.entry.rollout.policy, model.name,
                     model.version, good["bundle"])
         return model
+
+    def _proven_provider(self, name: str, configured: ModelRuntime, good: dict) -> ModelRuntime:
+        """The proven bundle, on the provider it was proven on (the known-good record's) if the file names another:
+        that one's rollout is then pending, as a bundle's is. A record from before providers names none: the
+        configured provider serves."""
+        proven = providers.from_record(good.get("provider"))
+        if proven is None or proven == configured.provider:
+            return configured
+        log.warning("model %s: its configured provider %s has not passed its rollout (policy %s): serving %s %s on "
+                    "%s, the provider it was proven on; the provider's rollout starts again once the lanes serve",
+                    name, configured.provider.label, self.served[name].entry.rollout.policy, configured.name,
+                    configured.version, proven.label)
+        configured.provider = proven
+        self.served[name].pending_rollout = True
+        return configured
 
     def start(self, name: str) -> ModelRuntime:
         """choose() and accept() at start: a known-good fallback stays said until a reload serves the
@@ -182,7 +199,7 @@ class ModelRegistry:
         m.provider = model.provider
         self.unrecorded[name] = (model.meta.floor_family, model.version)
         self.unrecorded_good[name] = {"bundle": model.target, "sha256": model.bundle.sha256, "name": model.name,
-                                      "version": model.version}
+                                      "version": model.version, "provider": providers.to_record(model.provider)}
         self.record_accepted()
 
     def unchanged(self, name: str, model: ModelRuntime) -> None:

@@ -104,7 +104,8 @@ class Reloader:
         for name, served in self.models.served.items():
             if served.pending_rollout:
                 served.pending_rollout = False
-                self._reload(name)
+                configured = served.entry.provider.spec()
+                self._reload(name, configured if configured != served.provider else None)
 
     def _reload(self, name: str, provider=None) -> bool:
         """Verify → load in every lane holding it, next to the serving version → swap between two frames, or (a

@@ -82,7 +82,9 @@ class Supervisor:
     def start(self, runtimes: dict[str, ModelRuntime], geometries: dict[str, list[tuple]]) -> None:
         """Spawns every lane and loads its models; raises BundleError if a lane cannot load one."""
         self.runtimes = dict(runtimes)
-        for ln in self.lanes:
+        for ln in self.lanes:  # a model may start on the provider it was proven on, not the configured one
+            ln.extra_providers |= {runtimes[m].provider.name for m in ln.plan.models
+                                   if m in runtimes} & providers.PLUGINS
             self._spawn(ln)
         for name, model in runtimes.items():
             errors = self.stage(name, model, geometries.get(name, []))

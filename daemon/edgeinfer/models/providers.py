@@ -74,6 +74,20 @@ class ProviderSpec:
 
 CPU_SPEC = ProviderSpec()
 
+
+def to_record(spec: ProviderSpec) -> dict:
+    """`spec` as a state file keeps it (the known-good record)."""
+    return {"name": spec.name, "device": spec.device, "options": [list(kv) for kv in spec.options]}
+
+
+def from_record(data) -> ProviderSpec | None:
+    """A provider as to_record wrote it; None if `data` is not one (a record from before providers, or damaged)."""
+    try:
+        spec = ProviderSpec(data["name"], data["device"], tuple((str(k), str(v)) for k, v in data["options"]))
+    except (TypeError, KeyError, ValueError):
+        return None
+    return spec if spec.name in NAMES and isinstance(spec.device, str) else None
+
 _registered: dict[str, str] = {}  # provider name → the EP name registered in this process
 _failed: dict[str, str] = {}      # provider name → why it could not be registered in this process
 
