@@ -8,7 +8,9 @@ plane's bulky objects (a model's sessions, fused graphs) go the other way only, 
 (`to_memfd`/`from_memfd`).
 
 Control plane → lane:
-  Stage(name) + [memfd: SessionSet + fused graphs]   build the sessions, warm → Staged(name, version, error)
+  Stage(name, on_cpu) + [memfd: SessionSet + fused graphs]   build the sessions (on the SessionSet's provider, or
+                                                     the CPU one, on_cpu saying why), warm → Staged(name, version,
+                                                     error, serving, fallback)
   Commit(name) / Discard(name)                       serve the staged model / drop it
   StartTrial(name, mode, sample, canary)             the staged model is a rollout's candidate (lanes/trial.py):
                                                      shadow, or canary on the stream indices `canary`
@@ -19,6 +21,8 @@ Control plane → lane:
   Stop()
 Lane → control plane: the replies above, Ready(pid), Log(level, message), Dropped(index, epoch, why),
   TrialReport(name, version, ...)                    a trial's cumulative figures, about once a second
+  ProviderFallback(name, serving, fallback, restart)  a model moved to the CPU provider after it was staged
+                                                     (restart: its provider's run would not end; the lane exits)
   Short(stream, seq, received, expected, geometry)   a frame counted short (said by the control plane,
                                                      rate-limited per stream across its lanes)
 """
