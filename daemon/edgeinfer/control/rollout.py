@@ -273,8 +273,8 @@ class Rollouts:
             log.error("model %s: rollout ROLLED BACK %s %s on %s, still serving %s %s: %s; %s; this bundle is not "
                       "tried again on this provider until one of them changes", name, c.model.name, c.model.version,
                       c.model.provider.label, *serving, why, f.said() if f else "no figures")
-            if self.discard_references is not None:
-                self.discard_references(name, c.model.version)
+            if self.discard_references is not None and c.model.version != serving[1]:  # (a provider change's
+                self.discard_references(name, c.model.version)  # candidate has the serving version's references)
         self._write()
         self._drop_request(name)
         self.trim.schedule()

@@ -40,7 +40,7 @@ EVENT_LOG_S = 60.0        # the loop's same event (its numbers aside) is logged 
 REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a full socket
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIAL_REPORT_S = 1.0     # how often a trial's figures go to the control plane
-HUNG_GRACE_S = 0.25      # a provider's run cancelled at run_deadline_ms must have ended this much later
+HUNG_GRACE_S = 0.25      # a cancelled provider run must end within max(this, run_deadline_ms) of its cancel
 EXIT_PROVIDER_HUNG = 3   # the lane's exit status when a provider's run would not end (restarted by the control plane)
 
 
@@ -100,6 +100,7 @@ class Lane:
         self.models: dict[str, SessionSet] = {}
         self.staged: dict[str, SessionSet] = {}
         self.trials: dict[str, Trial] = {}  # a rollout's candidate per model (the loop has its own reference)
+        self.cpu_refused: set[str] = set()  # models whose provider failed and whose CPU rebuild failed too
         self.next_report = 0.0
         self.rings: dict[int, Held] = {}  # by stream index: the rings handed to the loop
         self.trim = DeferredTrim()  # gives a replaced model's freed memory back to the kernel
@@ -331,12 +332,14 @@ class Lane:
         while e.provider_failed:
             session, why = e.provider_failed.pop(0)
             name = self._serving_with(session)
-            if name is not None:  # (not yet moved: frames that failed before the move are said by the loop's events)
+            # (not yet moved: frames that failed before the move are said by the loop's events; a model whose CPU
+            # rebuild failed is not tried again at every frame)
+            if name is not None and name not in self.cpu_refused:
                 self.fall_back(name, why)
         running = e.running
         started = int(self.table.lane_counters(self.id)[dispatch.LANE_RUN_STARTED])
         if running is not None and not running.provider.is_cpu and started and \
-                ring.monotonic_ns() - started > self.cfg.runtime.run_deadline_ms * 1e6 + HUNG_GRACE_S * 1e9:
+                ring.monotonic_ns() - started > self.cfg.runtime.run_deadline_ms * 1e6 + self._hung_grace_ns():
             name = self._serving_with(running)
             if name is None:
                 return
@@ -345,6 +348,11 @@ class Lane:
             send(self.sock, ProviderFallback(name, "cpu", f"{running.provider.label}: {why}", True),
                  wait_s=REPLY_WAIT_S)
             os._exit(EXIT_PROVIDER_HUNG)  # its loop thread cannot be stopped: the control plane restarts the lane
+
+    def _hung_grace_ns(self) -> float:
+        """How long a cancelled provider run may take to end before it is held hung: as long again as
+        run_deadline_ms, at least HUNG_GRACE_S (a slow run that ends late is not a hung driver)."""
+        return max(HUNG_GRACE_S, self.cfg.runtime.run_deadline_ms / 1e3) * 1e9
 
     def _serving_with(self, session) -> str | None:
         """The name of the model whose serving version holds `session` (None: none does any more)."""
@@ -357,6 +365,7 @@ class Lane:
         try:
             twin = model.on_cpu(why)
         except Exception as e:  # the CPU provider refusing what it served at the start: said; the errors go on
+            self.cpu_refused.add(name)
             self.log("error", f"model {name}: its provider failed a run ({why}) and its sessions could not be "
                               f"rebuilt on the CPU provider: {type(e).__name__}: {e}")
             return

@@ -185,7 +185,7 @@ class SessionSet:
         self.fallback = None
         why = (on_cpu if not provider.is_cpu else "") or providers.check(provider)
         if why:
-            self.fallback = clip(f"{provider.label}: {why}", 2000)
+            self.fallback = clip(why if why.startswith(f"{provider.label}: ") else f"{provider.label}: {why}", 2000)
             self.serving = CPU_SPEC
 
     def __getstate__(self):
@@ -195,10 +195,13 @@ class SessionSet:
         """A copy of this set serving on the CPU provider, its sessions rebuilt and warmed there for every geometry
         held (its provider failed a run: `why`); this set is left as it is (the loop may still be running it)."""
         twin = copy.copy(self)
-        twin._sessions, twin._fused, twin.evictions = collections.OrderedDict(), {}, 0
-        twin.serving, twin.fallback = CPU_SPEC, clip(" ".join(f"{self.serving.label}: {why}".split()), 2000)
-        for key in self._sessions:
-            twin.add(key, self._fused[key])
+        twin._sessions, twin._fused = collections.OrderedDict(), {}
+        twin.serving, twin.fallback = CPU_SPEC, clip(" ".join(f"{self.provider.label}: {why}".split()), 2000)
+        for key, s in self._sessions.items():  # a geometry its provider could not compile is on the CPU already
+            if s.provider.is_cpu:
+                twin._sessions[key] = s
+            else:
+                twin.add(key, self._fused[key])
         return twin
 
     @property
