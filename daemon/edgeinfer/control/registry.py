@@ -160,7 +160,7 @@ class ModelRegistry:
             raise BundleError(f"model {name}: the configured bundle {configured.name} {configured.version} has not "
                               f"passed its rollout, and the proven version {said} is not what served: its "
                               "model.onnx changed")
-        model.provider = providers.from_record(good.get("provider")) or model.provider
+        model.provider = providers.from_record(good) or model.provider
         m.pending_rollout = True
         log.warning("model %s: the configured bundle %s (%s %s) has not passed its rollout (policy %s): serving the "
                     "proven version %s %s from %s; the rollout starts again once the lanes serve", name,
@@ -170,9 +170,9 @@ class ModelRegistry:
 
     def _proven_provider(self, name: str, configured: ModelRuntime, good: dict) -> ModelRuntime:
         """The proven bundle, on the provider it was proven on (the known-good record's) if the file names another:
-        that one's rollout is then pending, as a bundle's is. A record from before providers names none: the
-        configured provider serves."""
-        proven = providers.from_record(good.get("provider"))
+        that one's rollout is then pending, as a bundle's is. A record from before providers names none: it served
+        on the CPU. A damaged provider field: the configured provider serves."""
+        proven = providers.from_record(good)
         if proven is None or proven == configured.provider:
             return configured
         log.warning("model %s: its configured provider %s has not passed its rollout (policy %s): serving %s %s on "
@@ -199,7 +199,7 @@ class ModelRegistry:
         m.provider = model.provider
         self.unrecorded[name] = (model.meta.floor_family, model.version)
         self.unrecorded_good[name] = {"bundle": model.target, "sha256": model.bundle.sha256, "name": model.name,
-                                      "version": model.version, "provider": providers.to_record(model.provider)}
+                                      "version": model.version, **providers.to_record(model.provider)}
         self.record_accepted()
 
     def unchanged(self, name: str, model: ModelRuntime) -> None:

@@ -76,17 +76,25 @@ CPU_SPEC = ProviderSpec()
 
 
 def to_record(spec: ProviderSpec) -> dict:
-    """`spec` as a state file keeps it (the known-good record)."""
-    return {"name": spec.name, "device": spec.device, "options": [list(kv) for kv in spec.options]}
+    """`spec` as a known-good entry keeps it: {"provider": ...}, or nothing for the CPU, so that a CPU model's
+    record stays byte for byte what 0.2.0 wrote (an upgrade leaves the file as it was)."""
+    if spec.is_cpu:
+        return {}
+    return {"provider": {"name": spec.name, "device": spec.device, "options": [list(kv) for kv in spec.options]}}
 
 
-def from_record(data) -> ProviderSpec | None:
-    """A provider as to_record wrote it; None if `data` is not one (a record from before providers, or damaged)."""
+def from_record(entry: dict) -> ProviderSpec | None:
+    """The provider a known-good entry names: the CPU where it names none (to_record's CPU, and every record from
+    before providers: those served on the CPU); None if its provider field is damaged."""
+    if "provider" not in entry:
+        return CPU_SPEC
+    data = entry["provider"]
     try:
         spec = ProviderSpec(data["name"], data["device"], tuple((str(k), str(v)) for k, v in data["options"]))
     except (TypeError, KeyError, ValueError):
         return None
     return spec if spec.name in NAMES and isinstance(spec.device, str) else None
+
 
 _registered: dict[str, str] = {}  # provider name → the EP name registered in this process
 _failed: dict[str, str] = {}      # provider name → why it could not be registered in this process
