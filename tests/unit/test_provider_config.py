@@ -55,6 +55,22 @@ def test_labels_and_jit():
     assert ProviderSpec("cuda", "0").label == "cuda:0" and not ProviderSpec("cuda", "0").jit
 
 
+def test_a_rollback_refuses_the_provider_with_its_options_not_another_precision():
+    """A candidate rolled back at FP16 leaves the same device at FP32 free to roll out: the rollback record names
+    the provider with its options (ProviderSpec.said), and a record from before providers names the CPU."""
+    from types import SimpleNamespace
+    from edgeinfer.control.rollout import Rollouts
+    f16 = ProviderSpec("openvino", "GPU", (("INFERENCE_PRECISION_HINT", "f16"),))
+    f32 = ProviderSpec("openvino", "GPU", (("INFERENCE_PRECISION_HINT", "f32"),))
+    assert f16.said == "openvino:GPU (INFERENCE_PRECISION_HINT=f16)" and ProviderSpec().said == "cpu"
+    book = SimpleNamespace(refused={"det": [{"digest": "d1", "provider": f16.said}, {"digest": "d1"}]})
+    model = lambda spec, digest="d1": SimpleNamespace(bundle=SimpleNamespace(digest=digest), provider=spec)
+    assert Rollouts.rolled_back(book, "det", model(f16)) is not None
+    assert Rollouts.rolled_back(book, "det", model(f32)) is None
+    assert Rollouts.rolled_back(book, "det", model(ProviderSpec())) == {"digest": "d1"}  # (before providers)
+    assert Rollouts.rolled_back(book, "det", model(f16, "d2")) is None
+
+
 def test_a_gpu_build_of_onnx_runtime_is_named_where_it_is_missing():
     import onnxruntime as ort
     if "CUDAExecutionProvider" in ort.get_available_providers():

@@ -133,7 +133,7 @@ class Reloader:
             if rollout:
                 rollouts.check(name, new, old, geometries)
             if new.provider != old.provider:
-                log.info("model %s: provider %s → %s (%s %s): %s", name, old.provider.label, new.provider.label,
+                log.info("model %s: provider %s → %s (%s %s): %s", name, old.provider.said, new.provider.said,
                          new.name, new.version, f"a candidate under rollout policy {served.entry.rollout.policy}"
                          if rollout else "swapped in once its sessions are built (rollout policy immediate)")
                 self.lanes.load_provider(name, new.provider)
@@ -150,7 +150,7 @@ class Reloader:
         served.reloads += 1
         self.trim.schedule()
         log.info("model %s: reloaded: now serving %s %s on %s (was %s %s on %s)", name, new.name, new.version,
-                 new.provider.label, old.name, old.version, old.provider.label)
+                 new.provider.said, old.name, old.version, old.provider.said)
         return True
 
     def _geometries(self, name: str) -> list:

@@ -98,7 +98,7 @@ class Rollouts:
         """The record of `model` (a ModelRuntime) if it was rolled back: the same files, signature aside, on the
         same provider (a record from before providers were rolled out names none: the CPU one)."""
         return next((r for r in self.refused.get(name, ()) if r.get("digest") == model.bundle.digest
-                     and r.get("provider", "cpu") == model.provider.label), None)
+                     and r.get("provider", "cpu") == model.provider.said), None)
 
     # ---------------------------------------------------------------- starting one
 
@@ -113,7 +113,7 @@ class Rollouts:
         rollout = self.policy(name)
         before = self.rolled_back(name, new)
         if before is not None:
-            raise BundleError(f"{new.bundle.path}: {new.name} {new.version} on {new.provider.label} was rolled back "
+            raise BundleError(f"{new.bundle.path}: {new.name} {new.version} on {new.provider.said} was rolled back "
                               f"({before.get('why')}); it is not tried again until the bundle or its provider "
                               "changes")
         try:
@@ -156,8 +156,8 @@ class Rollouts:
         w = rollout.window
         log.warning("model %s: rollout %s: candidate %s %s on %s beside the serving %s %s on %s%s; %s; decided after "
                     "%d frames and %g s", name, "started again (the daemon restarted mid-rollout; the window starts "
-                    "empty)" if again else "started", new.name, new.version, new.provider.label, serving.name,
-                    serving.version, serving.provider.label,
+                    "empty)" if again else "started", new.name, new.version, new.provider.said, serving.name,
+                    serving.version, serving.provider.said,
                     f" (sha256 {new.bundle.sha256[:16]}…)", f"shadow on {rollout.sample:.0%} of the frames"
                     if rollout.policy == "shadow" else f"canary on {', '.join(s.name for s in canary)}",
                     w.min_frames, w.min_seconds)
@@ -261,18 +261,18 @@ class Rollouts:
             self.models.accept(name, c.model)  # the anti-rollback floor and the known-good record move now
             served.reloads += 1
             log.warning("model %s: rollout PROMOTED %s %s on %s (was %s %s): %s; %s", name, c.model.name,
-                        c.model.version, c.model.provider.label, *serving, why, f.said() if f else "no figures")
+                        c.model.version, c.model.provider.said, *serving, why, f.said() if f else "no figures")
             if c.canary and self.discard_references is not None:
                 self.discard_references(name, c.model.version, pooled_only=True)
         else:
             self.lanes.end_trial(name)
             self.refused.setdefault(name, []).append({
                 "digest": c.model.bundle.digest, "sha256": c.model.bundle.sha256, "version": c.model.version,
-                "provider": c.model.provider.label, "bundle": c.model.target, "why": why, "at": time.time()})
+                "provider": c.model.provider.said, "bundle": c.model.target, "why": why, "at": time.time()})
             self.refused[name] = self.refused[name][-REFUSED_KEEP:]
             log.error("model %s: rollout ROLLED BACK %s %s on %s, still serving %s %s: %s; %s; this bundle is not "
                       "tried again on this provider until one of them changes", name, c.model.name, c.model.version,
-                      c.model.provider.label, *serving, why, f.said() if f else "no figures")
+                      c.model.provider.said, *serving, why, f.said() if f else "no figures")
             if self.discard_references is not None and c.model.version != serving[1]:  # (a provider change's
                 self.discard_references(name, c.model.version)  # candidate has the serving version's references)
         self._write()

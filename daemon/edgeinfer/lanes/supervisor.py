@@ -147,7 +147,7 @@ class Supervisor:
             targets = [ln for ln in (lanes or self.holding(name)) if ln.sock is not None]
             for ln in targets:
                 hung, why = self.hung_providers.get(name, ("", ""))
-                if not send(ln.sock, Stage(name, why if hung == model.provider.label else ""), [fd],
+                if not send(ln.sock, Stage(name, why if hung == model.provider.said else ""), [fd],
                             wait_s=REPLY_WAIT_S):
                     errors[ln.name] = "its control socket is full or closed"
             for ln in targets:
@@ -261,7 +261,7 @@ class Supervisor:
             ln.providers[msg.name] = (msg.serving, msg.fallback)
             self._say_fallback(msg.name, ln, msg.fallback)
             if msg.restart:  # the lane exits now (its loop is held by the run); restarted with the model on the CPU
-                self.hung_providers[msg.name] = (self.runtimes[msg.name].provider.label, msg.fallback)
+                self.hung_providers[msg.name] = (self.runtimes[msg.name].provider.said, msg.fallback)
         elif isinstance(msg, CandidateHung):
             if msg.name not in ln.plan.models:
                 raise ProtocolError(f"CandidateHung.name {msg.name[:40]!r}: not one of {ln.name}'s models")

@@ -63,6 +63,12 @@ class ProviderSpec:
         return self.name if not self.device else f"{self.name}:{self.device}"
 
     @property
+    def said(self) -> str:
+        """The label with its options, `openvino:GPU (INFERENCE_PRECISION_HINT=f16)`: what a rollout is of, and
+        what a rollback refuses (the same device at another precision is another candidate)."""
+        return self.label + (f" ({', '.join(f'{k}={v}' for k, v in self.options)})" if self.options else "")
+
+    @property
     def jit(self) -> bool:
         """Its kernels are compiled at run time into memory that is written, then executed."""
         return self.name in JIT
