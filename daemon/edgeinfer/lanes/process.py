@@ -343,6 +343,7 @@ class Lane:
             why = (f"{running.provider.label}: a run passed run_deadline_ms ({self.cfg.runtime.run_deadline_ms:g} ms) "
                    "and did not end when cancelled")
             name = self._serving_with(running)
+            msg: ProviderFallback | CandidateHung
             if name is not None:
                 msg = ProviderFallback(name, "cpu", f"{why}: the lane restarts with the model on the CPU provider",
                                        True)
