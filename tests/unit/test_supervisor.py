@@ -9,6 +9,7 @@ tests/integration/test_lanes.py kills and hangs real lanes."""
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -232,3 +233,23 @@ def test_the_zygotes_exit_is_fatal(lanes):
     lanes.zygote.exit()
     lanes.poll()
     assert lanes.fatal == "the lanes' zygote exited: no lane can be restarted"
+
+
+def test_what_a_lane_said_of_a_hung_run_before_a_kill_crossed_it_is_still_taken(lanes):
+    """A lane says its provider's run hung, then exits; a kill for no progress (or its exit seen first) may come
+    before the supervisor read the message. It is read as the lane is settled: the restart stages the model on
+    the CPU provider, and the reason is bounded (a lane is not trusted with the journal's size)."""
+    from edgeinfer.lanes.protocol import ProviderFallback
+    fake = lanes.zygote.lanes[0]
+    send(fake.sock, ProviderFallback("m", "cpu", "openvino:GPU: a run did not end " + "x" * 10_000, True))
+    deadline = time.monotonic() + 2
+    while not select.select([lanes.lanes[0].sock], [], [], 0)[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lanes._lost(lanes.lanes[0], "made no progress for 6.0 s: killed")  # before any poll() read it
+    hung, why = lanes.hung_providers["m"]
+    assert hung == "cpu" and why.startswith("openvino:GPU: a run did not end") and len(why) < 2100, why
+    fresh = lanes.zygote.lanes[1]
+    deadline = time.monotonic() + 2
+    while not fresh.told and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fresh.told[0].on_cpu == why  # staged on the CPU provider, saying why

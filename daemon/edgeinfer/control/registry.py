@@ -113,13 +113,15 @@ class ModelRegistry:
         if model.bundle.sha256 != good["sha256"]:
             raise BundleError(f"{refused}; the last known-good bundle {said} is not what served: its model.onnx "
                               f"changed (sha256 {model.bundle.sha256[:16]}…, recorded {good['sha256'][:16]}…)")
+        if m.entry.rollout.policy != "immediate":  # on the provider it was proven on (a reload rolls a change out)
+            model.provider = providers.from_record(good) or model.provider
         m.fallback = {"configured": configured, "reason": str(refused), "kind": _reason(refused),
                       "bundle": good["bundle"]}
         log.error("model %s: the configured bundle %s refused: %s; STARTING ON THE LAST KNOWN-GOOD BUNDLE %s "
-                  "instead: %s %s (sha256 %s…, verified again). Fix the configured bundle (or point it at a good "
-                  "one), then systemctl reload edgeinferd", name,
+                  "instead: %s %s on %s (sha256 %s…, verified again). Fix the configured bundle (or point it at a "
+                  "good one), then systemctl reload edgeinferd", name,
                   m.entry.bundle if configured == m.entry.bundle else f"{m.entry.bundle} (→ {configured})", refused,
-                  good["bundle"], model.name, model.version, model.bundle.sha256[:16])
+                  good["bundle"], model.name, model.version, model.provider.said, model.bundle.sha256[:16])
         return model
 
     def _proven(self, name: str, configured: ModelRuntime) -> ModelRuntime:
@@ -131,7 +133,8 @@ class ModelRegistry:
         Never the unproven candidate: if the proven bundle is refused now, the start fails with both reasons."""
         m = self.served[name]
         pending = interrupted(self.cfg.model.state_dir, name)
-        candidate = pending is not None and pending.get("digest") == configured.bundle.digest
+        candidate = pending is not None and pending.get("digest") == configured.bundle.digest and \
+            providers.from_record(pending) == configured.provider  # (a record without one: the CPU)
         try:
             good = self.known_good.get(name)
             unreadable = None
@@ -177,8 +180,8 @@ class ModelRegistry:
             return configured
         log.warning("model %s: its configured provider %s has not passed its rollout (policy %s): serving %s %s on "
                     "%s, the provider it was proven on; the provider's rollout starts again once the lanes serve",
-                    name, configured.provider.label, self.served[name].entry.rollout.policy, configured.name,
-                    configured.version, proven.label)
+                    name, configured.provider.said, self.served[name].entry.rollout.policy, configured.name,
+                    configured.version, proven.said)
         configured.provider = proven
         self.served[name].pending_rollout = True
         return configured

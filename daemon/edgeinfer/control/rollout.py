@@ -39,6 +39,7 @@ import time
 
 from edgeinfer.lanes.trial import BUCKETS, RATIO_BUCKETS, median_bounds, quantile_us
 from edgeinfer.models.agreement import DEFAULT_MIN_AGREEMENT, AgreementMeter, NotComparable, wilson
+from edgeinfer.models import providers
 from edgeinfer.models.bundle import BundleError
 from edgeinfer.support.statefile import read_json, write_json
 from edgeinfer.telemetry.snapshot import Figures, RolloutView
@@ -85,7 +86,8 @@ class Rollouts:
     def _write(self) -> None:
         data = {"active": {n: {"bundle": c.model.target, "digest": c.model.bundle.digest,
                                "sha256": c.model.bundle.sha256, "version": c.model.version,
-                               "policy": c.policy, "serving": c.serving[1], "started": c.started_wall}
+                               "policy": c.policy, "serving": c.serving[1], "started": c.started_wall,
+                               **providers.to_record(c.model.provider)}
                            for n, c in self.active.items()},
                 "refused": self.refused}
         try:
@@ -189,10 +191,9 @@ class Rollouts:
     def verdict(self, name: str, f: Figures) -> tuple[str, str] | None:
         """("promote" | "rollback", why) once the window is full (or a lane could not run the trial); else None."""
         c, rollout = self.active[name], self.policy(name)
-        problem = self.lanes.trials.problems.get(name) or next(
-            (r.problem for r in self.lanes.trials.reports.get(name, {}).values() if r.problem), None)
+        problem = self._problem(name)
         if problem:
-            return "rollback", problem
+            return problem
         w, g = rollout.window, rollout.gates
         if f.frames < w.min_frames or f.elapsed_s < w.min_seconds or f.runs < w.min_frames:
             if f.elapsed_s > w.max_seconds:
@@ -202,6 +203,12 @@ class Rollouts:
             return None
         return judge(f, c.min_agreement, g.max_time_ratio, g.max_error_rate, w.max_seconds)
 
+    def _problem(self, name: str) -> tuple[str, str] | None:
+        """("rollback", why) if a lane could not take or run the candidate (lanes/trialbook.py)."""
+        problem = self.lanes.trials.problems.get(name) or next(
+            (r.problem for r in self.lanes.trials.reports.get(name, {}).values() if r.problem), None)
+        return ("rollback", problem) if problem else None
+
     def evaluate(self, now: float) -> None:
         """Control plane chore: operators' requests, then every rollout's gates (about once a second)."""
         if not self.active or now < self.next_evaluation:
@@ -209,7 +216,8 @@ class Rollouts:
         self.next_evaluation = now + EVALUATE_S
         for name in list(self.active):
             f = self.figures(name)
-            decided = self._request(name) or self.verdict(name, f)
+            # A lane's problem first: an operator's promote never serves a candidate a lane could not run
+            decided = self._problem(name) or self._request(name) or self.verdict(name, f)
             if decided is not None:
                 self.decide(name, *decided, figures=f)
 

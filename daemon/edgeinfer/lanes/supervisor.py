@@ -30,6 +30,7 @@ from edgeinfer.lanes.protocol import (FROM_LANE, LOG_LEVELS, Abort, Attach, Atta
                                       Discard, Dropped, Log, ProtocolError, Promote, ProviderFallback, Ready, Short,
                                       Stage, Staged, Stall, StartTrial, Stop, TrialReport, receive, send, to_memfd)
 from edgeinfer.lanes.trialbook import TrialBook
+from edgeinfer.support.yamlconf import clip
 
 if TYPE_CHECKING:
     from edgeinfer.config.schema import Config
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgeinferd")
 
+WHY_MAX = 2000  # characters of a lane's reason kept (the journal, /healthz, rollouts.json): a lane is not trusted
 REPLY_TIMEOUT_S = 60.0  # a lane building and warming a model's sessions (the watchdog is fed meanwhile)
 
 
@@ -258,6 +260,7 @@ class Supervisor:
         elif isinstance(msg, ProviderFallback):
             if msg.name not in ln.plan.models:
                 raise ProtocolError(f"ProviderFallback.name {msg.name[:40]!r}: not one of {ln.name}'s models")
+            msg = msg._replace(fallback=clip(msg.fallback, WHY_MAX))  # (a lane's words: bounded, as said on)
             ln.providers[msg.name] = (msg.serving, msg.fallback)
             self._say_fallback(msg.name, ln, msg.fallback)
             if msg.restart:  # the lane exits now (its loop is held by the run); restarted with the model on the CPU
@@ -267,7 +270,8 @@ class Supervisor:
                 raise ProtocolError(f"CandidateHung.name {msg.name[:40]!r}: not one of {ln.name}'s models")
             if msg.name in self.trials.trials:  # (else the trial ended meanwhile: the restart serves without it)
                 self.trials.problems[msg.name] = (f"{ln.name}: the candidate's run did not end when cancelled "
-                                                  f"({msg.why}); the lane restarts without the candidate")
+                                                  f"({clip(msg.why, WHY_MAX)}); the lane restarts without the "
+                                                  "candidate")
                 log.error("model %s: %s", msg.name, self.trials.problems[msg.name])
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
@@ -310,6 +314,9 @@ class Supervisor:
                 self._maybe_restart(ln, now)
                 continue
             gone, why = False, "exited"
+            # Whether it exited, seen before its socket is emptied: what it said before it exited is read first
+            # (a lane says why before it exits for a hung run: CandidateHung, ProviderFallback.restart).
+            exited = ln.pidfd is not None and bool(select.select([ln.pidfd], [], [], 0)[0])
             while select.select([ln.sock], [], [], 0)[0]:
                 try:
                     msg, fds = receive(ln.sock, FROM_LANE)
@@ -325,8 +332,7 @@ class Supervisor:
                 except OSError:
                     gone = True
                     break
-            if not gone and ln.pidfd is not None and select.select([ln.pidfd], [], [], 0)[0]:
-                gone = True
+            gone = gone or exited
             if gone:
                 self._lost(ln, why)
                 continue
@@ -357,6 +363,7 @@ class Supervisor:
 
     def _settle(self, ln: LaneHandle, why: str) -> None:
         """Lane `ln` is gone (killed, or exited): closed, down, and what it held mid-frame accounted for."""
+        self._last_words(ln)
         self._close(ln)
         ln.state = "down"
         ln.last_error = why
@@ -371,6 +378,21 @@ class Supervisor:
                       ln.name, why, s.outcome, f", and the {s.skipped} frames skipped before it as overload"
                       if s.skipped else "")
         self.table.free_cursors_of(ln.index)
+
+    def _last_words(self, ln: LaneHandle) -> None:
+        """What a lane that is gone still had queued on its socket about a hung run (it says so, then exits; a
+        kill for no progress may cross it): taken, so that its restart does not stage the same hang again."""
+        while ln.sock is not None and select.select([ln.sock], [], [], 0)[0]:
+            try:
+                msg, fds = receive(ln.sock, FROM_LANE)
+            except (ProtocolError, OSError):
+                return
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
+                return
+            if isinstance(msg, (CandidateHung, ProviderFallback)) and msg.name in ln.plan.models:
+                self._on_message(ln, msg)
 
     def _close(self, ln: LaneHandle) -> None:
         if ln.sock is not None:

@@ -96,7 +96,7 @@ def from_record(entry: dict) -> ProviderSpec | None:
         return CPU_SPEC
     data = entry["provider"]
     try:
-        spec = ProviderSpec(data["name"], data["device"], tuple((str(k), str(v)) for k, v in data["options"]))
+        spec = ProviderSpec(data["name"], data["device"], tuple(sorted((str(k), str(v)) for k, v in data["options"])))
     except (TypeError, KeyError, ValueError):
         return None
     return spec if spec.name in NAMES and isinstance(spec.device, str) else None
