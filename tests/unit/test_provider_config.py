@@ -200,3 +200,16 @@ def test_a_plugin_provider_is_ready_in_a_process_only_once_loaded():
         print(p.ready(p.ProviderSpec("openvino", "GPU")))
     """)
     assert out.split() == ["True", "True", "False", "True"], out
+
+
+@pytest.mark.parametrize("deadline_ms, hang_s, grace_s", [(300, 5.0, 0.3), (100, 5.0, 0.25), (1000, 5.0, 1.0),
+                                                          (3000, 5.0, 1.5), (6000, 5.0, 0.0)])
+def test_a_hung_run_is_said_by_the_lane_before_the_control_plane_kills_it(deadline_ms, hang_s, grace_s):
+    """The grace a cancelled provider run gets before the lane holds it hung (and says so, and why) ends before
+    runtime.lane_hang_s, when the control plane would kill the lane not knowing why and restart it into the same
+    hang: run_deadline_ms 3000 with lane_hang_s 5 gets 1.5 s, not 3 s."""
+    from types import SimpleNamespace
+    from edgeinfer.lanes.process import Lane
+    lane = SimpleNamespace(cfg=SimpleNamespace(runtime=SimpleNamespace(run_deadline_ms=deadline_ms,
+                                                                       lane_hang_s=hang_s)))
+    assert Lane._hung_grace_ns(lane) == pytest.approx(grace_s * 1e9)

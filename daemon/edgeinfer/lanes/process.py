@@ -41,6 +41,7 @@ REPLY_WAIT_S = 5.0       # how long a command or a reply may wait for room in a 
 TICK_S = 0.02            # how often the control thread looks at the running inference's deadline
 TRIAL_REPORT_S = 1.0     # how often a trial's figures go to the control plane
 HUNG_GRACE_S = 0.25      # a cancelled provider run must end within max(this, run_deadline_ms) of its cancel
+HANG_MARGIN_S = 0.5      # ... and this long before runtime.lane_hang_s
 EXIT_PROVIDER_HUNG = 3   # the lane's exit status when a provider's run would not end (restarted by the control plane)
 
 
@@ -357,8 +358,12 @@ class Lane:
 
     def _hung_grace_ns(self) -> float:
         """How long a cancelled provider run may take to end before it is held hung: as long again as
-        run_deadline_ms, at least HUNG_GRACE_S (a slow run that ends late is not a hung driver)."""
-        return max(HUNG_GRACE_S, self.cfg.runtime.run_deadline_ms / 1e3) * 1e9
+        run_deadline_ms, at least HUNG_GRACE_S (a slow run that ends late is not a hung driver); but ending
+        HANG_MARGIN_S before lane_hang_s, when the control plane would kill the lane without knowing why (and
+        restart it into the same hang)."""
+        rt = self.cfg.runtime
+        grace = max(HUNG_GRACE_S, rt.run_deadline_ms / 1e3)
+        return max(0.0, min(grace, rt.lane_hang_s - HANG_MARGIN_S - rt.run_deadline_ms / 1e3)) * 1e9
 
     def _serving_with(self, session) -> str | None:
         """The name of the model whose serving version holds `session` (None: none does any more)."""
