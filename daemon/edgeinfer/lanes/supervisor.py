@@ -273,6 +273,11 @@ class Supervisor:
                                                   f"({clip(msg.why, WHY_MAX)}); the lane restarts without the "
                                                   "candidate")
                 log.error("model %s: %s", msg.name, self.trials.problems[msg.name])
+                # The model's other lanes drop the candidate now, not at the rollout's next evaluation: the one
+                # that takes over the canary streams while this one restarts would run into the same hang.
+                for other in self.holding(msg.name):
+                    if other is not ln and other.sock is not None:
+                        send(other.sock, Abort(msg.name), wait_s=REPLY_WAIT_S)
         elif isinstance(msg, Attached) and msg.error:
             # The ring failed the lane's own checks (its camera rewrote it after admission, say): that camera
             # is dropped with the reason, and the lane serves on.
