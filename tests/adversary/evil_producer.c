@@ -9,7 +9,8 @@
  *
  * Attacks:
  *   impersonate     hand over a valid ring as stream S (someone else's): REFUSED=<why> or ACCEPTED
- *   latest-jump     serve S honestly at F fps for T s; halfway, one 8-byte write of latest = seq 2^50
+ *   latest-jump     serve S honestly at F fps for T s; halfway, one 8-byte write of latest = seq 2^50, held
+ *                   300 ms before the next frame
  *   backdate        publish as fast as possible for T s, capture time = now - N ms (N = --count)
  *   short           publish T s of frames whose payload_len is 100 bytes
  *   geometry-cycle  N times: a new ring of a new size as S, one frame, hang up: ACCEPTED=<n> REFUSED=<n>
@@ -93,6 +94,11 @@ static void publish_for(ei_frame_producer *p, ei_ingress *in, double secs, uint6
             atomic_store(&p->hdr->latest, (UINT64_C(1) << 50) << 8 | 0);
             atomic_fetch_add(&p->hdr->doorbell, 1);
             jumped = 1;
+            /* held 300 ms before the next frame overwrites it: on a loaded machine a lane may not run within one
+               frame period, and would never see the forged value (the test would then prove nothing) */
+            struct timespec hold = {0, 300000000L};
+            nanosleep(&hold, NULL);
+            next = ei_now_ns(CLOCK_MONOTONIC);
         }
         if (in) ei_ingress_step(in, now);
         if (period) {

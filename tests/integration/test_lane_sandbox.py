@@ -54,9 +54,12 @@ def _lanes_of(daemon_pid: int) -> list[int]:
     lanes = []
     for zygote in children.get(daemon_pid, []):
         for pid in children.get(zygote, []):
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().startswith("edgeinfer-lane"):
-                    lanes.append(pid)
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().startswith("edgeinfer-lane"):
+                        lanes.append(pid)
+            except OSError:  # gone since /proc was listed (a lane being killed): not a lane any more
+                continue
     return lanes
 
 

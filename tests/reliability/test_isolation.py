@@ -276,7 +276,7 @@ def test_one_write_of_latest_is_a_counted_torn_frame_not_a_silent_stall(request,
                 f"served {served} (frames after the jump included); {text}")
     row(matrix, request, "a camera writes latest = seq 2^50 into its ring mid-stream", 1,
         "one torn frame counted; its later frames still served; nobody else affected", observed,
-        r.get("JUMPED") == "1" and torn == 1 and served >= 150 and ok)
+        r.get("JUMPED") == "1" and torn == 1 and served >= 0.75 * int(r.get("PUBLISHED", "0")) >= 100 and ok)
 
 
 def test_back_dated_frames_buy_no_priority(request, matrix, arena, users):
